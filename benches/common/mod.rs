@@ -1,0 +1,113 @@
+//! Workloads and peer implementations shared by `benches/kernels.rs` and
+//! `examples/report.rs` (both include this file with `#[path]`).
+//!
+//! The five workloads are the shapes of real tables: a toy, a sentence
+//! encoder's vocabulary (MiniLM), GPT-2's vocabulary, a recommender's
+//! million-row table and a narrow one with many lookups. Ids are drawn
+//! uniformly from a fixed seed, so every run measures the same call.
+
+#![allow(dead_code)]
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// One benchmark shape.
+#[derive(Clone, Copy, Debug)]
+pub struct Workload {
+    pub name: &'static str,
+    pub num_embeddings: usize,
+    pub dim: usize,
+    pub num_ids: usize,
+}
+
+pub const WORKLOADS: [Workload; 5] = [
+    Workload { name: "tiny", num_embeddings: 1_000, dim: 64, num_ids: 4_096 },
+    Workload { name: "minilm", num_embeddings: 30_522, dim: 384, num_ids: 8_192 },
+    Workload { name: "gpt2", num_embeddings: 50_257, dim: 768, num_ids: 16_384 },
+    Workload { name: "recsys", num_embeddings: 1_000_000, dim: 128, num_ids: 65_536 },
+    Workload { name: "narrow", num_embeddings: 100_000, dim: 16, num_ids: 262_144 },
+];
+
+/// The data of one workload: table, ids, and an output-gradient buffer.
+pub struct Data {
+    pub w: Workload,
+    pub table: Vec<f32>,
+    pub ids: Vec<i64>,
+    pub grad_output: Vec<f32>,
+}
+
+impl Workload {
+    /// Looks a workload up by name.
+    pub fn by_name(name: &str) -> Option<Workload> {
+        WORKLOADS.iter().copied().find(|w| w.name == name)
+    }
+
+    /// Bytes of one output (ids × dim × 4).
+    pub fn out_bytes(&self) -> usize {
+        self.num_ids * self.dim * 4
+    }
+
+    /// Builds the table (values in [-1, 1)), the ids (uniform) and a gradient.
+    pub fn data(&self) -> Data {
+        let mut rng = StdRng::seed_from_u64(0x5eed_0000 + self.num_embeddings as u64);
+        let table = (0..self.num_embeddings * self.dim)
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect();
+        let ids = (0..self.num_ids)
+            .map(|_| rng.random_range(0..self.num_embeddings as i64))
+            .collect();
+        let grad_output = (0..self.num_ids * self.dim)
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect();
+        Data { w: *self, table, ids, grad_output }
+    }
+}
+
+impl Data {
+    /// How many distinct ids the workload draws.
+    pub fn distinct_ids(&self) -> usize {
+        let mut seen = vec![false; self.w.num_embeddings];
+        self.ids.iter().filter(|&&id| !std::mem::replace(&mut seen[id as usize], true)).count()
+    }
+}
+
+/// candle-core, the peer: `index_select` and `index_add` on CPU tensors.
+pub mod candle_peer {
+    use candle_core::{Device, Tensor};
+
+    /// Tensors prepared once, outside the timed region.
+    pub struct Candle {
+        pub table: Tensor,
+        pub ids: Tensor,
+        pub grad_output: Tensor,
+        pub zeros: Tensor,
+    }
+
+    impl Candle {
+        pub fn new(d: &super::Data) -> candle_core::Result<Candle> {
+            let dev = Device::Cpu;
+            let w = d.w;
+            let table = Tensor::from_slice(&d.table, (w.num_embeddings, w.dim), &dev)?;
+            let ids = Tensor::from_slice(&d.ids, w.num_ids, &dev)?;
+            let grad_output = Tensor::from_slice(&d.grad_output, (w.num_ids, w.dim), &dev)?;
+            let zeros = Tensor::zeros((w.num_embeddings, w.dim), candle_core::DType::F32, &dev)?;
+            Ok(Candle { table, ids, grad_output, zeros })
+        }
+
+        /// Forward: `table.index_select(ids, 0)` (allocates its output).
+        pub fn gather(&self) -> candle_core::Result<Tensor> {
+            self.table.index_select(&self.ids, 0)
+        }
+
+        /// Forward, scaled: `index_select` then an affine multiply.
+        pub fn gather_scaled(&self, scale: f64) -> candle_core::Result<Tensor> {
+            self.table.index_select(&self.ids, 0)?.affine(scale, 0.0)
+        }
+
+        /// Backward: `zeros.index_add(ids, grad_output, 0)` (allocates the
+        /// result, as candle tensors are immutable).
+        pub fn scatter_add(&self) -> candle_core::Result<Tensor> {
+            self.zeros.index_add(&self.ids, &self.grad_output, 0)
+        }
+    }
+}

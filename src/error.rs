@@ -1,0 +1,105 @@
+//! The one error type of the crate.
+//!
+//! Every public entry point checks its arguments before it writes a single
+//! value, and reports the first problem it finds as one of these variants.
+//! The checks run in a fixed order, the same for every kernel and for the
+//! [`reference`](crate::reference) oracle, so two implementations given the
+//! same bad call return the same error:
+//!
+//! 1. the table: [`ZeroDimWithData`](EmbeddingError::ZeroDimWithData), then
+//!    [`NotMultipleOfDim`](EmbeddingError::NotMultipleOfDim);
+//! 2. the size `ids.len() × dim`: [`SizeOverflow`](EmbeddingError::SizeOverflow);
+//! 3. the other buffers, in argument order:
+//!    [`LengthMismatch`](EmbeddingError::LengthMismatch);
+//! 4. the ids, first to last:
+//!    [`IndexOutOfRange`](EmbeddingError::IndexOutOfRange).
+
+use core::fmt;
+
+/// Names the buffer an error is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Operand {
+    /// The embedding table (`weight`) read by a forward kernel.
+    Table,
+    /// The output buffer written by a forward kernel.
+    Output,
+    /// The gradient of the output, read by a backward kernel.
+    GradOutput,
+    /// The gradient of the table, accumulated into by a backward kernel.
+    GradTable,
+}
+
+impl fmt::Display for Operand {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Operand::Table => "table",
+            Operand::Output => "output",
+            Operand::GradOutput => "grad_output",
+            Operand::GradTable => "grad_table",
+        })
+    }
+}
+
+/// Everything that can be wrong with a call. Nothing has been written when
+/// one of these is returned.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, thiserror::Error)]
+#[non_exhaustive]
+pub enum EmbeddingError {
+    /// An id is negative or not below the number of rows.
+    ///
+    /// `index` is the id as a signed value, so an `i64` of -1 reads as -1 and a
+    /// `u64::MAX` reads as 18446744073709551615.
+    #[error(
+        "id {index} at position {position} is out of range for a table of {num_embeddings} rows"
+    )]
+    IndexOutOfRange {
+        /// Where the id sits in the flat id slice.
+        position: usize,
+        /// The id itself.
+        index: i128,
+        /// The number of rows it had to stay below.
+        num_embeddings: usize,
+    },
+
+    /// `embedding_dim` is 0 yet a table holds values, so its row count is
+    /// undefined.
+    #[error("embedding_dim is 0 but the {operand} holds {len} values")]
+    ZeroDimWithData {
+        /// The table in question.
+        operand: Operand,
+        /// How many values it holds.
+        len: usize,
+    },
+
+    /// A table's length is not a whole number of rows.
+    #[error("the {operand} holds {len} values, not a multiple of embedding_dim {dim}")]
+    NotMultipleOfDim {
+        /// The table in question.
+        operand: Operand,
+        /// How many values it holds.
+        len: usize,
+        /// The row width it was checked against.
+        dim: usize,
+    },
+
+    /// A buffer does not have the length the call implies
+    /// (for an output, `ids.len() × embedding_dim`).
+    #[error("the {operand} holds {got} values but {expected} were expected")]
+    LengthMismatch {
+        /// The buffer in question.
+        operand: Operand,
+        /// The length the other arguments imply.
+        expected: usize,
+        /// The length it has.
+        got: usize,
+    },
+
+    /// `count × embedding_dim` does not fit in `usize`.
+    #[error("{count} ids × embedding_dim {dim} overflows usize")]
+    SizeOverflow {
+        /// The number of ids.
+        count: usize,
+        /// The row width.
+        dim: usize,
+    },
+}

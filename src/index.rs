@@ -1,0 +1,210 @@
+//! Ids of every integer type a caller holds, and the one-pass check that
+//! makes them safe to use.
+//!
+//! PyTorch hands out `int64` ids (and accepts `int32`); Rust code tends to
+//! hold `u32` or `usize`. [`Index`] covers all five. Each id is mapped to a
+//! `u64` *key*: unsigned types widen, signed types sign-extend first, so every
+//! negative id becomes a key of at least 2^63. A slice can never hold 2^63
+//! rows, so one unsigned comparison, `key < num_embeddings`, rejects both the
+//! negative and the too-large ids. That comparison has no branch per id and
+//! the compiler vectorises the scan.
+
+use crate::error::EmbeddingError;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// An integer type usable as an embedding id: `u32`, `i32`, `u64`, `i64` or
+/// `usize`.
+///
+/// The trait is sealed; its methods are what the kernels need and nothing
+/// more.
+pub trait Index: Copy + Send + Sync + core::fmt::Debug + sealed::Sealed + 'static {
+    /// The id as a `u64` key: the value itself when it is not negative, and a
+    /// number of at least 2^63 when it is.
+    fn key(self) -> u64;
+
+    /// The id as a signed value, for error messages (-1 stays -1, and
+    /// `u64::MAX` stays 18446744073709551615).
+    fn to_i128(self) -> i128;
+}
+
+macro_rules! impl_unsigned {
+    ($($t:ty),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl Index for $t {
+            #[inline(always)]
+            fn key(self) -> u64 {
+                self as u64
+            }
+            #[inline(always)]
+            fn to_i128(self) -> i128 {
+                self as i128
+            }
+        }
+    )*};
+}
+
+macro_rules! impl_signed {
+    ($($t:ty),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl Index for $t {
+            #[inline(always)]
+            fn key(self) -> u64 {
+                // Sign-extend to 64 bits first, so -1i32 becomes u64::MAX and
+                // not 2^32 - 1 (which a table of 2^32 rows would accept).
+                self as i64 as u64
+            }
+            #[inline(always)]
+            fn to_i128(self) -> i128 {
+                self as i128
+            }
+        }
+    )*};
+}
+
+impl_unsigned!(u32, u64, usize);
+impl_signed!(i32, i64);
+
+/// Ids that have been checked against a row count: every one of them is a
+/// valid row. Only [`ValidIds::new`] makes one, so a kernel that takes this
+/// type cannot be handed an unchecked id.
+#[derive(Clone, Copy, Debug)]
+pub struct ValidIds<'a, I: Index> {
+    ids: &'a [I],
+    num_embeddings: usize,
+}
+
+/// How many ids the vectorised scan checks before it looks for an early exit.
+const CHECK_BLOCK: usize = 1024;
+
+impl<'a, I: Index> ValidIds<'a, I> {
+    /// Checks every id against `num_embeddings`, first to last.
+    ///
+    /// # Errors
+    /// [`EmbeddingError::IndexOutOfRange`] for the first id that is negative
+    /// or not below `num_embeddings`, with its position and value.
+    pub fn new(ids: &'a [I], num_embeddings: usize) -> Result<Self, EmbeddingError> {
+        let bound = num_embeddings as u64;
+        for (block_no, block) in ids.chunks(CHECK_BLOCK).enumerate() {
+            // A fold with `|` rather than `any`: no early exit inside the
+            // block, so the compiler turns it into a SIMD compare.
+            let bad = block
+                .iter()
+                .fold(false, |acc, &id| acc | (id.key() >= bound));
+            if bad {
+                if let Some(offset) = block.iter().position(|&id| id.key() >= bound) {
+                    let id = block[offset];
+                    return Err(EmbeddingError::IndexOutOfRange {
+                        position: block_no * CHECK_BLOCK + offset,
+                        index: id.to_i128(),
+                        num_embeddings,
+                    });
+                }
+            }
+        }
+        Ok(ValidIds {
+            ids,
+            num_embeddings,
+        })
+    }
+
+    /// The checked ids.
+    #[inline]
+    pub fn as_slice(&self) -> &'a [I] {
+        self.ids
+    }
+
+    /// How many ids there are.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether there are no ids.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// The row count the ids were checked against.
+    #[inline]
+    pub fn num_embeddings(&self) -> usize {
+        self.num_embeddings
+    }
+
+    /// The row of id number `position`.
+    ///
+    /// # Panics
+    /// If `position >= self.len()`, like slice indexing.
+    #[inline(always)]
+    pub fn row(&self, position: usize) -> usize {
+        // The key is below `num_embeddings`, itself a `usize`, so the cast
+        // loses nothing.
+        self.ids[position].key() as usize
+    }
+
+    /// The rows of all ids, in order.
+    #[inline]
+    pub fn rows(&self) -> impl ExactSizeIterator<Item = usize> + '_ {
+        self.ids.iter().map(|&id| id.key() as usize)
+    }
+
+    /// The ids of `range`, still checked.
+    #[inline]
+    pub fn slice(&self, range: core::ops::Range<usize>) -> ValidIds<'a, I> {
+        ValidIds {
+            ids: &self.ids[range],
+            num_embeddings: self.num_embeddings,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn negative_ids_map_above_every_row_count() {
+        assert!((-1i32).key() >= 1 << 63);
+        assert!((i32::MIN).key() >= 1 << 63);
+        assert!((-1i64).key() >= 1 << 63);
+        assert!((i64::MIN).key() >= 1 << 63);
+        assert_eq!(7i32.key(), 7);
+        assert_eq!(u64::MAX.key(), u64::MAX);
+    }
+
+    #[test]
+    fn first_bad_id_is_reported_even_past_a_block() {
+        let mut ids = vec![3u32; 3 * CHECK_BLOCK];
+        ids[CHECK_BLOCK + 5] = 10;
+        ids[2 * CHECK_BLOCK] = 11;
+        let err = ValidIds::new(&ids, 10).unwrap_err();
+        assert_eq!(
+            err,
+            EmbeddingError::IndexOutOfRange {
+                position: CHECK_BLOCK + 5,
+                index: 10,
+                num_embeddings: 10
+            }
+        );
+    }
+
+    #[test]
+    fn signed_values_are_reported_signed() {
+        let err = ValidIds::new(&[0i64, -1], 4).unwrap_err();
+        assert_eq!(
+            err,
+            EmbeddingError::IndexOutOfRange {
+                position: 1,
+                index: -1,
+                num_embeddings: 4
+            }
+        );
+        let err = ValidIds::new(&[u64::MAX], 4).unwrap_err();
+        assert!(
+            matches!(err, EmbeddingError::IndexOutOfRange { index, .. } if index == u64::MAX as i128)
+        );
+    }
+}

@@ -1,0 +1,45 @@
+//! The hand-written kernels, one file per operation.
+//!
+//! Every public kernel is a free function over slices that checks its
+//! arguments first (see [`error`](crate::error) for the order) and then runs a
+//! body that is shared by its serial and its parallel driver. The `_with`
+//! forms take a [`Parallelism`]; the plain forms use [`Parallelism::Rayon`].
+
+pub mod gather;
+pub mod group;
+pub(crate) mod row;
+pub mod scalar;
+pub mod scatter;
+
+/// How a kernel may use threads.
+///
+/// Parallelism is a value the caller passes, never a global setting: the
+/// kernels run on whatever rayon pool the call is made from (wrap it in
+/// `pool.install(..)` to choose one) and never build or configure a pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Parallelism {
+    /// Run on the calling thread only.
+    Serial,
+    /// Split across the current rayon pool when the call is large enough
+    /// to pay for it (and the pool has more than one thread).
+    #[default]
+    Rayon,
+}
+
+impl Parallelism {
+    /// Whether a call moving `bytes` should be split across threads.
+    #[inline]
+    pub(crate) fn splits(self, bytes: usize, min_bytes: usize) -> bool {
+        self == Parallelism::Rayon && bytes >= min_bytes && rayon::current_num_threads() > 1
+    }
+}
+
+/// Below this many output bytes a forward call stays on one thread: handing
+/// work to rayon costs a few microseconds, about what copying this much from
+/// cache takes (measured with the `threshold` group of `benches/kernels.rs`).
+pub(crate) const PARALLEL_MIN_BYTES: usize = 64 * 1024;
+
+/// The size of one parallel task's share of the output, in bytes: large
+/// enough that scheduling is noise, small enough that two threads finish
+/// close together.
+pub(crate) const TASK_BYTES: usize = 16 * 1024;

@@ -1,0 +1,119 @@
+//! Row primitives: copy, scale and add one row of `f32`s, eight lanes at a
+//! time with `wide::f32x8`, then a scalar tail of `len % 8` values.
+//!
+//! Every lane does exactly one IEEE operation per value (`a * s` or
+//! `a + b`, never a fused multiply-add), so the result is the same bits
+//! whatever width the vector unit has and whether the value went through the
+//! vector body or the scalar tail. That is what lets the kernels promise
+//! bitwise equality with the reference and across thread counts.
+//!
+//! The slices are split with `as_chunks`, so the body has no bounds checks
+//! and the compiler sees whole `[f32; 8]` blocks, which `bytemuck::cast`
+//! turns into vectors for free (both are plain 32-byte values).
+
+use wide::f32x8;
+
+/// Lanes per vector.
+pub(crate) const LANES: usize = 8;
+
+#[inline(always)]
+fn load(block: &[f32; LANES]) -> f32x8 {
+    bytemuck::cast(*block)
+}
+
+#[inline(always)]
+fn store(block: &mut [f32; LANES], v: f32x8) {
+    *block = bytemuck::cast(v);
+}
+
+/// `dst = src`. The two rows must have the same length.
+#[inline(always)]
+pub(crate) fn copy(dst: &mut [f32], src: &[f32]) {
+    debug_assert_eq!(dst.len(), src.len());
+    let (d_body, d_tail) = dst.as_chunks_mut::<LANES>();
+    let (s_body, s_tail) = src.as_chunks::<LANES>();
+    for (d, s) in d_body.iter_mut().zip(s_body) {
+        store(d, load(s));
+    }
+    for (d, s) in d_tail.iter_mut().zip(s_tail) {
+        *d = *s;
+    }
+}
+
+/// `dst = src * scale`. The two rows must have the same length.
+#[inline(always)]
+pub(crate) fn scale(dst: &mut [f32], src: &[f32], scale: f32) {
+    debug_assert_eq!(dst.len(), src.len());
+    let s = f32x8::splat(scale);
+    let (d_body, d_tail) = dst.as_chunks_mut::<LANES>();
+    let (s_body, s_tail) = src.as_chunks::<LANES>();
+    for (d, x) in d_body.iter_mut().zip(s_body) {
+        store(d, load(x) * s);
+    }
+    for (d, x) in d_tail.iter_mut().zip(s_tail) {
+        *d = *x * scale;
+    }
+}
+
+/// `dst += src`. The two rows must have the same length.
+#[inline(always)]
+pub(crate) fn add(dst: &mut [f32], src: &[f32]) {
+    debug_assert_eq!(dst.len(), src.len());
+    let (d_body, d_tail) = dst.as_chunks_mut::<LANES>();
+    let (s_body, s_tail) = src.as_chunks::<LANES>();
+    for (d, x) in d_body.iter_mut().zip(s_body) {
+        store(d, load(d) + load(x));
+    }
+    for (d, x) in d_tail.iter_mut().zip(s_tail) {
+        *d += *x;
+    }
+}
+
+/// Asks the cache for the lines of `row` ahead of use. A hint only: it reads
+/// nothing and cannot fault, and it compiles to nothing off x86-64.
+#[inline(always)]
+#[allow(unsafe_code)]
+pub(crate) fn prefetch(row: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // One hint per 64-byte line.
+        for line in row.chunks(16) {
+            // SAFETY: `_mm_prefetch` needs SSE, which every x86-64 CPU has
+            // (it is in the target's baseline features). The pointer comes
+            // from a live slice, and a prefetch never dereferences it anyway:
+            // it cannot fault and changes no memory.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast::<i8>()) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = row;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(len: usize) -> (Vec<f32>, Vec<f32>) {
+        let a = (0..len).map(|i| i as f32 * 0.37 - 3.0).collect();
+        let b = (0..len).map(|i| 1.0 / (i as f32 + 0.5)).collect();
+        (a, b)
+    }
+
+    #[test]
+    fn every_tail_length_matches_scalar_arithmetic() {
+        for len in 0..=2 * LANES + 1 {
+            let (a, b) = rows(len);
+            let mut out = vec![f32::NAN; len];
+            copy(&mut out, &a);
+            assert_eq!(out, a);
+            scale(&mut out, &a, 1.7);
+            let want: Vec<f32> = a.iter().map(|x| x * 1.7).collect();
+            assert_eq!(out, want);
+            let mut acc = b.clone();
+            add(&mut acc, &a);
+            let want: Vec<f32> = b.iter().zip(&a).map(|(x, y)| x + y).collect();
+            assert_eq!(acc, want);
+        }
+    }
+}

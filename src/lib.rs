@@ -1,0 +1,73 @@
+//! Fast, bounds-checked, deterministic embedding-layer kernels for CPUs.
+//!
+//! An embedding layer is a table `weight[num_embeddings, embedding_dim]`
+//! (row-major, one flat `&[f32]`). Its forward pass gathers rows,
+//! `out[i, :] = weight[ids[i], :]`, which is exactly `one_hot(ids) · weight`;
+//! its backward pass scatter-adds the output gradient back,
+//! `grad[ids[i], :] += grad_out[i, :]`, which is `one_hot(ids)ᵀ · grad_out`.
+//!
+//! ```
+//! use embedding_kernels::{gather, scatter_add};
+//!
+//! let (num_embeddings, dim) = (4, 3);
+//! let weight: Vec<f32> = (0..num_embeddings * dim).map(|x| x as f32).collect();
+//! let ids = [3i64, 1, 3];
+//!
+//! let mut out = vec![0.0; ids.len() * dim];
+//! gather(&weight, dim, &ids, &mut out)?;
+//! assert_eq!(&out[..3], &weight[9..12]);
+//!
+//! let grad_out = vec![1.0; ids.len() * dim];
+//! let mut grad = vec![0.0; weight.len()];
+//! scatter_add(&grad_out, dim, &ids, &mut grad)?;
+//! assert_eq!(&grad[9..12], &[2.0, 2.0, 2.0]); // id 3 appeared twice
+//!
+//! // A bad id is an error, and nothing is written.
+//! let err = gather(&weight, dim, &[0i64, -1], &mut out).unwrap_err();
+//! assert_eq!(err.to_string(), "id -1 at position 1 is out of range for a table of 4 rows");
+//! # Ok::<(), embedding_kernels::EmbeddingError>(())
+//! ```
+//!
+//! # What the crate promises
+//!
+//! * **Checks before writes.** Shapes and every id are checked before a
+//!   single value is written; an error is an [`EmbeddingError`] that names
+//!   the position and value of the bad id, or the expected and actual
+//!   lengths. No argument makes a kernel panic.
+//! * **Exact results.** [`gather`] copies bits; [`gather_scaled`] does one
+//!   multiplication per value; [`scatter_add`] sums each row's gradients in
+//!   position order. All three equal the one-hot [`reference`] bit for bit.
+//! * **Determinism.** Results are the same bits for every thread count.
+//! * **Threads are the caller's.** Kernels run on the rayon pool they are
+//!   called from and never touch the global pool's configuration.
+//!
+//! # Testing
+//!
+//! `tests/` holds property tests (proptest) that compare every kernel, id
+//! type and thread count with [`reference`] bit for bit, plus edge sweeps
+//! with NaN canaries; `fuzz/` holds differential cargo-fuzz targets.
+//!
+//! # SIMD
+//!
+//! Row arithmetic uses `wide::f32x8`, which picks its instructions when the
+//! crate is compiled: a default x86-64 build uses SSE2 (two 128-bit halves),
+//! a build with `-C target-cpu=native` (or `-C target-feature=+avx2`) uses
+//! AVX2. The kernels never fuse a multiply and an add, so both builds give
+//! the same bits.
+
+// The one `unsafe` block is the prefetch hint in `kernels/row.rs`.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod error;
+pub mod index;
+pub mod kernels;
+pub mod reference;
+mod shape;
+
+pub use error::{EmbeddingError, Operand};
+pub use index::{Index, ValidIds};
+pub use kernels::gather::{gather, gather_scaled, gather_scaled_with, gather_with};
+pub use kernels::group::IdGroups;
+pub use kernels::scatter::{scatter_add, scatter_add_with};
+pub use kernels::Parallelism;
