@@ -23,7 +23,7 @@
 //! assert_eq!(&grad[9..12], &[2.0, 2.0, 2.0]); // id 3 appeared twice
 //!
 //! // A bad id is an error, and nothing is written.
-//! let err = gather(&weight, dim, &[0i64, -1], &mut out).unwrap_err();
+//! let err = gather(&weight, dim, &[0i64, -1], &mut out[..2 * dim]).unwrap_err();
 //! assert_eq!(err.to_string(), "id -1 at position 1 is out of range for a table of 4 rows");
 //! # Ok::<(), embedding_kernels::EmbeddingError>(())
 //! ```
@@ -71,3 +71,8 @@ pub use kernels::gather::{gather, gather_scaled, gather_scaled_with, gather_with
 pub use kernels::group::IdGroups;
 pub use kernels::scatter::{scatter_add, scatter_add_with};
 pub use kernels::Parallelism;
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
