@@ -19,7 +19,7 @@ pub(crate) fn table_rows(
             Err(EmbeddingError::ZeroDimWithData { operand, len })
         };
     }
-    if len % dim != 0 {
+    if !len.is_multiple_of(dim) {
         return Err(EmbeddingError::NotMultipleOfDim { operand, len, dim });
     }
     Ok(len / dim)
