@@ -21,11 +21,36 @@ pub struct Workload {
 }
 
 pub const WORKLOADS: [Workload; 5] = [
-    Workload { name: "tiny", num_embeddings: 1_000, dim: 64, num_ids: 4_096 },
-    Workload { name: "minilm", num_embeddings: 30_522, dim: 384, num_ids: 8_192 },
-    Workload { name: "gpt2", num_embeddings: 50_257, dim: 768, num_ids: 16_384 },
-    Workload { name: "recsys", num_embeddings: 1_000_000, dim: 128, num_ids: 65_536 },
-    Workload { name: "narrow", num_embeddings: 100_000, dim: 16, num_ids: 262_144 },
+    Workload {
+        name: "tiny",
+        num_embeddings: 1_000,
+        dim: 64,
+        num_ids: 4_096,
+    },
+    Workload {
+        name: "minilm",
+        num_embeddings: 30_522,
+        dim: 384,
+        num_ids: 8_192,
+    },
+    Workload {
+        name: "gpt2",
+        num_embeddings: 50_257,
+        dim: 768,
+        num_ids: 16_384,
+    },
+    Workload {
+        name: "recsys",
+        num_embeddings: 1_000_000,
+        dim: 128,
+        num_ids: 65_536,
+    },
+    Workload {
+        name: "narrow",
+        num_embeddings: 100_000,
+        dim: 16,
+        num_ids: 262_144,
+    },
 ];
 
 /// The data of one workload: table, ids, and an output-gradient buffer.
@@ -47,6 +72,28 @@ impl Workload {
         self.num_ids * self.dim * 4
     }
 
+    // Bytes moved, counted (not measured), so throughputs compare across
+    // kernels and with a memcpy of the same size:
+    //   gather, gather_scaled: read ids·dim·4 (table rows) + write ids·dim·4
+    //   scatter_add: read ids·dim·4 (grad_output) + read and write each
+    //                distinct touched row of the gradient (distinct·dim·4·2)
+    //   memcpy of L floats: 2·L·4 (read L·4 + write L·4)
+
+    /// Bytes a `gather` or `gather_scaled` call moves (see the rule above).
+    pub fn gather_bytes(&self) -> usize {
+        2 * self.out_bytes()
+    }
+
+    /// Bytes a `scatter_add` call moves when `distinct` rows are touched.
+    pub fn scatter_add_bytes(&self, distinct: usize) -> usize {
+        self.out_bytes() + distinct * self.dim * 4 * 2
+    }
+
+    /// Bytes a memcpy of `num_ids × dim` floats moves: the roofline's size.
+    pub fn memcpy_bytes(&self) -> usize {
+        2 * self.out_bytes()
+    }
+
     /// Builds the table (values in [-1, 1)), the ids (uniform) and a gradient.
     pub fn data(&self) -> Data {
         let mut rng = StdRng::seed_from_u64(0x5eed_0000 + self.num_embeddings as u64);
@@ -59,7 +106,12 @@ impl Workload {
         let grad_output = (0..self.num_ids * self.dim)
             .map(|_| rng.random_range(-1.0f32..1.0))
             .collect();
-        Data { w: *self, table, ids, grad_output }
+        Data {
+            w: *self,
+            table,
+            ids,
+            grad_output,
+        }
     }
 }
 
@@ -67,7 +119,10 @@ impl Data {
     /// How many distinct ids the workload draws.
     pub fn distinct_ids(&self) -> usize {
         let mut seen = vec![false; self.w.num_embeddings];
-        self.ids.iter().filter(|&&id| !std::mem::replace(&mut seen[id as usize], true)).count()
+        self.ids
+            .iter()
+            .filter(|&&id| !std::mem::replace(&mut seen[id as usize], true))
+            .count()
     }
 }
 
@@ -91,7 +146,12 @@ pub mod candle_peer {
             let ids = Tensor::from_slice(&d.ids, w.num_ids, &dev)?;
             let grad_output = Tensor::from_slice(&d.grad_output, (w.num_ids, w.dim), &dev)?;
             let zeros = Tensor::zeros((w.num_embeddings, w.dim), candle_core::DType::F32, &dev)?;
-            Ok(Candle { table, ids, grad_output, zeros })
+            Ok(Candle {
+                table,
+                ids,
+                grad_output,
+                zeros,
+            })
         }
 
         /// Forward: `table.index_select(ids, 0)` (allocates its output).

@@ -1,0 +1,865 @@
+//! The benchmark report: every kernel of every workload, against a plain
+//! scalar loop, the candle peer and a memcpy of the same bytes.
+//!
+//! ```text
+//! cargo run --release --example report                      # everything
+//! cargo run --release --example report -- --workloads recsys --kernels gather
+//! cargo run --release --example report -- --json | python3 -m json.tool
+//! ```
+//!
+//! How a row is measured (all of it in [`measure`], the one timing loop):
+//!
+//! 1. The kernel, a one-thread memcpy and a pool-wide memcpy of
+//!    `num_ids × dim` floats are three *cases*, run round-robin (the first
+//!    case rotates every repetition), so the row's roofline comes from the
+//!    same seconds of the same, shared, machine as the row itself.
+//! 2. Each case is warmed up, then repeated until the row's time budget is
+//!    spent (at least [`MIN_REPS`] times) or `--reps` times; the report
+//!    gives the median.
+//! 3. Only the call itself is timed. Untimed set-up inside a case (zeroing
+//!    the gradient before a `scatter_add`, dropping candle's last result)
+//!    runs before the clock starts.
+//! 4. Before timing, every implementation's result is compared with the
+//!    scalar loop's; a difference is printed as a warning.
+//!
+//! Each workload's data is built once, used for every row, and dropped
+//! before the next workload is built (the recsys table alone is 512 MB).
+
+#[path = "../benches/common/mod.rs"]
+mod common;
+
+use candle_core::Tensor;
+use clap::{Parser, ValueEnum};
+use common::candle_peer::Candle;
+use common::{Data, Workload, WORKLOADS};
+use embedding_kernels::kernels::scalar;
+use embedding_kernels::{gather_scaled_with, gather_with, scatter_add_with, Parallelism};
+use indicatif::{ProgressBar, ProgressStyle};
+use rayon::prelude::*;
+use rayon::{ThreadPool, ThreadPoolBuilder};
+use serde::Serialize;
+use std::borrow::Cow;
+use std::error::Error;
+use std::hint::black_box;
+use std::io::{self, IsTerminal, Write};
+use std::num::NonZeroUsize;
+use std::time::{Duration, Instant};
+
+/// Warm-up calls of every case before the timed repetitions.
+const WARMUP_REPS: usize = 2;
+/// The fewest timed repetitions a row gets under a time budget.
+const MIN_REPS: usize = 5;
+/// The most timed repetitions a row gets under a time budget.
+const MAX_REPS: usize = 100_000;
+/// Floats per task when the pool zeroes a gradient (untimed set-up).
+const ZERO_CHUNK: usize = 1 << 16;
+
+const BYTES_RULE: &str = "bytes moved (counted): gather, gather_scaled = read ids*dim*4 + write \
+ids*dim*4; scatter_add = read grad_output ids*dim*4 + read and write each distinct touched row \
+(distinct*dim*4*2); memcpy of L = ids*dim floats = 2*L*4. GB/s = 1e9 bytes/s.";
+
+/// Benchmark report for the embedding kernels: median time, GB/s, share of
+/// a same-size memcpy and speed-up over the scalar loop.
+#[derive(Parser, Debug)]
+#[command(name = "report")]
+struct Args {
+    /// Workloads to run, comma-separated [default: all]
+    /// (tiny, minilm, gpt2, recsys, narrow).
+    #[arg(long, value_delimiter = ',', value_parser = parse_workload)]
+    workloads: Vec<Workload>,
+
+    /// Kernels to run, comma-separated [default: all].
+    #[arg(long, value_delimiter = ',', value_enum)]
+    kernels: Vec<Kernel>,
+
+    /// Implementations to run, comma-separated [default: all].
+    #[arg(long, value_delimiter = ',', value_enum)]
+    impls: Vec<Impl>,
+
+    /// Threads of the local rayon pool used by simd_rayon, the parallel
+    /// memcpy and the candle peer [default: available parallelism].
+    #[arg(long)]
+    threads: Option<NonZeroUsize>,
+
+    /// Timed repetitions per row, instead of the time budget.
+    #[arg(long)]
+    reps: Option<NonZeroUsize>,
+
+    /// Time budget per row in milliseconds (warm-up excluded; every row
+    /// still gets at least 5 repetitions).
+    #[arg(long, default_value_t = 500)]
+    budget_ms: u64,
+
+    /// Skip the candle peer.
+    #[arg(long)]
+    no_peer: bool,
+
+    /// Print one JSON document to stdout (the table goes to stderr).
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_workload(name: &str) -> Result<Workload, String> {
+    Workload::by_name(name).ok_or_else(|| {
+        let names: Vec<&str> = WORKLOADS.iter().map(|w| w.name).collect();
+        format!("unknown workload `{name}` (one of: {})", names.join(", "))
+    })
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+enum Kernel {
+    Gather,
+    GatherScaled,
+    ScatterAdd,
+}
+
+impl Kernel {
+    const ALL: [Kernel; 3] = [Kernel::Gather, Kernel::GatherScaled, Kernel::ScatterAdd];
+
+    fn name(self) -> &'static str {
+        match self {
+            Kernel::Gather => "gather",
+            Kernel::GatherScaled => "gather_scaled",
+            Kernel::ScatterAdd => "scatter_add",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Impl {
+    /// `embedding_kernels::kernels::scalar`, the plain loop.
+    Scalar,
+    /// The crate's kernel with `Parallelism::Serial`.
+    #[value(name = "simd_1t")]
+    Simd1t,
+    /// The crate's kernel with `Parallelism::Rayon`, in the local pool.
+    #[value(name = "simd_rayon")]
+    SimdRayon,
+    /// candle-core's `index_select` / `index_add`.
+    Candle,
+}
+
+impl Impl {
+    const ALL: [Impl; 4] = [Impl::Scalar, Impl::Simd1t, Impl::SimdRayon, Impl::Candle];
+
+    fn name(self) -> &'static str {
+        match self {
+            Impl::Scalar => "scalar",
+            Impl::Simd1t => "simd_1t",
+            Impl::SimdRayon => "simd_rayon",
+            Impl::Candle => "candle",
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Timing
+// ---------------------------------------------------------------------------
+
+/// How long (or how often) each row is repeated.
+struct Budget {
+    per_row: Duration,
+    reps: Option<usize>,
+}
+
+/// Times `f` alone: the only clock reads in the report.
+#[inline(never)]
+fn timed<R>(f: impl FnOnce() -> R) -> Duration {
+    let start = Instant::now();
+    black_box(f());
+    start.elapsed()
+}
+
+/// The one measuring function, used by every row. Each case does its own
+/// untimed set-up and returns the time of its timed part (see [`timed`]).
+/// The cases are warmed up, then run round-robin, the first case rotating
+/// each repetition, until the budget is spent; every case gets the same
+/// number of repetitions. Returns each case's times.
+fn measure<const N: usize>(
+    budget: &Budget,
+    mut cases: [&mut dyn FnMut() -> Duration; N],
+) -> [Vec<Duration>; N] {
+    for _ in 0..WARMUP_REPS {
+        for case in cases.iter_mut() {
+            case();
+        }
+    }
+    let mut samples: [Vec<Duration>; N] = std::array::from_fn(|_| Vec::new());
+    let start = Instant::now();
+    for rep in 0.. {
+        for k in 0..N {
+            let i = (rep + k) % N;
+            samples[i].push(cases[i]());
+        }
+        let done = rep + 1;
+        let enough = match budget.reps {
+            Some(reps) => done >= reps,
+            None => done >= MAX_REPS || (done >= MIN_REPS && start.elapsed() >= budget.per_row),
+        };
+        if enough {
+            break;
+        }
+    }
+    samples
+}
+
+/// Median, min and max of one case's times, in microseconds.
+#[derive(Clone, Copy, Debug, Serialize)]
+struct Stats {
+    median_us: f64,
+    min_us: f64,
+    max_us: f64,
+    reps: usize,
+}
+
+impl Stats {
+    fn of(samples: &[Duration]) -> Stats {
+        let mut us: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+        us.sort_by(f64::total_cmp);
+        let n = us.len();
+        let median = if n % 2 == 1 {
+            us[n / 2]
+        } else {
+            (us[n / 2 - 1] + us[n / 2]) / 2.0
+        };
+        Stats {
+            median_us: median,
+            min_us: us[0],
+            max_us: us[n - 1],
+            reps: n,
+        }
+    }
+
+    fn gbps(&self, bytes: usize) -> f64 {
+        bytes as f64 / (self.median_us * 1e3)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The calls being measured
+// ---------------------------------------------------------------------------
+
+/// Everything a call reads.
+struct Inputs<'a> {
+    data: &'a Data,
+    scale: f32,
+    peer: Option<&'a Candle>,
+    pool: &'a ThreadPool,
+}
+
+/// Everything a call writes.
+struct Outputs {
+    out: Vec<f32>,
+    grad: Vec<f32>,
+    candle: Option<Tensor>,
+}
+
+impl Outputs {
+    /// Untimed set-up before one call: a zeroed gradient for `scatter_add`
+    /// (candle makes its own), and candle's previous result freed.
+    fn prepare(&mut self, kernel: Kernel, imp: Impl, pool: &ThreadPool) {
+        drop(self.candle.take());
+        if kernel == Kernel::ScatterAdd && imp != Impl::Candle {
+            let grad = &mut self.grad;
+            pool.install(|| grad.par_chunks_mut(ZERO_CHUNK).for_each(|c| c.fill(0.0)));
+        }
+    }
+
+    /// The result of the last call.
+    fn result(&self, kernel: Kernel, imp: Impl) -> candle_core::Result<Cow<'_, [f32]>> {
+        Ok(match (&self.candle, imp, kernel) {
+            (Some(t), Impl::Candle, _) => Cow::Owned(t.flatten_all()?.to_vec1()?),
+            (_, _, Kernel::ScatterAdd) => Cow::Borrowed(&self.grad),
+            _ => Cow::Borrowed(&self.out),
+        })
+    }
+}
+
+/// One call of `kernel` by `imp`: the timed region.
+fn call(kernel: Kernel, imp: Impl, inp: &Inputs, outs: &mut Outputs) {
+    let d = inp.data;
+    let dim = d.w.dim;
+    let table = black_box(&d.table[..]);
+    let ids = black_box(&d.ids[..]);
+    let grad_output = black_box(&d.grad_output[..]);
+    let (out, grad) = (&mut outs.out[..], &mut outs.grad[..]);
+    let mut simd = |par| match kernel {
+        Kernel::Gather => gather_with(par, table, dim, ids, out),
+        Kernel::GatherScaled => gather_scaled_with(par, table, dim, ids, inp.scale, out),
+        Kernel::ScatterAdd => scatter_add_with(par, grad_output, dim, ids, grad),
+    };
+    let checked = match imp {
+        Impl::Scalar => match kernel {
+            Kernel::Gather => scalar::gather(table, dim, ids, out),
+            Kernel::GatherScaled => scalar::gather_scaled(table, dim, ids, inp.scale, out),
+            Kernel::ScatterAdd => scalar::scatter_add(grad_output, dim, ids, grad),
+        },
+        Impl::Simd1t => simd(Parallelism::Serial),
+        Impl::SimdRayon => inp.pool.install(|| simd(Parallelism::Rayon)),
+        Impl::Candle => {
+            let peer = inp.peer.expect("candle rows run only with the peer built");
+            let result = inp.pool.install(|| match kernel {
+                Kernel::Gather => peer.gather(),
+                Kernel::GatherScaled => peer.gather_scaled(f64::from(inp.scale)),
+                Kernel::ScatterAdd => peer.scatter_add(),
+            });
+            outs.candle = Some(result.expect("candle accepts the workload"));
+            Ok(())
+        }
+    };
+    checked.expect("workload ids are in range");
+}
+
+/// `Some(max |a - b|)` when `got` differs from `want` in any bit, else
+/// `None`.
+fn difference(got: &[f32], want: &[f32]) -> Option<f64> {
+    if got.len() != want.len() {
+        return Some(f64::INFINITY);
+    }
+    let mut differs = false;
+    let mut max = 0.0f64;
+    for (a, b) in got.iter().zip(want) {
+        if a.to_bits() != b.to_bits() {
+            differs = true;
+            let diff = (f64::from(*a) - f64::from(*b)).abs();
+            max = if diff.is_nan() {
+                f64::NAN
+            } else {
+                max.max(diff)
+            };
+        }
+    }
+    differs.then_some(max)
+}
+
+// ---------------------------------------------------------------------------
+// Rows
+// ---------------------------------------------------------------------------
+
+#[derive(Clone, Debug, Serialize)]
+struct Row {
+    workload: &'static str,
+    kernel: &'static str,
+    #[serde(rename = "impl")]
+    implementation: &'static str,
+    #[serde(flatten)]
+    stats: Stats,
+    bytes: usize,
+    gbps: f64,
+    /// The faster memcpy of the same bytes, measured interleaved with this
+    /// row (for the memcpy rows: over the whole workload).
+    roofline_gbps: f64,
+    pct_of_roofline: f64,
+    speedup_vs_scalar: Option<f64>,
+    /// Whether the last call's result equals the scalar loop's bit for bit
+    /// (`None` for the memcpy rows).
+    matches_scalar: Option<bool>,
+    /// The largest absolute difference from the scalar loop's result (0 when
+    /// equal, `None` for the memcpy rows).
+    max_abs_diff_vs_scalar: Option<f64>,
+}
+
+/// Measures every (kernel, impl) row of one workload.
+fn run_workload(
+    w: Workload,
+    kernels: &[Kernel],
+    impls: &[Impl],
+    budget: &Budget,
+    pool: &ThreadPool,
+    pb: &ProgressBar,
+) -> Result<(Vec<Row>, usize), Box<dyn Error>> {
+    pb.set_message(format!("{}: building data", w.name));
+    let data = w.data();
+    let distinct = data.distinct_ids();
+    let peer = if impls.contains(&Impl::Candle) {
+        Some(Candle::new(&data)?)
+    } else {
+        None
+    };
+    let inp = Inputs {
+        data: &data,
+        scale: (w.dim as f32).sqrt(),
+        peer: peer.as_ref(),
+        pool,
+    };
+    let len = w.num_ids * w.dim;
+    let mut outs = Outputs {
+        out: vec![0.0; len],
+        grad: vec![0.0; w.num_embeddings * w.dim],
+        candle: None,
+    };
+    // The roofline: a memcpy of the same number of floats, from the gradient
+    // (same size as an output) into buffers of its own.
+    let src = &data.grad_output[..];
+    let (mut dst_1t, mut dst_par) = (vec![0.0f32; len], vec![0.0f32; len]);
+    let part = len.div_ceil(pool.current_num_threads()).max(1);
+    let mut memcpy_1t = || {
+        timed(|| {
+            dst_1t.copy_from_slice(black_box(src));
+            black_box(&mut dst_1t);
+        })
+    };
+    let mut memcpy_par = || {
+        timed(|| {
+            pool.install(|| {
+                dst_par
+                    .par_chunks_mut(part)
+                    .zip(black_box(src).par_chunks(part))
+                    .for_each(|(d, s)| d.copy_from_slice(s))
+            });
+            black_box(&mut dst_par);
+        })
+    };
+    let (mut all_1t, mut all_par) = (Vec::new(), Vec::new());
+
+    let mut rows = Vec::new();
+    for &kernel in kernels {
+        let bytes = match kernel {
+            Kernel::ScatterAdd => w.scatter_add_bytes(distinct),
+            Kernel::Gather | Kernel::GatherScaled => w.gather_bytes(),
+        };
+        // The scalar loop's result, every other one is compared with.
+        outs.prepare(kernel, Impl::Scalar, pool);
+        call(kernel, Impl::Scalar, &inp, &mut outs);
+        let want = outs.result(kernel, Impl::Scalar)?.into_owned();
+        let first = rows.len();
+        for &imp in impls {
+            pb.set_message(format!("{} {} {}", w.name, kernel.name(), imp.name()));
+            let mut run = || {
+                outs.prepare(kernel, imp, pool);
+                timed(|| call(kernel, imp, &inp, &mut outs))
+            };
+            let [t, t_1t, t_par] = measure(budget, [&mut run, &mut memcpy_1t, &mut memcpy_par]);
+            let stats = Stats::of(&t);
+            let roof_us = Stats::of(&t_1t).median_us.min(Stats::of(&t_par).median_us);
+            all_1t.extend(t_1t);
+            all_par.extend(t_par);
+            let diff = difference(&outs.result(kernel, imp)?, &want);
+            let roofline_gbps = w.memcpy_bytes() as f64 / (roof_us * 1e3);
+            rows.push(Row {
+                workload: w.name,
+                kernel: kernel.name(),
+                implementation: imp.name(),
+                stats,
+                bytes,
+                gbps: stats.gbps(bytes),
+                roofline_gbps,
+                pct_of_roofline: 100.0 * stats.gbps(bytes) / roofline_gbps,
+                speedup_vs_scalar: None,
+                matches_scalar: Some(diff.is_none()),
+                max_abs_diff_vs_scalar: Some(diff.unwrap_or(0.0)),
+            });
+            pb.inc(1);
+        }
+        let scalar_us = rows[first..]
+            .iter()
+            .find(|r| r.implementation == Impl::Scalar.name())
+            .map(|r| r.stats.median_us);
+        for row in &mut rows[first..] {
+            row.speedup_vs_scalar = scalar_us.map(|s| s / row.stats.median_us);
+        }
+    }
+
+    // The memcpy rows, over every sample the workload took.
+    if !all_1t.is_empty() {
+        let bytes = w.memcpy_bytes();
+        let (s_1t, s_par) = (Stats::of(&all_1t), Stats::of(&all_par));
+        let roofline_gbps = s_1t.gbps(bytes).max(s_par.gbps(bytes));
+        for (name, stats) in [("1t", s_1t), ("rayon", s_par)] {
+            rows.push(Row {
+                workload: w.name,
+                kernel: "memcpy",
+                implementation: name,
+                stats,
+                bytes,
+                gbps: stats.gbps(bytes),
+                roofline_gbps,
+                pct_of_roofline: 100.0 * stats.gbps(bytes) / roofline_gbps,
+                speedup_vs_scalar: None,
+                matches_scalar: None,
+                max_abs_diff_vs_scalar: None,
+            });
+        }
+    }
+    Ok((rows, distinct))
+}
+
+// ---------------------------------------------------------------------------
+// Targets
+// ---------------------------------------------------------------------------
+
+#[derive(Debug, Serialize)]
+struct Target {
+    goal: &'static str,
+    /// `None` when the row was not measured in this run.
+    value: Option<f64>,
+    threshold: f64,
+    unit: &'static str,
+    met: Option<bool>,
+}
+
+/// The issue's goals, checked (not asserted) against the simd_rayon rows.
+fn targets(rows: &[Row]) -> Vec<Target> {
+    let find = |workload: &str, kernel: Kernel| {
+        rows.iter().find(|r| {
+            r.workload == workload
+                && r.kernel == kernel.name()
+                && r.implementation == Impl::SimdRayon.name()
+        })
+    };
+    let goals: [(&str, Option<f64>, f64, &str); 3] = [
+        (
+            "recsys gather (simd_rayon) >= 50% of memcpy roofline",
+            find("recsys", Kernel::Gather).map(|r| r.pct_of_roofline),
+            50.0,
+            "%",
+        ),
+        (
+            "recsys scatter_add into a zeroed gradient (simd_rayon) >= 40% of memcpy roofline",
+            find("recsys", Kernel::ScatterAdd).map(|r| r.pct_of_roofline),
+            40.0,
+            "%",
+        ),
+        (
+            "minilm scatter_add simd_rayon >= 1.5x scalar",
+            find("minilm", Kernel::ScatterAdd).and_then(|r| r.speedup_vs_scalar),
+            1.5,
+            "x",
+        ),
+    ];
+    goals
+        .into_iter()
+        .map(|(goal, value, threshold, unit)| Target {
+            goal,
+            value,
+            threshold,
+            unit,
+            met: value.map(|v| v >= threshold),
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// Output
+// ---------------------------------------------------------------------------
+
+#[derive(Debug, Serialize)]
+struct Machine {
+    cpu: String,
+    available_parallelism: usize,
+    pool_threads: usize,
+    simd: &'static str,
+    release_build: bool,
+    loadavg_at_start: Option<String>,
+    loadavg_at_end: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct WorkloadInfo {
+    name: &'static str,
+    num_embeddings: usize,
+    dim: usize,
+    num_ids: usize,
+    distinct_ids: usize,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    command: String,
+    machine: Machine,
+    budget_ms_per_row: Option<u64>,
+    reps_per_row: Option<usize>,
+    bytes_rule: &'static str,
+    workloads: Vec<WorkloadInfo>,
+    rows: Vec<Row>,
+    targets: Vec<Target>,
+    wall_seconds: f64,
+}
+
+fn machine(pool_threads: usize) -> Machine {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
+        .map_or_else(|| "unknown".to_string(), |(_, m)| m.trim().to_string());
+    let simd = if cfg!(target_feature = "avx2") {
+        "f32x8 on AVX2 (compiled with avx2)"
+    } else if cfg!(target_feature = "avx") {
+        "f32x8 on AVX (compiled with avx)"
+    } else {
+        "f32x8 as 2x128-bit SSE2 (baseline x86-64 build; RUSTFLAGS='-C target-cpu=native' for AVX2)"
+    };
+    Machine {
+        cpu,
+        available_parallelism: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        pool_threads,
+        simd,
+        release_build: !cfg!(debug_assertions),
+        loadavg_at_start: loadavg(),
+        loadavg_at_end: None,
+    }
+}
+
+/// The 1, 5 and 15 minute load averages, where the system tells them.
+fn loadavg() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    Some(
+        text.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" "),
+    )
+}
+
+/// The command line, as it would be typed through cargo.
+fn command_line() -> String {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .map(|a| {
+            if a.contains(|c: char| c.is_whitespace() || c == '\'') {
+                format!("'{}'", a.replace('\'', r"'\''"))
+            } else {
+                a
+            }
+        })
+        .collect();
+    let mut cmd = "cargo run --release --example report".to_string();
+    if !args.is_empty() {
+        cmd = format!("{cmd} -- {}", args.join(" "));
+    }
+    cmd
+}
+
+fn header(out: &mut dyn Write, cmd: &str, m: &Machine, budget: &Budget) -> io::Result<()> {
+    writeln!(out, "embedding-kernels benchmark report")?;
+    writeln!(out, "command : {cmd}")?;
+    writeln!(
+        out,
+        "machine : {} | {} CPUs available | rayon pool of {} threads (local pool)",
+        m.cpu, m.available_parallelism, m.pool_threads
+    )?;
+    writeln!(out, "simd    : {}", m.simd)?;
+    if !m.release_build {
+        writeln!(
+            out,
+            "WARNING : debug build, the numbers mean nothing (use --release)"
+        )?;
+    }
+    if let Some(load) = &m.loadavg_at_start {
+        writeln!(
+            out,
+            "load    : {load} (1/5/15 min, at start; the machine is shared)"
+        )?;
+    }
+    let reps = match budget.reps {
+        Some(r) => format!("{r} timed repetitions per row"),
+        None => format!(
+            "repetitions per row for ~{} ms (at least {MIN_REPS})",
+            budget.per_row.as_millis()
+        ),
+    };
+    writeln!(
+        out,
+        "timing  : median; {WARMUP_REPS} warm-up calls, then {reps}, round-robin with the memcpys"
+    )?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "{:<8} {:<13} {:<10} {:>11} {:>7} {:>9} {:>7} {:>9} {:>6}",
+        "workload",
+        "kernel",
+        "impl",
+        "median µs",
+        "GB/s",
+        "roof GB/s",
+        "% roof",
+        "vs scalar",
+        "reps"
+    )?;
+    Ok(())
+}
+
+fn workload_block(
+    out: &mut dyn Write,
+    w: &Workload,
+    distinct: usize,
+    rows: &[Row],
+) -> io::Result<()> {
+    let mb = |bytes: usize| bytes as f64 / (1 << 20) as f64;
+    writeln!(
+        out,
+        "-- {}: {} x {} table ({:.0} MB), {} ids ({} distinct), output {:.1} MB",
+        w.name,
+        w.num_embeddings,
+        w.dim,
+        mb(w.num_embeddings * w.dim * 4),
+        w.num_ids,
+        distinct,
+        mb(w.out_bytes())
+    )?;
+    for r in rows {
+        let speedup = r
+            .speedup_vs_scalar
+            .map_or("-".to_string(), |s| format!("{s:.2}x"));
+        let flag = match (r.matches_scalar, r.max_abs_diff_vs_scalar) {
+            (Some(false), Some(d)) => format!("  DIFFERS from scalar (max |diff| {d:e})"),
+            _ => String::new(),
+        };
+        writeln!(
+            out,
+            "{:<8} {:<13} {:<10} {:>11.1} {:>7.2} {:>9.2} {:>6.1}% {:>9} {:>6}{flag}",
+            r.workload,
+            r.kernel,
+            r.implementation,
+            r.stats.median_us,
+            r.gbps,
+            r.roofline_gbps,
+            r.pct_of_roofline,
+            speedup,
+            r.stats.reps
+        )?;
+    }
+    Ok(())
+}
+
+fn footer(out: &mut dyn Write, report: &Report) -> io::Result<()> {
+    let threads = report.machine.pool_threads;
+    writeln!(
+        out,
+        "
+bytes moved, counted (not measured):
+  gather, gather_scaled: read ids*dim*4 + write ids*dim*4
+  scatter_add: read grad_output ids*dim*4 + read and write each distinct touched row (distinct*dim*4*2)
+  memcpy of L = ids*dim floats: 2*L*4.  GB/s = 1e9 bytes/s
+roof GB/s: the faster median of a memcpy of ids*dim floats on 1 thread and split over {threads} threads,
+  measured round-robin with that row; the memcpy rows pool all of a workload's memcpy samples
+vs scalar: scalar median / row median. scalar = kernels::scalar, simd_1t = Parallelism::Serial,
+  simd_rayon = Parallelism::Rayon in the local pool, candle = candle-core index_select / index_add
+scatter_add: the gradient is zeroed before every repetition, outside the timed region; candle's
+  index_add returns a new tensor, so its time includes allocating and copying the whole zeroed table
+gather_scaled for candle is index_select then affine (two passes); bytes use the one-pass rule"
+    )?;
+    let diffs = report
+        .rows
+        .iter()
+        .filter(|r| r.matches_scalar == Some(false))
+        .count();
+    if diffs > 0 {
+        writeln!(
+            out,
+            "WARNING: {diffs} row(s) differ from the scalar loop's result (marked above)"
+        )?;
+    }
+    writeln!(out)?;
+    writeln!(out, "targets (checked, not asserted):")?;
+    for t in &report.targets {
+        let (value, verdict) = match (t.value, t.met) {
+            (Some(v), Some(met)) => {
+                let v = match t.unit {
+                    "%" => format!("{v:.1}%"),
+                    _ => format!("{v:.2}x"),
+                };
+                (v, if met { "met" } else { "NOT MET" })
+            }
+            _ => ("-".to_string(), "not measured in this run"),
+        };
+        writeln!(out, "  {:<82} {:>7}  {verdict}", t.goal, value)?;
+    }
+    writeln!(out)?;
+    write!(out, "wall time: {:.1} s", report.wall_seconds)?;
+    match &report.machine.loadavg_at_end {
+        Some(load) => writeln!(out, "; load at end: {load}")?,
+        None => writeln!(out)?,
+    }
+    Ok(())
+}
+
+/// The chosen items, or all of them when none were chosen.
+fn or_all<T: Clone>(chosen: &[T], all: &[T]) -> Vec<T> {
+    match chosen {
+        [] => all.to_vec(),
+        _ => chosen.to_vec(),
+    }
+}
+
+fn main() -> Result<(), Box<dyn Error>> {
+    let started = Instant::now();
+    let args = Args::parse();
+    let workloads: Vec<Workload> = or_all(&args.workloads, &WORKLOADS);
+    let kernels: Vec<Kernel> = or_all(&args.kernels, &Kernel::ALL);
+    let mut impls: Vec<Impl> = or_all(&args.impls, &Impl::ALL);
+    if args.no_peer {
+        impls.retain(|&i| i != Impl::Candle);
+    }
+    let threads = args
+        .threads
+        .or_else(|| std::thread::available_parallelism().ok())
+        .map_or(1, NonZeroUsize::get);
+    let pool = ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("report-{i}"))
+        .build()?;
+    let budget = Budget {
+        per_row: Duration::from_millis(args.budget_ms),
+        reps: args.reps.map(NonZeroUsize::get),
+    };
+
+    // The table goes to stdout, or to stderr when stdout carries the JSON.
+    let mut human: Box<dyn Write> = if args.json {
+        Box::new(io::stderr())
+    } else {
+        Box::new(io::stdout())
+    };
+    let pb = if args.json || !io::stderr().is_terminal() {
+        ProgressBar::hidden()
+    } else {
+        let pb = ProgressBar::new((workloads.len() * kernels.len() * impls.len()) as u64);
+        pb.set_style(ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} rows [{elapsed}] {msg}",
+        )?);
+        pb.enable_steady_tick(Duration::from_millis(200));
+        pb
+    };
+
+    let command = command_line();
+    let mut machine = machine(threads);
+    pb.suspend(|| header(&mut human, &command, &machine, &budget))?;
+    let mut rows = Vec::new();
+    let mut infos = Vec::new();
+    for w in &workloads {
+        let (new, distinct) = run_workload(*w, &kernels, &impls, &budget, &pool, &pb)?;
+        pb.suspend(|| workload_block(&mut human, w, distinct, &new))?;
+        rows.extend(new);
+        infos.push(WorkloadInfo {
+            name: w.name,
+            num_embeddings: w.num_embeddings,
+            dim: w.dim,
+            num_ids: w.num_ids,
+            distinct_ids: distinct,
+        });
+    }
+    pb.finish_and_clear();
+    machine.loadavg_at_end = loadavg();
+
+    let report = Report {
+        command,
+        machine,
+        budget_ms_per_row: budget.reps.is_none().then_some(args.budget_ms),
+        reps_per_row: budget.reps,
+        bytes_rule: BYTES_RULE,
+        workloads: infos,
+        targets: targets(&rows),
+        rows,
+        wall_seconds: started.elapsed().as_secs_f64(),
+    };
+    footer(&mut human, &report)?;
+    human.flush()?;
+    if args.json {
+        let stdout = io::stdout();
+        let mut lock = stdout.lock();
+        serde_json::to_writer_pretty(&mut lock, &report)?;
+        writeln!(lock)?;
+    }
+    Ok(())
+}
