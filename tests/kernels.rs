@@ -593,3 +593,36 @@ fn hot_id_with_wide_rows_equals_reference_on_every_pool() {
         );
     }
 }
+
+/// Outputs of 8 MiB and more are written with streaming stores; they must
+/// still be exact, for every alignment of the output and every pool.
+#[test]
+fn streamed_outputs_equal_reference() {
+    let (rows, dim, n) = (97u64, 67, 32_000);
+    let mut rng = SplitMix(11);
+    let table = rng.values(rows as usize * dim);
+    let ids: Vec<i64> = (0..n).map(|_| (rng.next() % rows) as i64).collect();
+    assert!(
+        n * dim * 4 >= 8 << 20,
+        "the case must be past the streaming threshold"
+    );
+    let mut want = vec![0.0; n * dim];
+    reference::gather_scaled(&table, dim, &ids, 0.75, &mut want).unwrap();
+    for offset in [0, 1, 3] {
+        for pool in pools() {
+            let mut buf = vec![f32::NAN; n * dim + offset];
+            pool.install(|| gather_scaled(&table, dim, &ids, 0.75, &mut buf[offset..]))
+                .unwrap();
+            assert_eq!(bits(&buf[offset..]), bits(&want), "offset {offset}");
+            assert!(
+                buf[..offset].iter().all(|x| x.is_nan()),
+                "wrote before the output"
+            );
+        }
+    }
+    let mut got = vec![f32::NAN; n * dim];
+    gather_with(Parallelism::Serial, &table, dim, &ids, &mut got).unwrap();
+    let mut copy = vec![0.0; n * dim];
+    reference::gather(&table, dim, &ids, &mut copy).unwrap();
+    assert_eq!(bits(&got), bits(&copy));
+}

@@ -17,13 +17,18 @@
 //!    `i`. `AHEAD` = 8: the recsys workload (512-byte rows, a table far
 //!    bigger than the caches) ran fastest between 4 and 16 ahead on the
 //!    development machine, and 8 is the middle of that plateau.
-//! 4. **Threads.** The output is cut into blocks of whole rows, about
+//! 4. **Streaming stores.** An output of [`STREAM_MIN_BYTES`] or more is
+//!    written with non-temporal stores ([`row::store_streaming`]): it will
+//!    not fit in the caches anyway, and a normal store would first read
+//!    every line it writes. Smaller outputs use normal stores and stay in
+//!    cache for the next layer.
+//! 5. **Threads.** The output is cut into blocks of whole rows, about
 //!    `TASK_BYTES` each, and rayon hands the blocks to the threads of the
 //!    pool the caller runs in. Blocks are disjoint, so there is nothing to
 //!    synchronise and the result cannot depend on the thread count. Below
 //!    [`PARALLEL_MIN_BYTES`] of output the call stays on the calling thread.
 
-use super::{row, Parallelism, PARALLEL_MIN_BYTES, TASK_BYTES};
+use super::{row, Parallelism, PARALLEL_MIN_BYTES, STREAM_MIN_BYTES, TASK_BYTES};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::shape::{check_len, rows_len, table_rows};
@@ -70,7 +75,7 @@ pub fn gather_with<I: Index>(
     out: &mut [f32],
 ) -> Result<(), EmbeddingError> {
     let ids = check(table, dim, ids, out)?;
-    drive(par, table, dim, ids, out, row::copy);
+    drive(par, table, dim, ids, out, None);
     Ok(())
 }
 
@@ -102,9 +107,7 @@ pub fn gather_scaled_with<I: Index>(
     out: &mut [f32],
 ) -> Result<(), EmbeddingError> {
     let ids = check(table, dim, ids, out)?;
-    drive(par, table, dim, ids, out, move |dst, src| {
-        row::scale(dst, src, scale)
-    });
+    drive(par, table, dim, ids, out, Some(scale));
     Ok(())
 }
 
@@ -122,22 +125,21 @@ pub(crate) fn check<'a, I: Index>(
 }
 
 /// Splits the work (or not) and runs [`gather_block`] on each piece.
-fn drive<I, F>(
+fn drive<I: Index>(
     par: Parallelism,
     table: &[f32],
     dim: usize,
     ids: ValidIds<'_, I>,
     out: &mut [f32],
-    op: F,
-) where
-    I: Index,
-    F: Fn(&mut [f32], &[f32]) + Sync + Send + Copy,
-{
+    scale: Option<f32>,
+) {
     if dim == 0 || ids.is_empty() {
         return;
     }
-    if !par.splits(core::mem::size_of_val(out), PARALLEL_MIN_BYTES) {
-        gather_block(table, dim, ids, out, op);
+    let bytes = core::mem::size_of_val(out);
+    let stream = bytes >= STREAM_MIN_BYTES;
+    if !par.splits(bytes, PARALLEL_MIN_BYTES) {
+        gather_block(table, dim, ids, out, scale, stream);
         return;
     }
     let rows_per_task = (TASK_BYTES / (dim * 4)).max(1);
@@ -146,26 +148,42 @@ fn drive<I, F>(
         .for_each(|(task, block)| {
             let first = task * rows_per_task;
             let ids = ids.slice(first..first + block.len() / dim);
-            gather_block(table, dim, ids, block, op);
+            gather_block(table, dim, ids, block, scale, stream);
         });
 }
 
-/// The one loop body, shared by the serial and the parallel driver.
+/// The one loop body, shared by the serial and the parallel driver:
+/// `out[i, :] = table[ids[i], :]`, times `scale` if there is one, with
+/// streaming stores if `stream`.
 #[inline(always)]
-fn gather_block<I: Index, F: Fn(&mut [f32], &[f32])>(
+fn gather_block<I: Index>(
     table: &[f32],
     dim: usize,
     ids: ValidIds<'_, I>,
     out: &mut [f32],
-    op: F,
+    scale: Option<f32>,
+    stream: bool,
 ) {
     let n = ids.len();
+    // Warm the first rows too: a parallel block starts cold.
+    for i in 0..AHEAD.min(n) {
+        let start = ids.row(i) * dim;
+        row::prefetch(&table[start..start + dim]);
+    }
     for (i, dst) in out.chunks_exact_mut(dim).enumerate() {
         if i + AHEAD < n {
             let ahead = ids.row(i + AHEAD) * dim;
             row::prefetch(&table[ahead..ahead + dim]);
         }
         let start = ids.row(i) * dim;
-        op(dst, &table[start..start + dim]);
+        let src = &table[start..start + dim];
+        match (stream, scale) {
+            (true, _) => row::store_streaming(dst, src, scale),
+            (false, None) => row::copy(dst, src),
+            (false, Some(s)) => row::scale(dst, src, s),
+        }
+    }
+    if stream {
+        row::fence();
     }
 }

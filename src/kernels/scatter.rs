@@ -31,6 +31,7 @@
 //!    one-thread pool) skip the grouping and run the serial loop.
 
 use super::group::IdGroups;
+use super::partition::Partition;
 use super::{row, Parallelism, PARALLEL_MIN_BYTES};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
@@ -46,7 +47,7 @@ const COL_BLOCK: usize = 16;
 
 /// Tasks per thread in the parallel driver: a few, so a thread that drew
 /// cheap rows picks up more.
-const TASKS_PER_THREAD: usize = 8;
+const TASKS_PER_THREAD: usize = 1;
 
 /// `grad_table[ids[i], :] += grad_output[i, :]` for every `i`, accumulating
 /// into what `grad_table` already holds.
@@ -89,7 +90,7 @@ pub fn scatter_add_with<I: Index>(
         return Ok(());
     }
     if par.splits(core::mem::size_of_val(grad_output), PARALLEL_MIN_BYTES) {
-        parallel(grad_output, dim, &IdGroups::new(&ids), grad_table);
+        parallel(grad_output, dim, ids, grad_table);
     } else {
         serial(grad_output, dim, ids, grad_table);
     }
@@ -123,7 +124,123 @@ fn serial<I: Index>(grad_output: &[f32], dim: usize, ids: ValidIds<'_, I>, grad_
 }
 
 /// One unit of parallel work.
-enum Task<'a, 'b> {
+enum Task<'a> {
+    /// Whole rows `lo..`: `rows` holds them, `positions` touch only them.
+    Rows {
+        lo: usize,
+        positions: &'a [usize],
+        rows: &'a mut [f32],
+    },
+    /// Columns `col..col + cols.len()` of the one row all `positions` touch.
+    Cols {
+        col: usize,
+        positions: &'a [usize],
+        cols: &'a mut [f32],
+    },
+}
+
+fn parallel<I: Index>(
+    grad_output: &[f32],
+    dim: usize,
+    ids: ValidIds<'_, I>,
+    grad_table: &mut [f32],
+) {
+    let share = ids
+        .len()
+        .div_ceil(rayon::current_num_threads() * TASKS_PER_THREAD)
+        .max(1);
+    let part = Partition::new(&ids, share);
+
+    // Hand each list its own rows (trick 2) and, for a hot row, its own
+    // column blocks (trick 4).
+    let mut tasks: Vec<Task<'_>> = Vec::with_capacity(part.lists.len());
+    let mut rest = grad_table;
+    let mut rest_lo = 0;
+    for list in &part.lists {
+        let (_, tail) = core::mem::take(&mut rest).split_at_mut((list.lo - rest_lo) * dim);
+        let (rows, tail) = tail.split_at_mut((list.hi - list.lo) * dim);
+        rest = tail;
+        rest_lo = list.hi;
+        let positions = &part.positions[list.start..list.end];
+        let count = positions.len();
+        if count == 0 {
+            continue;
+        }
+        if count > share && list.hi - list.lo == 1 && dim >= 2 * COL_BLOCK {
+            let blocks = count.div_ceil(share).min(dim / COL_BLOCK);
+            let width = (dim / blocks).next_multiple_of(COL_BLOCK);
+            for (b, cols) in rows.chunks_mut(width).enumerate() {
+                tasks.push(Task::Cols {
+                    col: b * width,
+                    positions,
+                    cols,
+                });
+            }
+        } else {
+            tasks.push(Task::Rows {
+                lo: list.lo,
+                positions,
+                rows,
+            });
+        }
+    }
+
+    tasks.into_par_iter().for_each(|task| match task {
+        Task::Rows {
+            lo,
+            positions,
+            rows,
+        } => {
+            for (k, &p) in positions.iter().enumerate() {
+                if let Some(&ahead) = positions.get(k + AHEAD) {
+                    // Both streams are sparse here: prefetch both.
+                    let start = (ids.row(ahead) - lo) * dim;
+                    row::prefetch(&rows[start..start + dim]);
+                    row::prefetch(&grad_output[ahead * dim..(ahead + 1) * dim]);
+                }
+                let start = (ids.row(p) - lo) * dim;
+                row::add(
+                    &mut rows[start..start + dim],
+                    &grad_output[p * dim..(p + 1) * dim],
+                );
+            }
+        }
+        Task::Cols {
+            col,
+            positions,
+            cols,
+        } => {
+            let width = cols.len();
+            for (k, &p) in positions.iter().enumerate() {
+                if let Some(&ahead) = positions.get(k + AHEAD) {
+                    let start = ahead * dim + col;
+                    row::prefetch(&grad_output[start..start + width]);
+                }
+                let start = p * dim + col;
+                row::add(cols, &grad_output[start..start + width]);
+            }
+        }
+    });
+}
+
+/// The former driver: positions grouped by id (kept for comparison).
+#[doc(hidden)]
+pub fn scatter_add_grouped<I: Index>(
+    grad_output: &[f32],
+    dim: usize,
+    ids: &[I],
+    grad_table: &mut [f32],
+) -> Result<(), EmbeddingError> {
+    let ids = check(grad_output, dim, ids, grad_table)?;
+    if dim == 0 || ids.is_empty() {
+        return Ok(());
+    }
+    parallel_grouped(grad_output, dim, &IdGroups::new(&ids), grad_table);
+    Ok(())
+}
+
+/// One unit of parallel work.
+enum GTask<'a, 'b> {
     /// Whole rows: `rows[k]` is the row of group `first + k`.
     Rows {
         first: usize,
@@ -137,7 +254,7 @@ enum Task<'a, 'b> {
     },
 }
 
-fn parallel(grad_output: &[f32], dim: usize, groups: &IdGroups, grad_table: &mut [f32]) {
+fn parallel_grouped(grad_output: &[f32], dim: usize, groups: &IdGroups, grad_table: &mut [f32]) {
     // Peel the touched rows off the table, ids ascending (trick 2).
     let mut rows: Vec<&mut [f32]> = Vec::with_capacity(groups.len());
     let mut rest = grad_table;
@@ -154,7 +271,7 @@ fn parallel(grad_output: &[f32], dim: usize, groups: &IdGroups, grad_table: &mut
     let share = n
         .div_ceil(rayon::current_num_threads() * TASKS_PER_THREAD)
         .max(1);
-    let mut tasks: Vec<Task<'_, '_>> = Vec::new();
+    let mut tasks: Vec<GTask<'_, '_>> = Vec::new();
     let mut rows_left: &mut [&mut [f32]] = &mut rows;
     let mut group = 0;
     while group < groups.len() {
@@ -174,24 +291,24 @@ fn parallel(grad_output: &[f32], dim: usize, groups: &IdGroups, grad_table: &mut
             let width = (dim / blocks).next_multiple_of(COL_BLOCK);
             let row: &mut [f32] = &mut *mine[0];
             for (b, cols) in row.chunks_mut(width).enumerate() {
-                tasks.push(Task::Cols {
+                tasks.push(GTask::Cols {
                     group: first,
                     col: b * width,
                     cols,
                 });
             }
         } else {
-            tasks.push(Task::Rows { first, rows: mine });
+            tasks.push(GTask::Rows { first, rows: mine });
         }
     }
 
     tasks.into_par_iter().for_each(|task| match task {
-        Task::Rows { first, rows } => {
+        GTask::Rows { first, rows } => {
             for (k, dst) in rows.iter_mut().enumerate() {
                 add_group(grad_output, dim, groups.positions(first + k), 0, dst);
             }
         }
-        Task::Cols { group, col, cols } => {
+        GTask::Cols { group, col, cols } => {
             add_group(grad_output, dim, groups.positions(group), col, cols)
         }
     });
