@@ -36,7 +36,7 @@
 //!   lengths. No argument makes a kernel panic.
 //! * **Exact results.** [`gather`] copies bits; [`gather_scaled`] does one
 //!   multiplication per value; [`scatter_add`] sums each row's gradients in
-//!   position order. All three equal the one-hot [`reference`] bit for bit.
+//!   position order. All three equal the one-hot [`reference`](mod@reference) bit for bit.
 //! * **Determinism.** Results are the same bits for every thread count.
 //! * **Threads are the caller's.** Kernels run on the rayon pool they are
 //!   called from and never touch the global pool's configuration.
@@ -44,7 +44,7 @@
 //! # Testing
 //!
 //! `tests/` holds property tests (proptest) that compare every kernel, id
-//! type and thread count with [`reference`] bit for bit, plus edge sweeps
+//! type and thread count with [`reference`](mod@reference) bit for bit, plus edge sweeps
 //! with NaN canaries; `fuzz/` holds differential cargo-fuzz targets.
 //!
 //! # SIMD
@@ -68,7 +68,6 @@ mod shape;
 pub use error::{EmbeddingError, Operand};
 pub use index::{Index, ValidIds};
 pub use kernels::gather::{gather, gather_scaled, gather_scaled_with, gather_with};
-pub use kernels::group::IdGroups;
 pub use kernels::scatter::{scatter_add, scatter_add_with};
 pub use kernels::Parallelism;
 

@@ -113,9 +113,10 @@ fn small_case() -> impl Strategy<Value = Case> {
     case(1..=300, 1..=70, 0..=600)
 }
 
-/// Always past the 64 KiB parallel threshold, so the grouped, split path runs.
+/// Larger calls: more tasks per pool, and (with `dim` 32 and up) more column
+/// blocks in the parallel scatter.
 fn large_case() -> impl Strategy<Value = Case> {
-    case(1..=300, 16..=70, 1_200..=4_000)
+    case(1..=300, 16..=140, 1_200..=4_000)
 }
 
 fn convert<I: TryFrom<u64>>(ids: &[u64]) -> Vec<I> {
@@ -254,7 +255,7 @@ fn check_bad_id<I: Index + TryFrom<u64>>(
     );
     for pool in pools() {
         pool.install(|| -> Result<(), TestCaseError> {
-            for par in [Parallelism::Serial, Parallelism::Rayon] {
+            for par in [Parallelism::Serial, Parallelism::Rayon, Parallelism::Auto] {
                 prop_assert_eq!(
                     gather_with(par, &table, c.dim, &ids, &mut out),
                     Err(want.clone())

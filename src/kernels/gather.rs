@@ -17,8 +17,8 @@
 //!    `i`. `AHEAD` = 8: the recsys workload (512-byte rows, a table far
 //!    bigger than the caches) ran fastest between 4 and 16 ahead on the
 //!    development machine, and 8 is the middle of that plateau.
-//! 4. **Streaming stores.** An output of [`STREAM_MIN_BYTES`] or more is
-//!    written with non-temporal stores ([`row::store_streaming`]): it will
+//! 4. **Streaming stores.** An output of `STREAM_MIN_BYTES` (8 MiB) or more is
+//!    written with non-temporal stores (`row::store_streaming`): it will
 //!    not fit in the caches anyway, and a normal store would first read
 //!    every line it writes. Smaller outputs use normal stores and stay in
 //!    cache for the next layer.
@@ -26,9 +26,10 @@
 //!    `TASK_BYTES` each, and rayon hands the blocks to the threads of the
 //!    pool the caller runs in. Blocks are disjoint, so there is nothing to
 //!    synchronise and the result cannot depend on the thread count. Below
-//!    [`PARALLEL_MIN_BYTES`] of output the call stays on the calling thread.
+//!    2 MiB of output, [`Parallelism::Auto`] (the default) keeps the call on
+//!    the calling thread.
 
-use super::{row, Parallelism, PARALLEL_MIN_BYTES, STREAM_MIN_BYTES, TASK_BYTES};
+use super::{row, Parallelism, STREAM_MIN_BYTES, TASK_BYTES};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::shape::{check_len, rows_len, table_rows};
@@ -63,7 +64,7 @@ pub fn gather<I: Index>(
     ids: &[I],
     out: &mut [f32],
 ) -> Result<(), EmbeddingError> {
-    gather_with(Parallelism::Rayon, table, dim, ids, out)
+    gather_with(Parallelism::Auto, table, dim, ids, out)
 }
 
 /// [`gather`] with an explicit [`Parallelism`].
@@ -94,7 +95,7 @@ pub fn gather_scaled<I: Index>(
     scale: f32,
     out: &mut [f32],
 ) -> Result<(), EmbeddingError> {
-    gather_scaled_with(Parallelism::Rayon, table, dim, ids, scale, out)
+    gather_scaled_with(Parallelism::Auto, table, dim, ids, scale, out)
 }
 
 /// [`gather_scaled`] with an explicit [`Parallelism`].
@@ -138,7 +139,7 @@ fn drive<I: Index>(
     }
     let bytes = core::mem::size_of_val(out);
     let stream = bytes >= STREAM_MIN_BYTES;
-    if !par.splits(bytes, PARALLEL_MIN_BYTES) {
+    if !par.splits(bytes) {
         gather_block(table, dim, ids, out, scale, stream);
         return;
     }

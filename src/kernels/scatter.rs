@@ -2,52 +2,52 @@
 //!
 //! ```text
 //! check grad_table shape, grad_output length, every id   (nothing written)
-//! serial:   for p in 0..n:  grad_table[ids[p], :] += grad_output[p, :]
-//! parallel: groups = positions grouped by id (IdGroups, stable)
-//!           cut the groups into tasks of about equal positions
-//!           each task, for each of its groups g, in position order:
-//!               grad_table[id(g), cols] += grad_output[p, cols]
+//! cut the columns 0..dim into blocks of whole cache lines, one per thread
+//! each block, in parallel:
+//!     for p in 0..n (in order):
+//!         prefetch grad_table[ids[p + AHEAD], block]
+//!         grad_table[ids[p], block] += grad_output[p, block]
 //! ```
 //!
-//! 1. **Determinism without atomics.** A row of `grad_table` is the sum of its
-//!    starting value and its gradients *in position order*, whatever the
-//!    thread count: the serial loop does exactly that, and in the parallel
-//!    driver every row (or column block of a row) belongs to one task, which
-//!    walks its positions ascending. So every path gives the bits of the
-//!    sequential loop, which are also the bits of the one-hot reference.
-//! 2. **Disjoint rows, safely.** The grouped ids are ascending, so
-//!    `split_at_mut` peels the touched rows off `grad_table` one after
-//!    another in a single walk. Tasks own disjoint runs of those row slices;
-//!    there is no `unsafe` and no shared write.
-//! 3. **Balance.** Tasks are cut by number of positions, not of rows, about
-//!    `n / (8 · threads)` each, so skewed id distributions still spread.
-//! 4. **Hot ids.** A single id holding more than a task's share of the
-//!    positions (say 90 % of them) would serialise the call. Its row is cut
-//!    into column blocks of whole cache lines (multiples of 16 floats), one
-//!    task each; every block still sums its positions in order.
-//! 5. **Prefetch.** Within a group the gradient rows are scattered through
-//!    `grad_output`; the loop prefetches the row `AHEAD` positions on.
-//! 6. **Small calls** (under [`PARALLEL_MIN_BYTES`] of gradient, or a
-//!    one-thread pool) skip the grouping and run the serial loop.
+//! 1. **Determinism without atomics or locks.** Every value of `grad_table`
+//!    belongs to exactly one block, and that block's task adds its gradients
+//!    in position order, which is what the sequential loop does. So every
+//!    thread count gives the sequential loop's bits, which are also the bits
+//!    of the one-hot reference. One thread is just one block of all columns.
+//! 2. **Hot ids cost nothing extra.** Work is split by columns, not rows, so
+//!    every task does the same share of every id: a batch where one id holds
+//!    90 % of the positions is as balanced as a uniform one.
+//! 3. **Streams stay streams.** Each task reads `ids` and its columns of
+//!    `grad_output` front to back, as the sequential loop does; only the
+//!    table rows are random, and those are prefetched `AHEAD` positions on.
+//!    (A sort of positions by id, then whole rows per task, was tried first:
+//!    it turned `grad_output` into a random stream and ran slower than one
+//!    thread on every workload of the report.)
+//! 4. **Cache lines are never shared.** Block borders sit on 64-byte lines
+//!    of the actual table address (when `dim` is a multiple of 16 floats,
+//!    every row's lines line up), so two threads never write one line. A
+//!    block is at least 16 floats, so rows narrower than 32 floats
+//!    (`dim < 32`, one or two lines) run on one thread.
+//! 5. **The one `unsafe`.** Blocks of one row are interleaved in memory, so
+//!    `split_at_mut` cannot hand them out. [`SharedColumns`] does, from a
+//!    raw pointer, with the bounds checked on every access; what it relies
+//!    on is only that the blocks are disjoint column ranges.
+//! 6. **Small calls** (under 2 MiB of gradient with [`Parallelism::Auto`],
+//!    or a one-thread pool) run as one block on the calling thread.
 
-use super::group::IdGroups;
-use super::partition::Partition;
-use super::{row, Parallelism, PARALLEL_MIN_BYTES};
+use super::{row, Parallelism};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::shape::{check_len, rows_len, table_rows};
+use core::marker::PhantomData;
+use core::ops::Range;
 use rayon::prelude::*;
 
-/// How many positions ahead the loops prefetch gradient rows.
+/// How many positions ahead the loop prefetches table rows.
 const AHEAD: usize = 8;
 
-/// Column blocks of a split hot row are multiples of this many floats (one
-/// 64-byte cache line), so two threads never write the same line.
-const COL_BLOCK: usize = 16;
-
-/// Tasks per thread in the parallel driver: a few, so a thread that drew
-/// cheap rows picks up more.
-const TASKS_PER_THREAD: usize = 1;
+/// Floats per 64-byte cache line: column blocks are made of whole lines.
+const LINE: usize = 16;
 
 /// `grad_table[ids[i], :] += grad_output[i, :]` for every `i`, accumulating
 /// into what `grad_table` already holds.
@@ -74,7 +74,7 @@ pub fn scatter_add<I: Index>(
     ids: &[I],
     grad_table: &mut [f32],
 ) -> Result<(), EmbeddingError> {
-    scatter_add_with(Parallelism::Rayon, grad_output, dim, ids, grad_table)
+    scatter_add_with(Parallelism::Auto, grad_output, dim, ids, grad_table)
 }
 
 /// [`scatter_add`] with an explicit [`Parallelism`].
@@ -89,10 +89,27 @@ pub fn scatter_add_with<I: Index>(
     if dim == 0 || ids.is_empty() {
         return Ok(());
     }
-    if par.splits(core::mem::size_of_val(grad_output), PARALLEL_MIN_BYTES) {
-        parallel(grad_output, dim, ids, grad_table);
+    if dim >= 2 * LINE && par.splits(core::mem::size_of_val(grad_output)) {
+        let blocks = column_blocks(
+            dim,
+            grad_table.as_ptr() as usize,
+            rayon::current_num_threads(),
+        );
+        let shared = SharedColumns::new(grad_table, dim);
+        blocks
+            .into_par_iter()
+            .for_each(|cols| accumulate(grad_output, dim, ids, cols, &shared));
     } else {
-        serial(grad_output, dim, ids, grad_table);
+        accumulate(
+            grad_output,
+            dim,
+            ids,
+            0..dim,
+            Exclusive {
+                table: grad_table,
+                dim,
+            },
+        );
     }
     Ok(())
 }
@@ -110,220 +127,161 @@ pub(crate) fn check<'a, I: Index>(
     ValidIds::new(ids, rows)
 }
 
-/// The sequential loop, in position order.
-fn serial<I: Index>(grad_output: &[f32], dim: usize, ids: ValidIds<'_, I>, grad_table: &mut [f32]) {
-    let n = ids.len();
-    for (p, src) in grad_output.chunks_exact(dim).enumerate() {
-        if p + AHEAD < n {
-            let ahead = ids.row(p + AHEAD) * dim;
-            row::prefetch(&grad_table[ahead..ahead + dim]);
+/// Splits columns `0..dim` into at most `threads` blocks whose borders fall
+/// on cache-line borders of a table starting at address `base`.
+fn column_blocks(dim: usize, base: usize, threads: usize) -> Vec<Range<usize>> {
+    let blocks = (dim / LINE).min(threads).max(1);
+    // Column `c` of a row starts a line when `c ≡ skew (mod LINE)`; this is
+    // the same for every row only when `dim` is a multiple of LINE, and then
+    // it is exact. Otherwise any multiple of LINE is as good as another.
+    let skew = if dim.is_multiple_of(LINE) {
+        (LINE - (base / 4) % LINE) % LINE
+    } else {
+        0
+    };
+    let mut cuts = vec![0];
+    for k in 1..blocks {
+        let target = k * dim / blocks;
+        // The line border at or below `target`.
+        let cut = if target >= skew {
+            target - (target - skew) % LINE
+        } else {
+            continue;
+        };
+        if cut > *cuts.last().unwrap_or(&0) && cut < dim {
+            cuts.push(cut);
         }
-        let start = ids.row(p) * dim;
-        row::add(&mut grad_table[start..start + dim], src);
     }
+    cuts.push(dim);
+    cuts.windows(2).map(|w| w[0]..w[1]).collect()
 }
 
-/// One unit of parallel work.
-enum Task<'a> {
-    /// Whole rows `lo..`: `rows` holds them, `positions` touch only them.
-    Rows {
-        lo: usize,
-        positions: &'a [usize],
-        rows: &'a mut [f32],
-    },
-    /// Columns `col..col + cols.len()` of the one row all `positions` touch.
-    Cols {
-        col: usize,
-        positions: &'a [usize],
-        cols: &'a mut [f32],
-    },
+/// Where a task writes: columns of table rows.
+trait ColumnRows {
+    /// Columns `cols` of row `row`.
+    fn columns(&mut self, row: usize, cols: Range<usize>) -> &mut [f32];
 }
 
-fn parallel<I: Index>(
+/// The loop body, shared by the one-block (serial) and the parallel driver:
+/// for each position in order, add its `cols` into its row's `cols`.
+#[inline(always)]
+fn accumulate<I: Index, R: ColumnRows>(
     grad_output: &[f32],
     dim: usize,
     ids: ValidIds<'_, I>,
-    grad_table: &mut [f32],
+    cols: Range<usize>,
+    mut table: R,
 ) {
-    let share = ids
-        .len()
-        .div_ceil(rayon::current_num_threads() * TASKS_PER_THREAD)
-        .max(1);
-    let part = Partition::new(&ids, share);
-
-    // Hand each list its own rows (trick 2) and, for a hot row, its own
-    // column blocks (trick 4).
-    let mut tasks: Vec<Task<'_>> = Vec::with_capacity(part.lists.len());
-    let mut rest = grad_table;
-    let mut rest_lo = 0;
-    for list in &part.lists {
-        let (_, tail) = core::mem::take(&mut rest).split_at_mut((list.lo - rest_lo) * dim);
-        let (rows, tail) = tail.split_at_mut((list.hi - list.lo) * dim);
-        rest = tail;
-        rest_lo = list.hi;
-        let positions = &part.positions[list.start..list.end];
-        let count = positions.len();
-        if count == 0 {
-            continue;
+    let n = ids.len();
+    for p in 0..n {
+        if p + AHEAD < n {
+            row::prefetch(table.columns(ids.row(p + AHEAD), cols.clone()));
         }
-        if count > share && list.hi - list.lo == 1 && dim >= 2 * COL_BLOCK {
-            let blocks = count.div_ceil(share).min(dim / COL_BLOCK);
-            let width = (dim / blocks).next_multiple_of(COL_BLOCK);
-            for (b, cols) in rows.chunks_mut(width).enumerate() {
-                tasks.push(Task::Cols {
-                    col: b * width,
-                    positions,
-                    cols,
-                });
-            }
-        } else {
-            tasks.push(Task::Rows {
-                lo: list.lo,
-                positions,
-                rows,
-            });
-        }
+        let src = &grad_output[p * dim + cols.start..p * dim + cols.end];
+        row::add(table.columns(ids.row(p), cols.clone()), src);
     }
-
-    tasks.into_par_iter().for_each(|task| match task {
-        Task::Rows {
-            lo,
-            positions,
-            rows,
-        } => {
-            for (k, &p) in positions.iter().enumerate() {
-                if let Some(&ahead) = positions.get(k + AHEAD) {
-                    // Both streams are sparse here: prefetch both.
-                    let start = (ids.row(ahead) - lo) * dim;
-                    row::prefetch(&rows[start..start + dim]);
-                    row::prefetch(&grad_output[ahead * dim..(ahead + 1) * dim]);
-                }
-                let start = (ids.row(p) - lo) * dim;
-                row::add(
-                    &mut rows[start..start + dim],
-                    &grad_output[p * dim..(p + 1) * dim],
-                );
-            }
-        }
-        Task::Cols {
-            col,
-            positions,
-            cols,
-        } => {
-            let width = cols.len();
-            for (k, &p) in positions.iter().enumerate() {
-                if let Some(&ahead) = positions.get(k + AHEAD) {
-                    let start = ahead * dim + col;
-                    row::prefetch(&grad_output[start..start + width]);
-                }
-                let start = p * dim + col;
-                row::add(cols, &grad_output[start..start + width]);
-            }
-        }
-    });
 }
 
-/// The former driver: positions grouped by id (kept for comparison).
-#[doc(hidden)]
-pub fn scatter_add_grouped<I: Index>(
-    grad_output: &[f32],
+/// The whole table, owned by one task: plain slicing.
+struct Exclusive<'a> {
+    table: &'a mut [f32],
     dim: usize,
-    ids: &[I],
-    grad_table: &mut [f32],
-) -> Result<(), EmbeddingError> {
-    let ids = check(grad_output, dim, ids, grad_table)?;
-    if dim == 0 || ids.is_empty() {
-        return Ok(());
-    }
-    parallel_grouped(grad_output, dim, &IdGroups::new(&ids), grad_table);
-    Ok(())
 }
 
-/// One unit of parallel work.
-enum GTask<'a, 'b> {
-    /// Whole rows: `rows[k]` is the row of group `first + k`.
-    Rows {
-        first: usize,
-        rows: &'a mut [&'b mut [f32]],
-    },
-    /// Columns `col..col + cols.len()` of the row of group `group`.
-    Cols {
-        group: usize,
-        col: usize,
-        cols: &'a mut [f32],
-    },
+impl ColumnRows for Exclusive<'_> {
+    #[inline(always)]
+    fn columns(&mut self, row: usize, cols: Range<usize>) -> &mut [f32] {
+        &mut self.table[row * self.dim + cols.start..row * self.dim + cols.end]
+    }
 }
 
-fn parallel_grouped(grad_output: &[f32], dim: usize, groups: &IdGroups, grad_table: &mut [f32]) {
-    // Peel the touched rows off the table, ids ascending (trick 2).
-    let mut rows: Vec<&mut [f32]> = Vec::with_capacity(groups.len());
-    let mut rest = grad_table;
-    let mut rest_start = 0;
-    for &id in groups.ids() {
-        let (_, tail) = rest.split_at_mut((id - rest_start) * dim);
-        let (row, tail) = tail.split_at_mut(dim);
-        rows.push(row);
-        rest = tail;
-        rest_start = id + 1;
-    }
+/// The table shared by tasks that each own a disjoint range of columns
+/// (trick 5). It borrows the table mutably for its whole life, so nothing
+/// else can see the table while tasks write it.
+struct SharedColumns<'a> {
+    ptr: *mut f32,
+    len: usize,
+    dim: usize,
+    _table: PhantomData<&'a mut [f32]>,
+}
 
-    let n = grad_output.len() / dim;
-    let share = n
-        .div_ceil(rayon::current_num_threads() * TASKS_PER_THREAD)
-        .max(1);
-    let mut tasks: Vec<GTask<'_, '_>> = Vec::new();
-    let mut rows_left: &mut [&mut [f32]] = &mut rows;
-    let mut group = 0;
-    while group < groups.len() {
-        // Gather whole groups until the task holds about `share` positions.
-        let first = group;
-        let mut positions = 0;
-        while group < groups.len() && (positions == 0 || positions + groups.count(group) <= share) {
-            positions += groups.count(group);
-            group += 1;
+// SAFETY: a `SharedColumns` is a `&mut [f32]` in disguise; `f32` is `Send`,
+// so the table may be written from other threads. Sharing it between tasks
+// is sound because each task only ever asks for its own column range
+// (`columns` documents the contract, and the one caller keeps it).
+#[allow(unsafe_code)]
+unsafe impl Send for SharedColumns<'_> {}
+// SAFETY: as above.
+#[allow(unsafe_code)]
+unsafe impl Sync for SharedColumns<'_> {}
+
+impl<'a> SharedColumns<'a> {
+    fn new(table: &'a mut [f32], dim: usize) -> Self {
+        SharedColumns {
+            ptr: table.as_mut_ptr(),
+            len: table.len(),
+            dim,
+            _table: PhantomData,
         }
-        let hot = group - first == 1 && positions > share && dim >= 2 * COL_BLOCK;
-        let (mine, later) = core::mem::take(&mut rows_left).split_at_mut(group - first);
-        rows_left = later;
-        if hot {
-            // Trick 4: one task per column block of this row.
-            let blocks = positions.div_ceil(share).min(dim / COL_BLOCK);
-            let width = (dim / blocks).next_multiple_of(COL_BLOCK);
-            let row: &mut [f32] = &mut *mine[0];
-            for (b, cols) in row.chunks_mut(width).enumerate() {
-                tasks.push(GTask::Cols {
-                    group: first,
-                    col: b * width,
-                    cols,
-                });
+    }
+}
+
+impl ColumnRows for &SharedColumns<'_> {
+    /// Columns `cols` of row `row`. The bounds are checked, so this never
+    /// reaches outside the table.
+    ///
+    /// The tasks sharing one `SharedColumns` must ask for pairwise disjoint
+    /// column ranges (the blocks of [`column_blocks`]), and a task must not
+    /// hold two results at once; then no two live `&mut` overlap.
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    fn columns(&mut self, row: usize, cols: Range<usize>) -> &mut [f32] {
+        let start = row * self.dim + cols.start;
+        let end = row * self.dim + cols.end;
+        assert!(cols.start <= cols.end && cols.end <= self.dim && end <= self.len);
+        // SAFETY: `start..end` lies inside the table (checked just above),
+        // which `self` borrows mutably for `'a`, so the memory is valid and
+        // nobody outside the tasks can touch it. Inside the tasks, each one
+        // asks only for its own columns, disjoint from every other task's,
+        // and drops each slice before asking for the next (the contract
+        // above, kept by `accumulate`), so this slice aliases no other live
+        // reference.
+        unsafe { core::slice::from_raw_parts_mut(self.ptr.add(start), end - start) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn column_blocks_cover_every_column_once_on_line_borders() {
+        for dim in [1, 15, 16, 31, 32, 33, 64, 100, 128, 384, 768] {
+            for base in [0usize, 4, 16, 48, 60] {
+                for threads in [1, 2, 3, 8, 64] {
+                    let blocks = column_blocks(dim, base, threads);
+                    assert_eq!(blocks.first().map(|b| b.start), Some(0));
+                    assert_eq!(blocks.last().map(|b| b.end), Some(dim));
+                    assert!(blocks.windows(2).all(|w| w[0].end == w[1].start));
+                    assert!(blocks.iter().all(|b| b.start < b.end));
+                    assert!(blocks.len() <= threads.max(1));
+                    if dim % LINE == 0 {
+                        for b in &blocks[1..] {
+                            assert_eq!(
+                                (base / 4 + b.start) % LINE,
+                                0,
+                                "dim {dim} base {base} {blocks:?}"
+                            );
+                        }
+                    }
+                    if dim >= 2 * LINE && threads >= 2 {
+                        assert!(
+                            blocks.len() >= 2,
+                            "dim {dim} base {base} threads {threads}: {blocks:?}"
+                        );
+                    }
+                }
             }
-        } else {
-            tasks.push(GTask::Rows { first, rows: mine });
         }
-    }
-
-    tasks.into_par_iter().for_each(|task| match task {
-        GTask::Rows { first, rows } => {
-            for (k, dst) in rows.iter_mut().enumerate() {
-                add_group(grad_output, dim, groups.positions(first + k), 0, dst);
-            }
-        }
-        GTask::Cols { group, col, cols } => {
-            add_group(grad_output, dim, groups.positions(group), col, cols)
-        }
-    });
-}
-
-/// `dst += grad_output[p, col..col + dst.len()]` for each `p`, in order.
-#[inline(always)]
-fn add_group(grad_output: &[f32], dim: usize, positions: &[usize], col: usize, dst: &mut [f32]) {
-    let width = dst.len();
-    for (k, &p) in positions.iter().enumerate() {
-        if let Some(&ahead) = positions.get(k + AHEAD) {
-            let start = ahead * dim + col;
-            row::prefetch(&grad_output[start..start + width]);
-        }
-        let start = p * dim + col;
-        row::add(dst, &grad_output[start..start + width]);
     }
 }
