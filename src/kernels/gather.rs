@@ -10,7 +10,7 @@
 //! 1. **Checks first.** [`ValidIds`] scans the ids once, vectorised; the loop
 //!    below only ever sees ids below the row count, so it cannot read out of
 //!    bounds and never stops half way.
-//! 2. **Rows.** Each row is copied (or scaled) by [`row`](super::row), eight
+//! 2. **Rows.** Each row is copied (or scaled) by `row.rs`, eight
 //!    lanes at a time plus a scalar tail, so any `dim` works.
 //! 3. **Prefetch.** Ids are random, so the hardware prefetcher cannot guess
 //!    the next row. The loop asks for row `i + AHEAD` while it copies row

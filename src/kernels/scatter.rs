@@ -29,7 +29,7 @@
 //!    block is at least 16 floats, so rows narrower than 32 floats
 //!    (`dim < 32`, one or two lines) run on one thread.
 //! 5. **The one `unsafe`.** Blocks of one row are interleaved in memory, so
-//!    `split_at_mut` cannot hand them out. [`SharedColumns`] does, from a
+//!    `split_at_mut` cannot hand them out. `SharedColumns` does, from a
 //!    raw pointer, with the bounds checked on every access; what it relies
 //!    on is only that the blocks are disjoint column ranges.
 //! 6. **Small calls** (under 2 MiB of gradient with [`Parallelism::Auto`],
