@@ -595,10 +595,10 @@ fn hot_id_with_wide_rows_equals_reference_on_every_pool() {
     }
 }
 
-/// Outputs of 8 MiB and more are written with streaming stores; they must
-/// still be exact, for every alignment of the output and every pool.
+/// Outputs of several MiB (past the `Auto` threshold, many tasks per
+/// thread), at several alignments, on every pool.
 #[test]
-fn streamed_outputs_equal_reference() {
+fn large_outputs_equal_reference() {
     let (rows, dim, n) = (97u64, 67, 32_000);
     let mut rng = SplitMix(11);
     let table = rng.values(rows as usize * dim);

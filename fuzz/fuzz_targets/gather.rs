@@ -2,7 +2,7 @@
 //! scalar baseline), on 1 to 4 threads, against the one-hot
 //! `reference::gather`: the same `Ok` or error, the same bits in every
 //! output element, and the output untouched on an error; outputs past 8 MiB
-//! take the streaming-store path. The table holds any bit pattern,
+//! run split across the pool. The table holds any bit pattern,
 //! signalling NaNs included; the reference computes `-0.0 + 1.0 × x`, which
 //! quiets those, so against it they count as their quiet selves, while on
 //! success every element must also equal a bit copy of its table row.

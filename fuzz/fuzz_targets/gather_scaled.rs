@@ -2,7 +2,7 @@
 //! Auto)` and the scalar baseline), on 1 to 4 threads, against the one-hot
 //! `reference::gather_scaled`: the same `Ok` or error, the same bits in
 //! every output element, and the output untouched on an error; outputs past
-//! 8 MiB take the streaming-store path. The table holds no NaN (so no two
+//! 8 MiB run split across the pool. The table holds no NaN (so no two
 //! NaN payloads ever meet in one multiplication); the scale may be
 //! anything, NaN, ±inf, ±0 and subnormals included.
 #![no_main]

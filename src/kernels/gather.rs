@@ -17,19 +17,14 @@
 //!    `i`. `AHEAD` = 8: the recsys workload (512-byte rows, a table far
 //!    bigger than the caches) ran fastest between 4 and 16 ahead on the
 //!    development machine, and 8 is the middle of that plateau.
-//! 4. **Streaming stores.** An output of `STREAM_MIN_BYTES` (8 MiB) or more is
-//!    written with non-temporal stores (`row::store_streaming`): it will
-//!    not fit in the caches anyway, and a normal store would first read
-//!    every line it writes. Smaller outputs use normal stores and stay in
-//!    cache for the next layer.
-//! 5. **Threads.** The output is cut into blocks of whole rows, about
+//! 4. **Threads.** The output is cut into blocks of whole rows, about
 //!    `TASK_BYTES` each, and rayon hands the blocks to the threads of the
 //!    pool the caller runs in. Blocks are disjoint, so there is nothing to
 //!    synchronise and the result cannot depend on the thread count. Below
 //!    2 MiB of output, [`Parallelism::Auto`] (the default) keeps the call on
 //!    the calling thread.
 
-use super::{row, Parallelism, STREAM_MIN_BYTES, TASK_BYTES};
+use super::{row, Parallelism, TASK_BYTES};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::shape::{check_len, rows_len, table_rows};
@@ -137,10 +132,8 @@ fn drive<I: Index>(
     if dim == 0 || ids.is_empty() {
         return;
     }
-    let bytes = core::mem::size_of_val(out);
-    let stream = bytes >= STREAM_MIN_BYTES;
-    if !par.splits(bytes) {
-        gather_block(table, dim, ids, out, scale, stream);
+    if !par.splits(core::mem::size_of_val(out)) {
+        gather_block(table, dim, ids, out, scale);
         return;
     }
     let rows_per_task = (TASK_BYTES / (dim * 4)).max(1);
@@ -149,13 +142,12 @@ fn drive<I: Index>(
         .for_each(|(task, block)| {
             let first = task * rows_per_task;
             let ids = ids.slice(first..first + block.len() / dim);
-            gather_block(table, dim, ids, block, scale, stream);
+            gather_block(table, dim, ids, block, scale);
         });
 }
 
 /// The one loop body, shared by the serial and the parallel driver:
-/// `out[i, :] = table[ids[i], :]`, times `scale` if there is one, with
-/// streaming stores if `stream`.
+/// `out[i, :] = table[ids[i], :]`, times `scale` if there is one.
 #[inline(always)]
 fn gather_block<I: Index>(
     table: &[f32],
@@ -163,7 +155,6 @@ fn gather_block<I: Index>(
     ids: ValidIds<'_, I>,
     out: &mut [f32],
     scale: Option<f32>,
-    stream: bool,
 ) {
     let n = ids.len();
     // Warm the first rows too: a parallel block starts cold.
@@ -178,13 +169,9 @@ fn gather_block<I: Index>(
         }
         let start = ids.row(i) * dim;
         let src = &table[start..start + dim];
-        match (stream, scale) {
-            (true, _) => row::store_streaming(dst, src, scale),
-            (false, None) => row::copy(dst, src),
-            (false, Some(s)) => row::scale(dst, src, s),
+        match scale {
+            None => row::copy(dst, src),
+            Some(s) => row::scale(dst, src, s),
         }
-    }
-    if stream {
-        row::fence();
     }
 }

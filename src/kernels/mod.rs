@@ -54,9 +54,3 @@ pub(crate) const PARALLEL_MIN_BYTES: usize = 2 * 1024 * 1024;
 /// enough that scheduling is noise, small enough that two threads finish
 /// close together.
 pub(crate) const TASK_BYTES: usize = 16 * 1024;
-
-/// From this many output bytes on, forward kernels write with streaming
-/// (non-temporal) stores: an output this large is evicted from the 1 MiB L2
-/// before anyone reads it, and streaming saves the read-for-ownership of
-/// every line (see `row::store_streaming`).
-pub(crate) const STREAM_MIN_BYTES: usize = 8 * 1024 * 1024;

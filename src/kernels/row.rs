@@ -7,9 +7,6 @@
 //! vector body or the scalar tail. That is what lets the kernels promise
 //! bitwise equality with the reference and across thread counts.
 //!
-//! [`store_streaming`] writes with non-temporal stores, for outputs much
-//! larger than the caches.
-//!
 //! The slices are split with `as_chunks`, so the body has no bounds checks
 //! and the compiler sees whole `[f32; 8]` blocks, which `bytemuck::cast`
 //! turns into vectors for free (both are plain 32-byte values).
@@ -72,65 +69,6 @@ pub(crate) fn add(dst: &mut [f32], src: &[f32]) {
     }
 }
 
-/// `dst = src * scale` (or `dst = src` when `scale` is `None`), writing the
-/// 16-byte-aligned middle of `dst` with non-temporal (streaming) stores that
-/// bypass the caches. Call [`fence`] after the last one, before anyone else
-/// reads `dst`. Off x86-64 this is the cached copy or scale.
-///
-/// Streaming pays when the output is far larger than the caches: a normal
-/// store first reads the line it writes (read-for-ownership), so a gather
-/// moves its output bytes twice. A memcpy of that size streams too, so
-/// without this the roofline would be out of reach by construction.
-#[inline(always)]
-#[allow(unsafe_code)]
-pub(crate) fn store_streaming(dst: &mut [f32], src: &[f32], scale: Option<f32>) {
-    debug_assert_eq!(dst.len(), src.len());
-    #[cfg(target_arch = "x86_64")]
-    {
-        use core::arch::x86_64::{__m128, _mm_stream_ps};
-        use wide::f32x4;
-        let (head, body, tail) = bytemuck::pod_align_to_mut::<f32, __m128>(dst);
-        let (src_head, rest) = src.split_at(head.len());
-        let (src_body, src_tail) = rest.as_chunks::<4>();
-        cached(head, src_head, scale);
-        for (d, x) in body.iter_mut().zip(src_body) {
-            let mut v: f32x4 = bytemuck::cast(*x);
-            if let Some(s) = scale {
-                v *= f32x4::splat(s);
-            }
-            // SAFETY: `_mm_stream_ps` needs SSE, which is in the x86-64
-            // baseline. The pointer is a live `&mut __m128` turned into a
-            // `*mut f32`: valid for 16 bytes of writes and 16-byte aligned,
-            // as the instruction requires.
-            unsafe { _mm_stream_ps((d as *mut __m128).cast::<f32>(), bytemuck::cast(v)) };
-        }
-        cached(tail, src_tail, scale);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    cached(dst, src, scale);
-}
-
-#[inline(always)]
-fn cached(dst: &mut [f32], src: &[f32], s: Option<f32>) {
-    match s {
-        Some(s) => scale(dst, src, s),
-        None => copy(dst, src),
-    }
-}
-
-/// Orders this thread's streaming stores before whatever follows (the
-/// `sfence` that `_mm_stream_ps` asks for). A no-op off x86-64.
-#[inline]
-#[allow(unsafe_code)]
-pub(crate) fn fence() {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `_mm_sfence` needs SSE, which is in the x86-64 baseline; it
-    // only orders stores.
-    unsafe {
-        core::arch::x86_64::_mm_sfence()
-    };
-}
-
 /// Asks the cache for the lines of `row` ahead of use. A hint only: it reads
 /// nothing and cannot fault, and it compiles to nothing off x86-64.
 #[inline(always)]
@@ -176,18 +114,6 @@ mod tests {
             add(&mut acc, &a);
             let want: Vec<f32> = b.iter().zip(&a).map(|(x, y)| x + y).collect();
             assert_eq!(acc, want);
-            // Every alignment of the destination, so the streamed middle,
-            // the cached head and the tail all get exercised.
-            for offset in 0..4 {
-                let mut buf = vec![f32::NAN; len + offset];
-                store_streaming(&mut buf[offset..], &a, None);
-                fence();
-                assert_eq!(&buf[offset..], &a[..]);
-                store_streaming(&mut buf[offset..], &a, Some(1.7));
-                fence();
-                let want: Vec<f32> = a.iter().map(|x| x * 1.7).collect();
-                assert_eq!(&buf[offset..], &want[..]);
-            }
         }
     }
 }
