@@ -36,7 +36,9 @@
 //!   lengths. No argument makes a kernel panic.
 //! * **Exact results.** [`gather`] copies bits; [`gather_scaled`] does one
 //!   multiplication per value; [`scatter_add`] sums each row's gradients in
-//!   position order. All three equal the one-hot [`reference`](mod@reference) bit for bit.
+//!   position order. All three equal the one-hot [`reference`](mod@reference) bit for bit
+//!   (one exception: the reference's `-0.0 + 1·x` quiets a signalling NaN in the
+//!   table, which `gather` copies unchanged).
 //! * **Determinism.** Results are the same bits for every thread count.
 //! * **Threads are the caller's.** Kernels run on the rayon pool they are
 //!   called from and never touch the global pool's configuration.
