@@ -360,6 +360,32 @@ struct Row {
     max_abs_diff_vs_scalar: Option<f64>,
 }
 
+impl Row {
+    /// A row with its rates worked out; no speed-up or comparison yet.
+    fn new(
+        workload: &'static str,
+        kernel: &'static str,
+        implementation: &'static str,
+        stats: Stats,
+        bytes: usize,
+        roofline_gbps: f64,
+    ) -> Row {
+        Row {
+            workload,
+            kernel,
+            implementation,
+            stats,
+            bytes,
+            gbps: stats.gbps(bytes),
+            roofline_gbps,
+            pct_of_roofline: 100.0 * stats.gbps(bytes) / roofline_gbps,
+            speedup_vs_scalar: None,
+            matches_scalar: None,
+            max_abs_diff_vs_scalar: None,
+        }
+    }
+}
+
 /// Measures every (kernel, impl) row of one workload.
 fn run_workload(
     w: Workload,
@@ -438,17 +464,16 @@ fn run_workload(
             let diff = difference(&outs.result(kernel, imp)?, &want);
             let roofline_gbps = w.memcpy_bytes() as f64 / (roof_us * 1e3);
             rows.push(Row {
-                workload: w.name,
-                kernel: kernel.name(),
-                implementation: imp.name(),
-                stats,
-                bytes,
-                gbps: stats.gbps(bytes),
-                roofline_gbps,
-                pct_of_roofline: 100.0 * stats.gbps(bytes) / roofline_gbps,
-                speedup_vs_scalar: None,
                 matches_scalar: Some(diff.is_none()),
                 max_abs_diff_vs_scalar: Some(diff.unwrap_or(0.0)),
+                ..Row::new(
+                    w.name,
+                    kernel.name(),
+                    imp.name(),
+                    stats,
+                    bytes,
+                    roofline_gbps,
+                )
             });
             pb.inc(1);
         }
@@ -467,19 +492,14 @@ fn run_workload(
         let (s_1t, s_par) = (Stats::of(&all_1t), Stats::of(&all_par));
         let roofline_gbps = s_1t.gbps(bytes).max(s_par.gbps(bytes));
         for (name, stats) in [("1t", s_1t), ("rayon", s_par)] {
-            rows.push(Row {
-                workload: w.name,
-                kernel: "memcpy",
-                implementation: name,
+            rows.push(Row::new(
+                w.name,
+                "memcpy",
+                name,
                 stats,
                 bytes,
-                gbps: stats.gbps(bytes),
                 roofline_gbps,
-                pct_of_roofline: 100.0 * stats.gbps(bytes) / roofline_gbps,
-                speedup_vs_scalar: None,
-                matches_scalar: None,
-                max_abs_diff_vs_scalar: None,
-            });
+            ));
         }
     }
     Ok((rows, distinct))
