@@ -14,9 +14,11 @@
 //!    lanes at a time plus a scalar tail, so any `dim` works.
 //! 3. **Prefetch.** Ids are random, so the hardware prefetcher cannot guess
 //!    the next row. The loop asks for row `i + AHEAD` while it copies row
-//!    `i`. `AHEAD` = 8: the recsys workload (512-byte rows, a table far
-//!    bigger than the caches) ran fastest between 4 and 16 ahead on the
-//!    development machine, and 8 is the middle of that plateau.
+//!    `i`, and warms the first `AHEAD` rows before the loop (each parallel
+//!    block starts cold). `AHEAD` = 8: on the recsys workload (512-byte
+//!    rows, a table far bigger than the caches) 4, 8 and 16 were alike
+//!    within the development machine's noise, and without any prefetch one
+//!    thread took about 1.6 times as long.
 //! 4. **Threads.** The output is cut into blocks of whole rows, about
 //!    `TASK_BYTES` each, and rayon hands the blocks to the threads of the
 //!    pool the caller runs in. Blocks are disjoint, so there is nothing to
