@@ -23,7 +23,8 @@
 //! Group `threshold` sweeps the output size from 4 KiB to 4 MiB for
 //! `simd_1t` against `simd_rayon` (called from outside the pool, and from a
 //! pool worker), to show where handing work to rayon starts to pay, which
-//! is what `PARALLEL_MIN_BYTES` (64 KiB) encodes.
+//! is what `Parallelism::Auto`'s threshold (`PARALLEL_MIN_BYTES`, 2 MiB)
+//! encodes.
 //!
 //! # Bytes counted for `Throughput::Bytes`
 //!
@@ -278,7 +279,7 @@ fn time_on(b: &mut Bencher<'_>, caller: Caller, mut routine: impl FnMut() + Send
     }
 }
 
-/// Where rayon starts to pay, to check `PARALLEL_MIN_BYTES` (64 KiB): gather
+/// Where rayon starts to pay, to check `PARALLEL_MIN_BYTES` (2 MiB): gather
 /// and scatter_add at dim 64 with 16 to 16 384 ids (4 KiB to 4 MiB of output
 /// or `grad_output`) from a 1000-row table (256 KiB, cache resident), with
 ///
@@ -286,9 +287,9 @@ fn time_on(b: &mut Bencher<'_>, caller: Caller, mut routine: impl FnMut() + Send
 /// * `simd_rayon`: `Parallelism::Rayon` called from outside the pool;
 /// * `simd_rayon_in_pool`: `Parallelism::Rayon` called from a pool worker.
 ///
-/// Both kernels decide on the output size, so below 64 KiB all three rows
-/// run the same serial code and should match; from 64 KiB on the rayon rows
-/// split, and the sweep shows from which size on that wins. Ids are named
+/// `Parallelism::Rayon` splits at every size, so the sweep shows from which
+/// size on splitting wins; `Auto` should switch there (scatter_add splits by
+/// column blocks, which dim 64 allows). Ids are named
 /// `threshold/<op>_<implementation>/<output size>`.
 fn threshold(c: &mut Criterion) {
     const DIM: usize = 64;
