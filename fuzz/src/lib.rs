@@ -20,7 +20,8 @@
 //! The bulk, up to 3000 ids and (in the rare giant-output cases) 3 million
 //! floats, comes from a SplitMix64 stream seeded by the header, so a short
 //! input reaches every driver: serial, split across the pool, and the
-//! large calls that the default `Auto` splits (2 MiB and up). What the
+//! large calls that the default `Auto` splits (2 MiB of output for the
+//! gathers, 8 MiB of gradient for the scatter-add). What the
 //! checks care about most, the edge ids (`rows - 1`, `rows`, -1, `i64::MIN`,
 //! `u64::MAX`, the type's own extremes) and where they sit (first, last, on
 //! the 1024-id boundaries of the id scan), comes from the bytes themselves,
@@ -78,7 +79,8 @@ const LARGE_ROWS_MAX_IDS: usize = 512;
 const FRESH_FLOATS: usize = 65_521;
 
 /// Row widths of the giant-output mode: with [`MAX_IDS`] ids each makes
-/// more than 8 MiB of output, well past the 2 MiB where the plain kernels
+/// more than 8 MiB of output, past the 2 MiB (gathers) and 8 MiB
+/// (scatter-add) from which the plain kernels
 /// (`Parallelism::Auto`) split across the pool; odd widths put rows
 /// at every 16-byte misalignment.
 const GIANT_DIMS: [usize; 8] = [700, 701, 702, 703, 704, 705, 767, 1025];

@@ -26,7 +26,7 @@
 //!    2 MiB of output, [`Parallelism::Auto`] (the default) keeps the call on
 //!    the calling thread.
 
-use super::{row, Parallelism, TASK_BYTES};
+use super::{row, Parallelism, PARALLEL_MIN_BYTES, TASK_BYTES};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::shape::{check_len, rows_len, table_rows};
@@ -134,7 +134,7 @@ fn drive<I: Index>(
     if dim == 0 || ids.is_empty() {
         return;
     }
-    if !par.splits(core::mem::size_of_val(out)) {
+    if !par.splits(core::mem::size_of_val(out), PARALLEL_MIN_BYTES) {
         gather_block(table, dim, ids, out, scale);
         return;
     }

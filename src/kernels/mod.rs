@@ -24,31 +24,39 @@ pub enum Parallelism {
     /// thread, however small the call.
     Rayon,
     /// Split across the current rayon pool when the call is large enough to
-    /// pay for the hand-off (2 MiB of output, measured); otherwise run on the
-    /// calling thread. What the plain functions use.
+    /// pay for the hand-off (measured: 2 MiB of output for the gathers, 8 MiB
+    /// of output gradient for `scatter_add`); otherwise run on the calling
+    /// thread. What the plain functions use.
     #[default]
     Auto,
 }
 
 impl Parallelism {
-    /// Whether a call moving `bytes` should be split across threads.
+    /// Whether a call of `bytes` should be split across threads, when
+    /// `Auto` splits from `auto_min_bytes` on.
     #[inline]
-    pub(crate) fn splits(self, bytes: usize) -> bool {
+    pub(crate) fn splits(self, bytes: usize, auto_min_bytes: usize) -> bool {
         let wanted = match self {
             Parallelism::Serial => false,
             Parallelism::Rayon => true,
-            Parallelism::Auto => bytes >= PARALLEL_MIN_BYTES,
+            Parallelism::Auto => bytes >= auto_min_bytes,
         };
         wanted && rayon::current_num_threads() > 1
     }
 }
 
-/// Below this many bytes of output (or of output gradient) a call stays on
-/// the calling thread. Waking a sleeping rayon pool from outside it costs
-/// 20 to 40 µs on the development machine (the `threshold` group of
-/// `benches/kernels.rs`), and one thread moves about 2 MiB through the
-/// caches in that time, so below this the hand-off cannot pay.
+/// Below this many bytes of output a gather under [`Parallelism::Auto`]
+/// stays on the calling thread. Waking a sleeping rayon pool from outside
+/// it costs 15 to 40 µs on the development machine, and in the `threshold`
+/// group of `benches/kernels.rs` the split first wins at 2 MiB (48 vs 54 µs).
 pub(crate) const PARALLEL_MIN_BYTES: usize = 2 * 1024 * 1024;
+
+/// The same for `scatter_add`, in bytes of output gradient. Its column
+/// blocks make every thread read every id, which only pays once the table
+/// rows come from DRAM: in the `threshold` group (a cache-resident table)
+/// one thread still wins at 4 MiB, while the report's minilm (12 MiB) and
+/// larger workloads gain from the split.
+pub(crate) const SCATTER_PARALLEL_MIN_BYTES: usize = 8 * 1024 * 1024;
 
 /// The size of one parallel task's share of the output, in bytes: large
 /// enough that scheduling is noise, small enough that two threads finish

@@ -32,10 +32,11 @@
 //!    `split_at_mut` cannot hand them out. `SharedColumns` does, from a
 //!    raw pointer, with the bounds checked on every access; what it relies
 //!    on is only that the blocks are disjoint column ranges.
-//! 6. **Small calls** (under 2 MiB of gradient with [`Parallelism::Auto`],
-//!    or a one-thread pool) run as one block on the calling thread.
+//! 6. **Small calls** (under 8 MiB of gradient with [`Parallelism::Auto`],
+//!    or a one-thread pool) run as one block on the calling thread: every
+//!    task reads every id, which pays only once rows come from DRAM.
 
-use super::{row, Parallelism};
+use super::{row, Parallelism, SCATTER_PARALLEL_MIN_BYTES};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::shape::{check_len, rows_len, table_rows};
@@ -89,7 +90,12 @@ pub fn scatter_add_with<I: Index>(
     if dim == 0 || ids.is_empty() {
         return Ok(());
     }
-    if dim >= 2 * LINE && par.splits(core::mem::size_of_val(grad_output)) {
+    if dim >= 2 * LINE
+        && par.splits(
+            core::mem::size_of_val(grad_output),
+            SCATTER_PARALLEL_MIN_BYTES,
+        )
+    {
         let blocks = column_blocks(
             dim,
             grad_table.as_ptr() as usize,
