@@ -583,15 +583,13 @@ fn hot_id_with_wide_rows_equals_reference_on_every_pool() {
     let mut want = start.clone();
     reference::scatter_add(&grad_output, dim, &ids, &mut want).unwrap();
     for pool in pools() {
-        let mut grad = start.clone();
-        pool.install(|| scatter_add(&grad_output, dim, &ids, &mut grad))
-            .unwrap();
-        assert_eq!(
-            bits(&grad),
-            bits(&want),
-            "{} threads",
-            pool.current_num_threads()
-        );
+        for par in [Parallelism::Rayon, Parallelism::Auto] {
+            let mut grad = start.clone();
+            pool.install(|| scatter_add_with(par, &grad_output, dim, &ids, &mut grad))
+                .unwrap();
+            let threads = pool.current_num_threads();
+            assert_eq!(bits(&grad), bits(&want), "{par:?} on {threads} threads");
+        }
     }
 }
 
