@@ -250,7 +250,7 @@ fn workloads(c: &mut Criterion) {
         rayon::current_num_threads()
     );
     let start = Instant::now();
-    let all: Vec<Data> = WORKLOADS.iter().map(Workload::data).collect();
+    let all: Vec<Data> = WORKLOADS.iter().map(|w| w.data(true)).collect();
     eprintln!("workload data built in {:.1?}", start.elapsed());
 
     forward(c, &all, "gather", &GATHER);

@@ -31,7 +31,7 @@ mod common;
 use candle_core::Tensor;
 use clap::{Parser, ValueEnum};
 use common::candle_peer::Candle;
-use common::{Data, Workload, WORKLOADS};
+use common::{table_buffer, Data, Workload, WORKLOADS};
 use embedding_kernels::kernels::scalar;
 use embedding_kernels::{gather_scaled_with, gather_with, scatter_add_with, Parallelism};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -93,6 +93,11 @@ struct Args {
     /// Skip the candle peer.
     #[arg(long)]
     no_peer: bool,
+
+    /// Allocate tables and gradients as plain `vec!`s instead of in
+    /// transparent huge pages (`embedding_kernels::memory::zeroed_table`).
+    #[arg(long)]
+    no_huge_pages: bool,
 
     /// Print one JSON document to stdout (the table goes to stderr).
     #[arg(long)]
@@ -392,11 +397,12 @@ fn run_workload(
     kernels: &[Kernel],
     impls: &[Impl],
     budget: &Budget,
+    huge_pages: bool,
     pool: &ThreadPool,
     pb: &ProgressBar,
 ) -> Result<(Vec<Row>, usize), Box<dyn Error>> {
     pb.set_message(format!("{}: building data", w.name));
-    let data = w.data();
+    let data = w.data(huge_pages);
     let distinct = data.distinct_ids();
     let peer = if impls.contains(&Impl::Candle) {
         Some(Candle::new(&data)?)
@@ -412,7 +418,7 @@ fn run_workload(
     let len = w.num_ids * w.dim;
     let mut outs = Outputs {
         out: vec![0.0; len],
-        grad: vec![0.0; w.num_embeddings * w.dim],
+        grad: table_buffer(w.num_embeddings * w.dim, huge_pages),
         candle: None,
     };
     // The roofline: a memcpy of the same number of floats, from the gradient
@@ -570,6 +576,8 @@ struct Machine {
     available_parallelism: usize,
     pool_threads: usize,
     simd: &'static str,
+    /// Whether tables and gradients were allocated in transparent huge pages.
+    huge_pages: bool,
     release_build: bool,
     loadavg_at_start: Option<String>,
     loadavg_at_end: Option<String>,
@@ -597,7 +605,7 @@ struct Report {
     wall_seconds: f64,
 }
 
-fn machine(pool_threads: usize) -> Machine {
+fn machine(pool_threads: usize, huge_pages: bool) -> Machine {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let cpu = cpuinfo
         .lines()
@@ -615,6 +623,7 @@ fn machine(pool_threads: usize) -> Machine {
         available_parallelism: std::thread::available_parallelism().map_or(1, |n| n.get()),
         pool_threads,
         simd,
+        huge_pages,
         release_build: !cfg!(debug_assertions),
         loadavg_at_start: loadavg(),
         loadavg_at_end: None,
@@ -660,6 +669,15 @@ fn header(out: &mut dyn Write, cmd: &str, m: &Machine, budget: &Budget) -> io::R
         m.cpu, m.available_parallelism, m.pool_threads
     )?;
     writeln!(out, "simd    : {}", m.simd)?;
+    writeln!(
+        out,
+        "memory  : {}",
+        if m.huge_pages {
+            "tables and gradients in transparent huge pages (memory::zeroed_table; --no-huge-pages for plain vec!)"
+        } else {
+            "tables and gradients in plain vec! allocations (4 KiB pages)"
+        }
+    )?;
     if !m.release_build {
         writeln!(
             out,
@@ -820,6 +838,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         .num_threads(threads)
         .thread_name(|i| format!("report-{i}"))
         .build()?;
+    let huge_pages = !args.no_huge_pages;
     let budget = Budget {
         per_row: Duration::from_millis(args.budget_ms),
         reps: args.reps.map(NonZeroUsize::get),
@@ -843,12 +862,20 @@ fn main() -> Result<(), Box<dyn Error>> {
     };
 
     let command = command_line();
-    let mut machine = machine(threads);
+    let mut machine = machine(threads, huge_pages);
     pb.suspend(|| header(&mut human, &command, &machine, &budget))?;
     let mut rows = Vec::new();
     let mut infos = Vec::new();
     for w in &workloads {
-        let (new, distinct) = run_workload(*w, &kernels, &impls, &budget, &pool, &pb)?;
+        let (new, distinct) = run_workload(
+            *w,
+            &kernels,
+            &impls,
+            &budget,
+            huge_pages,
+            &pool,
+            &pb,
+        )?;
         pb.suspend(|| workload_block(&mut human, w, distinct, &new))?;
         rows.extend(new);
         infos.push(WorkloadInfo {

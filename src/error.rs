@@ -27,6 +27,12 @@ pub enum Operand {
     GradOutput,
     /// The gradient of the table, accumulated into by a backward kernel.
     GradTable,
+    /// A table of position vectors (`max_len × dim`).
+    Positions,
+    /// The gradient of a table of position vectors.
+    GradPositions,
+    /// The per-row or per-element state of an optimiser.
+    OptimizerState,
 }
 
 impl fmt::Display for Operand {
@@ -36,6 +42,9 @@ impl fmt::Display for Operand {
             Operand::Output => "output",
             Operand::GradOutput => "grad_output",
             Operand::GradTable => "grad_table",
+            Operand::Positions => "positions",
+            Operand::GradPositions => "grad_positions",
+            Operand::OptimizerState => "optimizer state",
         })
     }
 }
@@ -101,5 +110,45 @@ pub enum EmbeddingError {
         count: usize,
         /// The row width.
         dim: usize,
+    },
+
+    /// The shape given for the ids does not hold as many ids as were passed
+    /// (its product differs from `len`, or overflows).
+    #[error("an ids shape of {shape:?} does not hold the {len} ids given")]
+    IdsShape {
+        /// The shape given.
+        shape: Vec<usize>,
+        /// How many ids there are.
+        len: usize,
+    },
+
+    /// A sequence is longer than the table of positions.
+    #[error("a sequence of {seq_len} positions is longer than the {max_len} positions of the table")]
+    SequenceTooLong {
+        /// The sequence length of the call.
+        seq_len: usize,
+        /// How many positions the table holds.
+        max_len: usize,
+    },
+
+    /// `padding_idx` is outside `-num_embeddings..num_embeddings`.
+    #[error("padding_idx {padding_idx} is out of range for a table of {num_embeddings} rows")]
+    PaddingIdxOutOfRange {
+        /// The value given.
+        padding_idx: i64,
+        /// The number of rows of the table.
+        num_embeddings: usize,
+    },
+
+    /// A numeric argument is outside what it may be (a negative learning
+    /// rate, a `max_norm` that is not positive, ...).
+    #[error("{name} = {value} is invalid: it must be {requirement}")]
+    InvalidArgument {
+        /// The argument's name, as in PyTorch.
+        name: &'static str,
+        /// The value given, printed.
+        value: String,
+        /// What it must be.
+        requirement: &'static str,
     },
 }

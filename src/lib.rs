@@ -64,6 +64,7 @@
 pub mod error;
 pub mod index;
 pub mod kernels;
+pub mod memory;
 pub mod reference;
 mod shape;
 

@@ -95,11 +95,12 @@ impl Workload {
     }
 
     /// Builds the table (values in [-1, 1)), the ids (uniform) and a gradient.
-    pub fn data(&self) -> Data {
+    /// With `huge_pages`, the table lives in transparent huge pages, as
+    /// `embedding_kernels::memory::zeroed_table` allocates it.
+    pub fn data(&self, huge_pages: bool) -> Data {
         let mut rng = StdRng::seed_from_u64(0x5eed_0000 + self.num_embeddings as u64);
-        let table = (0..self.num_embeddings * self.dim)
-            .map(|_| rng.random_range(-1.0f32..1.0))
-            .collect();
+        let mut table = table_buffer(self.num_embeddings * self.dim, huge_pages);
+        table.fill_with(|| rng.random_range(-1.0f32..1.0));
         let ids = (0..self.num_ids)
             .map(|_| rng.random_range(0..self.num_embeddings as i64))
             .collect();
@@ -112,6 +113,16 @@ impl Workload {
             ids,
             grad_output,
         }
+    }
+}
+
+/// A zeroed buffer for a table (or a table's gradient) of `len` floats: in
+/// transparent huge pages when `huge_pages`, else a plain `vec!`.
+pub fn table_buffer(len: usize, huge_pages: bool) -> Vec<f32> {
+    if huge_pages {
+        embedding_kernels::memory::zeroed_table(len)
+    } else {
+        vec![0.0; len]
     }
 }
 
