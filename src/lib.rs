@@ -63,9 +63,11 @@
 
 pub mod error;
 pub mod index;
+pub mod io;
 pub mod kernels;
 pub mod memory;
 pub mod reference;
+pub mod vocab;
 mod shape;
 
 pub use error::{EmbeddingError, Operand};
@@ -73,6 +75,7 @@ pub use index::{Index, ValidIds};
 pub use kernels::gather::{gather, gather_scaled, gather_scaled_with, gather_with};
 pub use kernels::scatter::{scatter_add, scatter_add_with};
 pub use kernels::Parallelism;
+pub use vocab::Vocab;
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]
