@@ -61,20 +61,25 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod embedding;
 pub mod error;
 pub mod index;
 pub mod io;
 pub mod kernels;
 pub mod memory;
+pub mod optim;
 pub mod reference;
 pub mod vocab;
 mod shape;
 
+pub use embedding::{Embedded, Embedding, EmbeddingOptions, Gradient};
 pub use error::{EmbeddingError, Operand};
 pub use index::{Index, ValidIds};
 pub use kernels::gather::{gather, gather_scaled, gather_scaled_with, gather_with};
 pub use kernels::scatter::{scatter_add, scatter_add_with};
+pub use kernels::grouped::SparseGrad;
 pub use kernels::Parallelism;
+pub use optim::{Adagrad, RowWiseAdagrad, Sgd, SparseOptimizer};
 pub use vocab::Vocab;
 
 /// The README's examples, compiled and run as doctests.

@@ -6,6 +6,7 @@
 //! forms take a [`Parallelism`]; the plain forms use [`Parallelism::Auto`].
 
 pub mod gather;
+pub mod grouped;
 pub(crate) mod row;
 pub mod scalar;
 pub mod scatter;

@@ -1,0 +1,639 @@
+//! The layer: PyTorch's `nn.Embedding`, argument for argument, built on the
+//! crate's kernels.
+//!
+//! | PyTorch | here |
+//! | --- | --- |
+//! | `nn.Embedding(n, d)` | [`Embedding::new`]`(n, d)` |
+//! | `nn.Embedding(n, d, padding_idx=…, max_norm=…, …)` | [`Embedding::with_options`]`(n, d, EmbeddingOptions { … })` |
+//! | `nn.Embedding.from_pretrained(w, freeze=…)` | [`Embedding::from_pretrained`]`(w, d, freeze)` |
+//! | `emb(ids)` | [`Embedding::forward`]`(&ids, &shape)` |
+//! | `emb.weight.grad` after `backward()` | [`Embedding::backward`] (dense or sparse, as `sparse` says) |
+//! | `optimizer.step()` on a sparse gradient | [`Embedding::sparse_step`] (fused, no gradient stored) |
+//!
+//! What each option does, exactly as in PyTorch unless said otherwise:
+//!
+//! * `padding_idx` (negative counts from the end): the row starts at zero
+//!   ([`Embedding::new`]; `from_pretrained` keeps the row it is given, as
+//!   PyTorch does) and never receives a gradient or an update.
+//! * `max_norm`, `norm_type` (default 2): every distinct row a forward call
+//!   looks up whose `norm_type`-norm exceeds `max_norm` is scaled in place by
+//!   `max_norm / (norm + 1e-7)`, once, before the lookup. The norm is summed
+//!   in `f64` (PyTorch sums in `f32`), so a row on the border may be
+//!   renormalised by one side and not the other.
+//! * `scale_grad_by_freq`: each row's summed gradient is divided by how many
+//!   times its id occurs in the batch (PyTorch scales each term before
+//!   summing; the two agree up to rounding).
+//! * `sparse`: [`Embedding::backward`] returns a coalesced
+//!   [`SparseGrad`] instead of a dense table.
+//! * `freeze` (`from_pretrained`): updates are no-ops; gradients can still
+//!   be computed.
+
+use crate::error::{EmbeddingError, Operand};
+use crate::index::{Index, ValidIds};
+use crate::kernels::gather::gather_with;
+use crate::kernels::grouped::{
+    self, dense_backward_with, sparse_backward_with, Groups, SparseGrad, Target,
+};
+use crate::kernels::{Parallelism, PARALLEL_MIN_BYTES};
+use crate::optim::{Sgd, SparseOptimizer};
+use crate::shape::{check_len, rows_len, table_rows};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, StandardNormal};
+use rayon::prelude::*;
+
+/// Values per independently seeded block of [`Embedding::new`]'s
+/// initialisation (block `b` draws from ChaCha8 stream `b`), so the table is
+/// the same bits whichever thread fills which block.
+const INIT_BLOCK: usize = 1 << 16;
+
+/// The options of `nn.Embedding`, with PyTorch's names and defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EmbeddingOptions {
+    /// A row that starts at zero and never receives a gradient; negative
+    /// values count from the end (-1 is the last row). Default: none.
+    pub padding_idx: Option<i64>,
+    /// Renormalise looked-up rows whose norm exceeds this. Default: none.
+    pub max_norm: Option<f32>,
+    /// The `p` of the p-norm for `max_norm`: any `p`, including 0 (count of
+    /// non-zeros) and ±infinity. Default: 2.
+    pub norm_type: f32,
+    /// Divide each row's gradient by its id's count in the batch. Default:
+    /// false.
+    pub scale_grad_by_freq: bool,
+    /// [`Embedding::backward`] returns a sparse gradient. Default: false.
+    pub sparse: bool,
+    /// The seed of [`Embedding::new`]'s N(0, 1) initialisation; none draws
+    /// one from the operating system. Ignored by `from_pretrained`.
+    pub seed: Option<u64>,
+}
+
+impl Default for EmbeddingOptions {
+    fn default() -> Self {
+        EmbeddingOptions {
+            padding_idx: None,
+            max_norm: None,
+            norm_type: 2.0,
+            scale_grad_by_freq: false,
+            sparse: false,
+            seed: None,
+        }
+    }
+}
+
+/// The result of [`Embedding::forward`]: the looked-up rows and their shape
+/// (the ids' shape with `embedding_dim` appended).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Embedded {
+    /// The rows, row-major.
+    pub values: Vec<f32>,
+    /// `[ids shape…, embedding_dim]`.
+    pub shape: Vec<usize>,
+}
+
+/// The gradient of the table, as [`Embedding::backward`] returns it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Gradient {
+    /// `num_embeddings × embedding_dim` values.
+    Dense(Vec<f32>),
+    /// The touched rows only.
+    Sparse(SparseGrad),
+}
+
+/// An embedding layer that owns its table; see the [module notes](self).
+#[derive(Clone, Debug)]
+pub struct Embedding {
+    weight: Vec<f32>,
+    num_embeddings: usize,
+    embedding_dim: usize,
+    padding_idx: Option<usize>,
+    max_norm: Option<f32>,
+    norm_type: f32,
+    scale_grad_by_freq: bool,
+    sparse: bool,
+    frozen: bool,
+    parallelism: Parallelism,
+}
+
+impl Embedding {
+    /// A `num_embeddings × embedding_dim` table drawn from N(0, 1) with a
+    /// seed from the operating system, as `nn.Embedding(n, d)`.
+    ///
+    /// # Errors
+    /// [`EmbeddingError::SizeOverflow`] if the table cannot be sized.
+    pub fn new(num_embeddings: usize, embedding_dim: usize) -> Result<Embedding, EmbeddingError> {
+        Embedding::with_options(num_embeddings, embedding_dim, EmbeddingOptions::default())
+    }
+
+    /// A table drawn from N(0, 1) with these options (the padding row zeroed).
+    /// With `options.seed`, the same seed gives the same bits on every
+    /// platform and thread count (ChaCha8, one stream per block of 65 536
+    /// values, `rand_distr`'s `StandardNormal`).
+    ///
+    /// # Errors
+    /// [`EmbeddingError::SizeOverflow`], or an invalid option
+    /// ([`EmbeddingError::PaddingIdxOutOfRange`],
+    /// [`EmbeddingError::InvalidArgument`]).
+    pub fn with_options(
+        num_embeddings: usize,
+        embedding_dim: usize,
+        options: EmbeddingOptions,
+    ) -> Result<Embedding, EmbeddingError> {
+        let len = rows_len(num_embeddings, embedding_dim)?;
+        let mut layer = Embedding::configured(Vec::new(), num_embeddings, embedding_dim, &options)?;
+        let seed = options.seed.unwrap_or_else(rand::random);
+        let mut weight = crate::memory::zeroed_table(len);
+        weight
+            .par_chunks_mut(INIT_BLOCK)
+            .enumerate()
+            .for_each(|(block, values)| {
+                let mut rng = ChaCha8Rng::seed_from_u64(seed);
+                rng.set_stream(block as u64);
+                for v in values {
+                    *v = StandardNormal.sample(&mut rng);
+                }
+            });
+        if let Some(p) = layer.padding_idx {
+            weight[p * embedding_dim..(p + 1) * embedding_dim].fill(0.0);
+        }
+        layer.weight = weight;
+        Ok(layer)
+    }
+
+    /// Wraps an existing table (`weight.len() / embedding_dim` rows), as
+    /// `nn.Embedding.from_pretrained(weight, freeze)`.
+    ///
+    /// # Errors
+    /// A shape error for `weight`.
+    pub fn from_pretrained(
+        weight: Vec<f32>,
+        embedding_dim: usize,
+        freeze: bool,
+    ) -> Result<Embedding, EmbeddingError> {
+        Embedding::from_pretrained_with_options(
+            weight,
+            embedding_dim,
+            freeze,
+            EmbeddingOptions::default(),
+        )
+    }
+
+    /// [`from_pretrained`](Self::from_pretrained) with options. The padding
+    /// row is kept as given, as in PyTorch.
+    ///
+    /// # Errors
+    /// A shape error for `weight`, or an invalid option.
+    pub fn from_pretrained_with_options(
+        weight: Vec<f32>,
+        embedding_dim: usize,
+        freeze: bool,
+        options: EmbeddingOptions,
+    ) -> Result<Embedding, EmbeddingError> {
+        let rows = table_rows(weight.len(), embedding_dim, Operand::Table)?;
+        let mut layer = Embedding::configured(weight, rows, embedding_dim, &options)?;
+        layer.frozen = freeze;
+        Ok(layer)
+    }
+
+    /// The layer with its options checked and normalised.
+    fn configured(
+        weight: Vec<f32>,
+        num_embeddings: usize,
+        embedding_dim: usize,
+        options: &EmbeddingOptions,
+    ) -> Result<Embedding, EmbeddingError> {
+        let padding_idx = match options.padding_idx {
+            None => None,
+            Some(p) => {
+                let rows = i128::try_from(num_embeddings).unwrap_or(i128::MAX);
+                let p128 = i128::from(p);
+                let row = if p128 < 0 { p128 + rows } else { p128 };
+                if !(0..rows).contains(&row) {
+                    return Err(EmbeddingError::PaddingIdxOutOfRange {
+                        padding_idx: p,
+                        num_embeddings,
+                    });
+                }
+                Some(row as usize)
+            }
+        };
+        if let Some(m) = options.max_norm {
+            if !(m > 0.0) {
+                return Err(EmbeddingError::InvalidArgument {
+                    name: "max_norm",
+                    value: m.to_string(),
+                    requirement: "greater than 0",
+                });
+            }
+        }
+        if options.norm_type.is_nan() {
+            return Err(EmbeddingError::InvalidArgument {
+                name: "norm_type",
+                value: options.norm_type.to_string(),
+                requirement: "a number (any p, including 0 and ±inf)",
+            });
+        }
+        Ok(Embedding {
+            weight,
+            num_embeddings,
+            embedding_dim,
+            padding_idx,
+            max_norm: options.max_norm,
+            norm_type: options.norm_type,
+            scale_grad_by_freq: options.scale_grad_by_freq,
+            sparse: options.sparse,
+            frozen: false,
+            parallelism: Parallelism::Auto,
+        })
+    }
+
+    /// The same layer with another threading choice for its kernels.
+    pub fn with_parallelism(self, parallelism: Parallelism) -> Embedding {
+        Embedding {
+            parallelism,
+            ..self
+        }
+    }
+
+    /// The number of rows.
+    pub fn num_embeddings(&self) -> usize {
+        self.num_embeddings
+    }
+
+    /// The row width.
+    pub fn embedding_dim(&self) -> usize {
+        self.embedding_dim
+    }
+
+    /// The table, `num_embeddings × embedding_dim`, row-major.
+    pub fn weight(&self) -> &[f32] {
+        &self.weight
+    }
+
+    /// The table, for changes by hand.
+    pub fn weight_mut(&mut self) -> &mut [f32] {
+        &mut self.weight
+    }
+
+    /// The table, taken out of the layer.
+    pub fn into_weight(self) -> Vec<f32> {
+        self.weight
+    }
+
+    /// Row `id`.
+    ///
+    /// # Errors
+    /// [`EmbeddingError::IndexOutOfRange`] (position 0) if `id` is negative
+    /// or not below `num_embeddings`.
+    pub fn row<I: Index>(&self, id: I) -> Result<&[f32], EmbeddingError> {
+        let ids = ValidIds::new(core::slice::from_ref(&id), self.num_embeddings)?;
+        let r = ids.row(0);
+        Ok(&self.weight[r * self.embedding_dim..(r + 1) * self.embedding_dim])
+    }
+
+    /// The padding row, normalised to a row number.
+    pub fn padding_idx(&self) -> Option<usize> {
+        self.padding_idx
+    }
+
+    /// `max_norm`, if set.
+    pub fn max_norm(&self) -> Option<f32> {
+        self.max_norm
+    }
+
+    /// `norm_type`.
+    pub fn norm_type(&self) -> f32 {
+        self.norm_type
+    }
+
+    /// Whether gradients are divided by id counts.
+    pub fn scale_grad_by_freq(&self) -> bool {
+        self.scale_grad_by_freq
+    }
+
+    /// Whether [`backward`](Self::backward) returns a sparse gradient.
+    pub fn is_sparse(&self) -> bool {
+        self.sparse
+    }
+
+    /// Whether updates are no-ops.
+    pub fn is_frozen(&self) -> bool {
+        self.frozen
+    }
+
+    /// Freezes or unfreezes the table.
+    pub fn set_frozen(&mut self, frozen: bool) {
+        self.frozen = frozen;
+    }
+
+    /// Looks up `ids` laid out as `shape` (`[n]`, `[batch, seq]`, …),
+    /// renormalising the rows first when `max_norm` is set. The result has
+    /// shape `[shape…, embedding_dim]`.
+    ///
+    /// # Errors
+    /// [`EmbeddingError::IdsShape`] if `shape` does not hold `ids.len()` ids,
+    /// [`EmbeddingError::IndexOutOfRange`] for a bad id; then the table is
+    /// untouched too.
+    pub fn forward<I: Index>(
+        &mut self,
+        ids: &[I],
+        shape: &[usize],
+    ) -> Result<Embedded, EmbeddingError> {
+        check_shape(ids.len(), shape)?;
+        let len = rows_len(ids.len(), self.embedding_dim)?;
+        let mut values = vec![0.0; len];
+        self.forward_into(ids, &mut values)?;
+        let mut shape = shape.to_vec();
+        shape.push(self.embedding_dim);
+        Ok(Embedded { values, shape })
+    }
+
+    /// [`forward`](Self::forward) into a caller's buffer of `ids.len() ×
+    /// embedding_dim` values (any shape of ids).
+    ///
+    /// # Errors
+    /// A shape error for `out` or [`EmbeddingError::IndexOutOfRange`]; then
+    /// `out` and the table are untouched.
+    pub fn forward_into<I: Index>(
+        &mut self,
+        ids: &[I],
+        out: &mut [f32],
+    ) -> Result<(), EmbeddingError> {
+        let len = rows_len(ids.len(), self.embedding_dim)?;
+        check_len(Operand::Output, len, out.len())?;
+        let valid = ValidIds::new(ids, self.num_embeddings)?;
+        if let Some(max_norm) = self.max_norm {
+            self.renorm(valid, max_norm);
+        }
+        gather_with(self.parallelism, &self.weight, self.embedding_dim, ids, out)
+    }
+
+    /// `embedding_renorm_`: scales each distinct row of `ids` whose norm
+    /// exceeds `max_norm` by `max_norm / (norm + 1e-7)`.
+    fn renorm<I: Index>(&mut self, ids: ValidIds<'_, I>, max_norm: f32) {
+        let dim = self.embedding_dim;
+        let par = self
+            .parallelism
+            .splits(ids.len() * dim * 4, PARALLEL_MIN_BYTES);
+        let groups = Groups::new(ids, None, par);
+        let (p, max_norm) = (self.norm_type, f64::from(max_norm));
+        grouped::for_each_row(par, &groups, &mut self.weight, dim, |row| {
+            let norm = p_norm(row, p);
+            if norm > max_norm {
+                let scale = (max_norm / (norm + 1e-7)) as f32;
+                row.iter_mut().for_each(|x| *x *= scale);
+            }
+        });
+    }
+
+    /// The gradient of the table for `grad_output` (`ids.len() ×
+    /// embedding_dim`), dense or sparse as the `sparse` option says.
+    ///
+    /// # Errors
+    /// A shape error or [`EmbeddingError::IndexOutOfRange`].
+    pub fn backward<I: Index>(
+        &self,
+        grad_output: &[f32],
+        ids: &[I],
+    ) -> Result<Gradient, EmbeddingError> {
+        if self.sparse {
+            self.backward_sparse(grad_output, ids).map(Gradient::Sparse)
+        } else {
+            self.backward_dense(grad_output, ids).map(Gradient::Dense)
+        }
+    }
+
+    /// The dense gradient, in a new `num_embeddings × embedding_dim` buffer.
+    ///
+    /// # Errors
+    /// As [`backward`](Self::backward).
+    pub fn backward_dense<I: Index>(
+        &self,
+        grad_output: &[f32],
+        ids: &[I],
+    ) -> Result<Vec<f32>, EmbeddingError> {
+        // Checked before the allocation, so a bad call costs nothing.
+        check_len(
+            Operand::GradOutput,
+            rows_len(ids.len(), self.embedding_dim)?,
+            grad_output.len(),
+        )?;
+        ValidIds::new(ids, self.num_embeddings)?;
+        let mut grad = vec![0.0; self.weight.len()];
+        self.backward_dense_into(grad_output, ids, &mut grad)?;
+        Ok(grad)
+    }
+
+    /// The dense gradient, **overwriting** `grad_weight` (`num_embeddings ×
+    /// embedding_dim`): every row is written once, a sum or zeros, with no
+    /// separate zeroing pass.
+    ///
+    /// # Errors
+    /// A shape error or [`EmbeddingError::IndexOutOfRange`]; then
+    /// `grad_weight` is untouched.
+    pub fn backward_dense_into<I: Index>(
+        &self,
+        grad_output: &[f32],
+        ids: &[I],
+        grad_weight: &mut [f32],
+    ) -> Result<(), EmbeddingError> {
+        check_len(Operand::GradTable, self.weight.len(), grad_weight.len())?;
+        dense_backward_with(
+            self.parallelism,
+            grad_output,
+            self.embedding_dim,
+            ids,
+            self.padding_idx,
+            self.scale_grad_by_freq,
+            grad_weight,
+        )
+    }
+
+    /// The coalesced sparse gradient: the distinct ids (less the padding
+    /// row), ascending, and their summed gradient rows. Its cost does not
+    /// depend on `num_embeddings`.
+    ///
+    /// # Errors
+    /// As [`backward`](Self::backward).
+    pub fn backward_sparse<I: Index>(
+        &self,
+        grad_output: &[f32],
+        ids: &[I],
+    ) -> Result<SparseGrad, EmbeddingError> {
+        sparse_backward_with(
+            self.parallelism,
+            grad_output,
+            self.embedding_dim,
+            ids,
+            self.num_embeddings,
+            self.padding_idx,
+            self.scale_grad_by_freq,
+        )
+    }
+
+    /// Backward and an optimiser step in one pass over the touched rows: each
+    /// distinct id's gradient is summed (as [`backward_sparse`](Self::backward_sparse)
+    /// would) and applied to its row at once. No gradient is stored and
+    /// untouched rows are not read. A frozen layer checks its arguments and
+    /// changes nothing; the padding row never changes.
+    ///
+    /// # Errors
+    /// A shape error, [`EmbeddingError::IndexOutOfRange`], an invalid
+    /// hyper-parameter, or an optimiser state made for another table; then
+    /// nothing has changed.
+    pub fn sparse_step<I: Index, O: SparseOptimizer>(
+        &mut self,
+        grad_output: &[f32],
+        ids: &[I],
+        optimizer: &mut O,
+    ) -> Result<(), EmbeddingError> {
+        let dim = self.embedding_dim;
+        check_len(
+            Operand::GradOutput,
+            rows_len(ids.len(), dim)?,
+            grad_output.len(),
+        )?;
+        ValidIds::new(ids, self.num_embeddings)?;
+        if self.frozen {
+            return Ok(());
+        }
+        let (rule, state) = optimizer.begin_step(self.num_embeddings, dim)?;
+        let target = Target {
+            weight: &mut self.weight,
+            dim,
+            state,
+            padding_idx: self.padding_idx,
+        };
+        grouped::fused_update(
+            self.parallelism,
+            grad_output,
+            ids,
+            self.scale_grad_by_freq,
+            target,
+            &rule,
+        )
+    }
+
+    /// Applies a coalesced gradient (from [`backward_sparse`](Self::backward_sparse))
+    /// with `optimizer`: the same bits as [`sparse_step`](Self::sparse_step)
+    /// on the batch it came from.
+    ///
+    /// # Errors
+    /// [`EmbeddingError::LengthMismatch`] if `grad` is for another table
+    /// shape, or an invalid hyper-parameter; then nothing has changed.
+    pub fn apply_sparse<O: SparseOptimizer>(
+        &mut self,
+        grad: &SparseGrad,
+        optimizer: &mut O,
+    ) -> Result<(), EmbeddingError> {
+        let dim = self.embedding_dim;
+        for (expected, got) in [
+            (self.num_embeddings, grad.num_embeddings()),
+            (dim, grad.embedding_dim()),
+        ] {
+            // The gradient's shape ([rows, dim]) must be the table's.
+            check_len(Operand::GradTable, expected, got)?;
+        }
+        if self.frozen {
+            return Ok(());
+        }
+        let (rule, state) = optimizer.begin_step(self.num_embeddings, dim)?;
+        let target = Target {
+            weight: &mut self.weight,
+            dim,
+            state,
+            padding_idx: self.padding_idx,
+        };
+        grouped::apply_sparse(self.parallelism, grad, target, &rule);
+        Ok(())
+    }
+
+    /// One dense SGD step with a dense gradient (`num_embeddings ×
+    /// embedding_dim`); the padding row and a frozen table stay as they are.
+    ///
+    /// # Errors
+    /// [`EmbeddingError::LengthMismatch`] or an invalid hyper-parameter;
+    /// then nothing has changed.
+    pub fn dense_sgd_step(&mut self, grad: &[f32], sgd: &Sgd) -> Result<(), EmbeddingError> {
+        check_len(Operand::GradTable, self.weight.len(), grad.len())?;
+        sgd.check()?;
+        if self.frozen {
+            return Ok(());
+        }
+        match self.padding_idx {
+            None => sgd.step_dense(&mut self.weight, grad),
+            Some(p) => {
+                let dim = self.embedding_dim;
+                let (before, rest) = self.weight.split_at_mut(p * dim);
+                let after = &mut rest[dim..];
+                sgd.step_dense(before, &grad[..p * dim])?;
+                sgd.step_dense(after, &grad[(p + 1) * dim..])
+            }
+        }
+    }
+
+    /// Saves the table as tensor `name` of a safetensors file.
+    ///
+    /// # Errors
+    /// As [`io::save`](crate::io::save).
+    pub fn save(
+        &self,
+        path: impl AsRef<std::path::Path>,
+        name: &str,
+    ) -> Result<(), crate::io::FileError> {
+        crate::io::save(path, &[(name, &self.weight, self.embedding_dim)])
+    }
+
+    /// Loads tensor `name` of a safetensors file as a pretrained table (a
+    /// Hugging Face checkpoint's `embeddings.word_embeddings.weight`, say).
+    ///
+    /// # Errors
+    /// As [`io::load`](crate::io::load).
+    pub fn load(
+        path: impl AsRef<std::path::Path>,
+        name: &str,
+        freeze: bool,
+    ) -> Result<Embedding, crate::io::FileError> {
+        let table = crate::io::load(path, name)?;
+        let dim = table.embedding_dim;
+        Embedding::from_pretrained(table.weight, dim, freeze).map_err(|source| {
+            crate::io::FileError::Table {
+                name: name.to_string(),
+                source,
+            }
+        })
+    }
+}
+
+/// Fails unless `shape` holds exactly `len` ids.
+pub(crate) fn check_shape(len: usize, shape: &[usize]) -> Result<(), EmbeddingError> {
+    let held = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
+    if held == Some(len) {
+        Ok(())
+    } else {
+        Err(EmbeddingError::IdsShape {
+            shape: shape.to_vec(),
+            len,
+        })
+    }
+}
+
+/// The `p`-norm of a row, summed in `f64`: `p` = 0 counts non-zeros, ±inf
+/// takes the largest or smallest magnitude.
+pub(crate) fn p_norm(row: &[f32], p: f32) -> f64 {
+    let abs = row.iter().map(|&x| f64::from(x).abs());
+    if p == 2.0 {
+        abs.map(|x| x * x).sum::<f64>().sqrt()
+    } else if p == 1.0 {
+        abs.sum()
+    } else if p == 0.0 {
+        abs.filter(|&x| x != 0.0).count() as f64
+    } else if p == f32::INFINITY {
+        abs.fold(0.0, f64::max)
+    } else if p == f32::NEG_INFINITY {
+        abs.fold(f64::INFINITY, f64::min)
+    } else {
+        let p = f64::from(p);
+        abs.map(|x| x.powf(p)).sum::<f64>().powf(1.0 / p)
+    }
+}

@@ -1,0 +1,808 @@
+//! The layer (`Embedding`) against the one-hot reference and against
+//! finite differences: every backward path, every option, every pool size.
+
+mod common;
+
+use common::{bits, convert, draw_ids, pools, Pattern, SplitMix};
+use embedding_kernels::kernels::grouped::{dense_backward_with, sparse_backward_with};
+use embedding_kernels::{
+    reference, Adagrad, Embedding, EmbeddingError, EmbeddingOptions, Gradient, Operand,
+    Parallelism, RowWiseAdagrad, Sgd, SparseGrad,
+};
+use proptest::prelude::*;
+
+/// A case: a table, a batch of ids and options.
+#[derive(Clone, Debug)]
+struct Case {
+    rows: usize,
+    dim: usize,
+    ids: Vec<u64>,
+    padding: Option<usize>,
+    by_freq: bool,
+    seed: u64,
+}
+
+fn case(
+    rows: std::ops::RangeInclusive<usize>,
+    dim: std::ops::RangeInclusive<usize>,
+    n: std::ops::RangeInclusive<usize>,
+) -> impl Strategy<Value = Case> {
+    let pattern = prop_oneof![
+        Just(Pattern::Uniform),
+        Just(Pattern::FewDistinct),
+        Just(Pattern::Hot)
+    ];
+    (
+        rows,
+        dim,
+        n,
+        pattern,
+        any::<u64>(),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(|(rows, dim, n, pattern, seed, pad, by_freq)| {
+            let ids = draw_ids(rows, n, pattern, seed);
+            // Half the cases pad with an id the batch uses, if it has one.
+            let padding = pad.then(|| ids.first().map_or(0, |&i| i as usize));
+            Case {
+                rows,
+                dim,
+                ids,
+                padding,
+                by_freq,
+                seed,
+            }
+        })
+}
+
+/// The ranges, and larger tables that split into many tasks (and
+/// hot rows into column blocks).
+fn small_case() -> impl Strategy<Value = Case> {
+    case(1..=300, 1..=70, 0..=600)
+}
+fn large_case() -> impl Strategy<Value = Case> {
+    case(500..=4_000, 16..=140, 1_000..=4_000)
+}
+
+/// The dense gradient through the one-hot reference: positions of the
+/// padding row dropped, `grad += one_hot(ids)ᵀ · grad_output` into zeros, and
+/// with `by_freq` each row divided by its count.
+fn reference_dense(c: &Case, grad_output: &[f32]) -> Vec<f32> {
+    let (mut ids, mut g) = (Vec::new(), Vec::new());
+    for (p, &id) in c.ids.iter().enumerate() {
+        if Some(id as usize) != c.padding {
+            ids.push(id);
+            g.extend_from_slice(&grad_output[p * c.dim..(p + 1) * c.dim]);
+        }
+    }
+    let mut grad = vec![0.0; c.rows * c.dim];
+    reference::scatter_add(&g, c.dim, &ids, &mut grad).unwrap();
+    if c.by_freq {
+        let mut counts = vec![0usize; c.rows];
+        ids.iter().for_each(|&i| counts[i as usize] += 1);
+        for (r, &count) in counts.iter().enumerate() {
+            if count > 0 {
+                let row = &mut grad[r * c.dim..(r + 1) * c.dim];
+                row.iter_mut().for_each(|x| *x /= count as f32);
+            }
+        }
+    }
+    grad
+}
+
+fn layer(c: &Case, weight: Vec<f32>) -> Embedding {
+    let options = EmbeddingOptions {
+        padding_idx: c.padding.map(|p| p as i64),
+        scale_grad_by_freq: c.by_freq,
+        ..EmbeddingOptions::default()
+    };
+    Embedding::from_pretrained_with_options(weight, c.dim, false, options).unwrap()
+}
+
+/// Dense, sparse (densified) and the reference agree bit for bit, on every
+/// path, and the sparse gradient lists exactly the touched, non-padding rows.
+fn check_gradients<I: embedding_kernels::Index + TryFrom<u64>>(
+    c: &Case,
+) -> Result<(), TestCaseError> {
+    let mut rng = SplitMix(c.seed);
+    let grad_output = rng.values(c.ids.len() * c.dim);
+    let ids: Vec<I> = convert(&c.ids);
+    let want = bits(&reference_dense(c, &grad_output));
+    let mut touched: Vec<usize> = c
+        .ids
+        .iter()
+        .map(|&i| i as usize)
+        .filter(|&i| Some(i) != c.padding)
+        .collect();
+    touched.sort_unstable();
+    touched.dedup();
+    let run = |par: Parallelism| -> Result<(), TestCaseError> {
+        // Dense into a NaN-filled buffer: every row must be written.
+        let mut dense = vec![f32::NAN; c.rows * c.dim];
+        dense_backward_with(
+            par,
+            &grad_output,
+            c.dim,
+            &ids,
+            c.padding,
+            c.by_freq,
+            &mut dense,
+        )
+        .unwrap();
+        prop_assert_eq!(bits(&dense), want.clone(), "dense, {:?}", par);
+        let sparse =
+            sparse_backward_with(par, &grad_output, c.dim, &ids, c.rows, c.padding, c.by_freq)
+                .unwrap();
+        prop_assert_eq!(sparse.indices(), &touched[..]);
+        prop_assert_eq!(bits(&sparse.to_dense()), want.clone(), "sparse, {:?}", par);
+        Ok(())
+    };
+    run(Parallelism::Serial)?;
+    for pool in pools() {
+        pool.install(|| run(Parallelism::Rayon))?;
+        pool.install(|| run(Parallelism::Auto))?;
+    }
+    // The layer's own entry points.
+    let emb = layer(c, vec![0.5; c.rows * c.dim]);
+    let dense = emb.backward_dense(&grad_output, &ids).unwrap();
+    prop_assert_eq!(bits(&dense), want.clone());
+    match emb.backward(&grad_output, &ids).unwrap() {
+        Gradient::Dense(g) => prop_assert_eq!(bits(&g), want),
+        Gradient::Sparse(_) => prop_assert!(false, "sparse gradient from a dense layer"),
+    }
+    Ok(())
+}
+
+/// Row-by-row scalar versions of the three update rules, written from the
+/// formulas (PyTorch's SGD and Adagrad, FBGEMM's row-wise Adagrad).
+fn naive_update(rule: &str, w: &mut [f32], g: &[f32], state: &mut [f32], lr: f32, step: u64) {
+    match rule {
+        "sgd" => w.iter_mut().zip(g).for_each(|(w, g)| *w -= lr * g),
+        "adagrad" => {
+            let clr = lr / (1.0 + (step - 1) as f32 * 0.01);
+            for ((w, &g), s) in w.iter_mut().zip(g).zip(state) {
+                *s += g * g;
+                *w += -clr * (g / (s.sqrt() + 1e-10));
+            }
+        }
+        "rowwise" => {
+            let mean = g.iter().map(|x| x * x).sum::<f32>() / g.len() as f32;
+            state[0] += mean;
+            let k = lr / (state[0].sqrt() + 1e-8);
+            w.iter_mut().zip(g).for_each(|(w, g)| *w -= k * g);
+        }
+        _ => unreachable!(),
+    }
+}
+
+/// Two fused steps of each optimiser equal: the same steps through a
+/// materialised sparse gradient (`apply_sparse`), and the naive rule applied
+/// to the reference gradient, bit for bit, on every pool. The padding row
+/// and untouched rows keep their bits.
+fn check_updates(c: &Case) -> Result<(), TestCaseError> {
+    let mut rng = SplitMix(c.seed ^ 0x0F0F);
+    let weight = rng.values(c.rows * c.dim);
+    let batches = [
+        rng.values(c.ids.len() * c.dim),
+        rng.values(c.ids.len() * c.dim),
+    ];
+    let ids: Vec<i64> = convert(&c.ids);
+    for rule in ["sgd", "adagrad", "rowwise"] {
+        // The naive expectation.
+        let mut want = weight.clone();
+        let width = match rule {
+            "sgd" => 0,
+            "adagrad" => c.dim,
+            _ => 1,
+        };
+        let mut state = vec![0.0; c.rows * width];
+        for (step, g) in batches.iter().enumerate() {
+            let grad = reference_dense(c, g);
+            let mut touched = vec![false; c.rows];
+            c.ids.iter().for_each(|&i| touched[i as usize] = true);
+            for r in (0..c.rows).filter(|&r| touched[r] && Some(r) != c.padding) {
+                naive_update(
+                    rule,
+                    &mut want[r * c.dim..(r + 1) * c.dim],
+                    &grad[r * c.dim..(r + 1) * c.dim],
+                    &mut state[r * width..(r + 1) * width],
+                    0.05,
+                    step as u64 + 1,
+                );
+            }
+        }
+        let want = bits(&want);
+        let run = |par: Parallelism, fused: bool| -> Vec<f32> {
+            let mut emb = layer(c, weight.clone()).with_parallelism(par);
+            let mut sgd = Sgd::new(0.05);
+            let mut adagrad = Adagrad::new(0.05);
+            adagrad.lr_decay = 0.01;
+            let mut rowwise = RowWiseAdagrad::new(0.05);
+            for g in &batches {
+                let sparse = emb.backward_sparse(g, &ids).unwrap();
+                let result = match (rule, fused) {
+                    ("sgd", true) => emb.sparse_step(g, &ids, &mut sgd),
+                    ("sgd", false) => emb.apply_sparse(&sparse, &mut sgd),
+                    ("adagrad", true) => emb.sparse_step(g, &ids, &mut adagrad),
+                    ("adagrad", false) => emb.apply_sparse(&sparse, &mut adagrad),
+                    (_, true) => emb.sparse_step(g, &ids, &mut rowwise),
+                    (_, false) => emb.apply_sparse(&sparse, &mut rowwise),
+                };
+                result.unwrap();
+            }
+            emb.into_weight()
+        };
+        for fused in [true, false] {
+            prop_assert_eq!(
+                bits(&run(Parallelism::Serial, fused)),
+                want.clone(),
+                "{} serial",
+                rule
+            );
+            for pool in pools() {
+                let got = pool.install(|| run(Parallelism::Rayon, fused));
+                prop_assert_eq!(
+                    bits(&got),
+                    want.clone(),
+                    "{} fused {} on {} threads",
+                    rule,
+                    fused,
+                    pool.current_num_threads()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn gradients_equal_the_reference_u32(c in small_case()) {
+        check_gradients::<u32>(&c)?;
+    }
+
+    #[test]
+    fn gradients_equal_the_reference_i64(c in small_case()) {
+        check_gradients::<i64>(&c)?;
+    }
+
+    #[test]
+    fn gradients_equal_the_reference_usize(c in small_case()) {
+        check_gradients::<usize>(&c)?;
+    }
+
+    #[test]
+    fn updates_equal_the_naive_rules(c in small_case()) {
+        check_updates(&c)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(10))]
+
+    #[test]
+    fn large_gradients_equal_the_reference(c in large_case()) {
+        check_gradients::<i32>(&c)?;
+    }
+
+    #[test]
+    fn large_updates_equal_the_naive_rules(c in large_case()) {
+        check_updates(&c)?;
+    }
+}
+
+/// A batch where one id holds 90 % of the positions of a wide row, so the
+/// hot row is summed in column blocks by several tasks.
+#[test]
+fn hot_rows_split_by_columns_keep_the_bits() {
+    let c = Case {
+        rows: 64,
+        dim: 256,
+        ids: draw_ids(64, 3_000, Pattern::Hot, 5),
+        padding: None,
+        by_freq: false,
+        seed: 9,
+    };
+    let grad_output = SplitMix(3).values(c.ids.len() * c.dim);
+    let want = bits(&reference_dense(&c, &grad_output));
+    for pool in pools() {
+        let got = pool.install(|| {
+            let mut g = vec![f32::NAN; c.rows * c.dim];
+            dense_backward_with(
+                Parallelism::Rayon,
+                &grad_output,
+                c.dim,
+                &c.ids,
+                None,
+                false,
+                &mut g,
+            )
+            .unwrap();
+            g
+        });
+        assert_eq!(bits(&got), want, "{} threads", pool.current_num_threads());
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Finite differences
+// ---------------------------------------------------------------------------
+
+/// `L(W) = Σ R ⊙ lookup(W, ids)`, in f64. The loss is linear in `W`, so a
+/// central difference with a large step is exact up to the rounding of
+/// `W ± h` and of the sum, which the tolerance covers.
+fn loss(weight: &[f32], dim: usize, ids: &[u64], r: &[f32]) -> f64 {
+    let mut out = vec![0.0; ids.len() * dim];
+    reference::gather(weight, dim, ids, &mut out).unwrap();
+    out.iter()
+        .zip(r)
+        .map(|(&o, &r)| f64::from(o) * f64::from(r))
+        .sum()
+}
+
+/// The finite-difference gradient of `loss` at every entry of `weight`.
+fn numeric_gradient(weight: &[f32], dim: usize, ids: &[u64], r: &[f32]) -> Vec<f64> {
+    let h = 0.25f32;
+    (0..weight.len())
+        .map(|k| {
+            let mut w = weight.to_vec();
+            w[k] = weight[k] + h;
+            let up = loss(&w, dim, ids, r);
+            w[k] = weight[k] - h;
+            let down = loss(&w, dim, ids, r);
+            (up - down) / f64::from(2.0 * h)
+        })
+        .collect()
+}
+
+fn assert_close(what: &str, got: &[f32], want: &[f64]) {
+    assert_eq!(got.len(), want.len());
+    for (k, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let tol = 1e-4 * (1.0 + w.abs());
+        assert!(
+            (f64::from(g) - w).abs() <= tol,
+            "{what}: entry {k}: backward {g}, numeric {w}"
+        );
+    }
+}
+
+fn fd_case() -> (usize, usize, Vec<u64>, Vec<f32>, Vec<f32>) {
+    let (rows, dim) = (7, 5);
+    let ids = vec![3, 1, 3, 6, 3, 0, 1];
+    let mut rng = SplitMix(42);
+    let weight: Vec<f32> = (0..rows * dim).map(|_| rng.value() * 4.0).collect();
+    let r: Vec<f32> = (0..ids.len() * dim).map(|_| rng.value() * 4.0).collect();
+    (rows, dim, ids, weight, r)
+}
+
+#[test]
+fn dense_and_sparse_backward_match_finite_differences() {
+    let (_, dim, ids, weight, r) = fd_case();
+    let numeric = numeric_gradient(&weight, dim, &ids, &r);
+    let mut emb = Embedding::from_pretrained(weight, dim, false).unwrap();
+    let dense = emb.backward_dense(&r, &ids).unwrap();
+    assert_close("dense", &dense, &numeric);
+    let sparse = emb.backward_sparse(&r, &ids).unwrap();
+    assert_eq!(sparse.indices(), [0, 1, 3, 6]);
+    assert_close("sparse", &sparse.to_dense(), &numeric);
+    // The forward it differentiates is the lookup itself.
+    let out = emb.forward(&ids, &[ids.len()]).unwrap();
+    let want: f64 = out
+        .values
+        .iter()
+        .zip(&r)
+        .map(|(&o, &r)| f64::from(o) * f64::from(r))
+        .sum();
+    assert!((want - loss(emb.weight(), dim, &ids, &r)).abs() < 1e-9);
+}
+
+#[test]
+fn padding_row_gets_no_gradient_and_others_match_finite_differences() {
+    let (_, dim, ids, weight, r) = fd_case();
+    let numeric = numeric_gradient(&weight, dim, &ids, &r);
+    for padding_idx in [3i64, -4] {
+        // Row 3 of 7 either way.
+        let options = EmbeddingOptions {
+            padding_idx: Some(padding_idx),
+            ..EmbeddingOptions::default()
+        };
+        let emb =
+            Embedding::from_pretrained_with_options(weight.clone(), dim, false, options).unwrap();
+        assert_eq!(emb.padding_idx(), Some(3));
+        let dense = emb.backward_dense(&r, &ids).unwrap();
+        assert!(numeric[3 * dim..4 * dim].iter().any(|&x| x != 0.0));
+        assert!(dense[3 * dim..4 * dim].iter().all(|&x| x == 0.0));
+        let mut others = numeric.clone();
+        others[3 * dim..4 * dim].fill(0.0);
+        assert_close("padding", &dense, &others);
+        let sparse = emb.backward_sparse(&r, &ids).unwrap();
+        assert_eq!(sparse.indices(), [0, 1, 6]);
+    }
+}
+
+#[test]
+fn scale_grad_by_freq_divides_the_finite_difference_by_the_count() {
+    let (rows, dim, ids, weight, r) = fd_case();
+    let numeric = numeric_gradient(&weight, dim, &ids, &r);
+    let options = EmbeddingOptions {
+        scale_grad_by_freq: true,
+        ..EmbeddingOptions::default()
+    };
+    let emb = Embedding::from_pretrained_with_options(weight, dim, false, options).unwrap();
+    let dense = emb.backward_dense(&r, &ids).unwrap();
+    let counts: Vec<f64> = (0..rows)
+        .map(|row| ids.iter().filter(|&&i| i as usize == row).count().max(1) as f64)
+        .collect();
+    let scaled: Vec<f64> = numeric
+        .iter()
+        .enumerate()
+        .map(|(k, &x)| x / counts[k / dim])
+        .collect();
+    assert_eq!(counts[3], 3.0);
+    assert_close("scale_grad_by_freq", &dense, &scaled);
+}
+
+/// With `max_norm`, the forward renormalises the rows it uses in place; the
+/// gradient is the loss's gradient at the table as it then is (PyTorch's
+/// renormalisation is outside autograd too).
+#[test]
+fn max_norm_backward_matches_finite_differences_at_the_renormalised_table() {
+    let (_, dim, ids, weight, r) = fd_case();
+    let options = EmbeddingOptions {
+        max_norm: Some(1.0),
+        ..EmbeddingOptions::default()
+    };
+    let mut emb =
+        Embedding::from_pretrained_with_options(weight.clone(), dim, false, options).unwrap();
+    emb.forward(&ids, &[ids.len()]).unwrap();
+    assert_ne!(
+        bits(emb.weight()),
+        bits(&weight),
+        "some rows must have been renormalised"
+    );
+    let numeric = numeric_gradient(emb.weight(), dim, &ids, &r);
+    assert_close("max_norm", &emb.backward_dense(&r, &ids).unwrap(), &numeric);
+}
+
+// ---------------------------------------------------------------------------
+// max_norm
+// ---------------------------------------------------------------------------
+
+fn norm(row: &[f32], p: f64) -> f64 {
+    let abs = row.iter().map(|&x| f64::from(x).abs());
+    if p.is_infinite() {
+        abs.fold(0.0, f64::max)
+    } else {
+        abs.map(|x| x.powf(p)).sum::<f64>().powf(1.0 / p)
+    }
+}
+
+#[test]
+fn max_norm_renormalises_each_looked_up_row_once() {
+    let (rows, dim) = (6, 4);
+    for p in [2.0f32, 1.0, 3.0, f32::INFINITY] {
+        let weight: Vec<f32> = (0..rows * dim).map(|k| (k as f32 - 9.5) * 0.4).collect();
+        let max_norm = 1.5f32;
+        let options = EmbeddingOptions {
+            max_norm: Some(max_norm),
+            norm_type: p,
+            ..EmbeddingOptions::default()
+        };
+        let mut emb =
+            Embedding::from_pretrained_with_options(weight.clone(), dim, false, options).unwrap();
+        // Row 1 three times: it must be scaled once, not three times.
+        let ids = [1u32, 4, 1, 1];
+        let out = emb.forward(&ids, &[2, 2]).unwrap();
+        assert_eq!(out.shape, [2, 2, dim]);
+        for row in 0..rows {
+            let before = &weight[row * dim..(row + 1) * dim];
+            let after = emb.row(row).unwrap();
+            let n = norm(before, f64::from(p));
+            if ids.contains(&(row as u32)) && n > f64::from(max_norm) {
+                let scale = (f64::from(max_norm) / (n + 1e-7)) as f32;
+                let want: Vec<f32> = before.iter().map(|x| x * scale).collect();
+                assert_eq!(bits(after), bits(&want), "p {p}, row {row}");
+                assert!(norm(after, f64::from(p)) <= f64::from(max_norm) * (1.0 + 1e-6));
+            } else {
+                assert_eq!(
+                    bits(after),
+                    bits(before),
+                    "p {p}, row {row} must not change"
+                );
+            }
+        }
+        // The output is the renormalised rows.
+        assert_eq!(bits(&out.values[..dim]), bits(emb.row(1u32).unwrap()));
+    }
+}
+
+#[test]
+fn max_norm_with_a_bad_id_changes_nothing() {
+    let weight = vec![3.0f32; 8 * 4];
+    let options = EmbeddingOptions {
+        max_norm: Some(1.0),
+        ..EmbeddingOptions::default()
+    };
+    let mut emb =
+        Embedding::from_pretrained_with_options(weight.clone(), 4, false, options).unwrap();
+    let mut out = vec![f32::NAN; 3 * 4];
+    let err = emb.forward_into(&[0i64, 2, -3], &mut out).unwrap_err();
+    assert_eq!(
+        err,
+        EmbeddingError::IndexOutOfRange {
+            position: 2,
+            index: -3,
+            num_embeddings: 8
+        }
+    );
+    assert_eq!(bits(emb.weight()), bits(&weight));
+    assert!(out.iter().all(|x| x.is_nan()));
+}
+
+// ---------------------------------------------------------------------------
+// Construction, shapes, errors
+// ---------------------------------------------------------------------------
+
+#[test]
+fn seeded_initialisation_is_the_same_bits_on_every_pool() {
+    let options = |seed| EmbeddingOptions {
+        seed: Some(seed),
+        padding_idx: Some(-1),
+        ..EmbeddingOptions::default()
+    };
+    let (rows, dim) = (1_000, 300); // several init blocks
+    let first = Embedding::with_options(rows, dim, options(7)).unwrap();
+    for pool in pools() {
+        let again = pool.install(|| Embedding::with_options(rows, dim, options(7)).unwrap());
+        assert_eq!(bits(again.weight()), bits(first.weight()));
+    }
+    let other = Embedding::with_options(rows, dim, options(8)).unwrap();
+    assert_ne!(bits(other.weight()), bits(first.weight()));
+    // The padding row is zero, the rest N(0, 1).
+    let w = first.weight();
+    assert!(w[(rows - 1) * dim..].iter().all(|&x| x == 0.0));
+    let body = &w[..(rows - 1) * dim];
+    let n = body.len() as f64;
+    let mean = body.iter().map(|&x| f64::from(x)).sum::<f64>() / n;
+    let var = body
+        .iter()
+        .map(|&x| (f64::from(x) - mean).powi(2))
+        .sum::<f64>()
+        / n;
+    // 299 700 draws: the standard error of the mean is 0.0018.
+    assert!(mean.abs() < 0.01, "mean {mean}");
+    assert!((var - 1.0).abs() < 0.02, "variance {var}");
+    // Blocks are distinct streams, not copies.
+    assert_ne!(bits(&w[..1000]), bits(&w[65_536..66_536]));
+}
+
+#[test]
+fn forward_shapes_and_errors() {
+    let mut emb = Embedding::from_pretrained((0..12).map(|x| x as f32).collect(), 3, true).unwrap();
+    let out = emb.forward(&[3u32, 0, 1, 2, 2, 1], &[2, 3]).unwrap();
+    assert_eq!(out.shape, [2, 3, 3]);
+    assert_eq!(&out.values[..6], &[9.0, 10.0, 11.0, 0.0, 1.0, 2.0]);
+    assert_eq!(
+        emb.forward(&[0u32, 1, 2], &[2, 2]).unwrap_err(),
+        EmbeddingError::IdsShape {
+            shape: vec![2, 2],
+            len: 3
+        }
+    );
+    assert!(matches!(
+        emb.forward(&[0u32], &[usize::MAX, 2]),
+        Err(EmbeddingError::IdsShape { .. })
+    ));
+    assert_eq!(emb.forward(&[0u32; 0], &[0, 5]).unwrap().shape, [0, 5, 3]);
+    let mut out = vec![f32::NAN; 5];
+    assert_eq!(
+        emb.forward_into(&[0u32, 1], &mut out).unwrap_err(),
+        EmbeddingError::LengthMismatch {
+            operand: Operand::Output,
+            expected: 6,
+            got: 5
+        }
+    );
+    assert_eq!(
+        emb.row(-1i64).unwrap_err(),
+        EmbeddingError::IndexOutOfRange {
+            position: 0,
+            index: -1,
+            num_embeddings: 4
+        }
+    );
+    assert_eq!(emb.row(2u64).unwrap(), &[6.0, 7.0, 8.0]);
+}
+
+#[test]
+fn option_errors_are_precise() {
+    let bad_padding = EmbeddingOptions {
+        padding_idx: Some(-5),
+        ..EmbeddingOptions::default()
+    };
+    assert_eq!(
+        Embedding::with_options(4, 2, bad_padding).unwrap_err(),
+        EmbeddingError::PaddingIdxOutOfRange {
+            padding_idx: -5,
+            num_embeddings: 4
+        }
+    );
+    for max_norm in [0.0, -1.0, f32::NAN] {
+        let options = EmbeddingOptions {
+            max_norm: Some(max_norm),
+            ..EmbeddingOptions::default()
+        };
+        assert!(matches!(
+            Embedding::with_options(4, 2, options),
+            Err(EmbeddingError::InvalidArgument {
+                name: "max_norm",
+                ..
+            })
+        ));
+    }
+    assert!(matches!(
+        Embedding::new(usize::MAX, 2),
+        Err(EmbeddingError::SizeOverflow { .. })
+    ));
+    assert!(matches!(
+        Embedding::from_pretrained(vec![0.0; 7], 2, false),
+        Err(EmbeddingError::NotMultipleOfDim { .. })
+    ));
+}
+
+#[test]
+fn updates_with_bad_arguments_change_nothing() {
+    let weight: Vec<f32> = (0..20).map(|x| x as f32).collect();
+    let mut emb = Embedding::from_pretrained(weight.clone(), 4, false).unwrap();
+    let g = vec![1.0f32; 8];
+    let mut adagrad = Adagrad::new(0.1);
+    let err = emb.sparse_step(&g, &[1i64, 5], &mut adagrad).unwrap_err();
+    assert!(matches!(
+        err,
+        EmbeddingError::IndexOutOfRange {
+            position: 1,
+            index: 5,
+            ..
+        }
+    ));
+    assert!(
+        adagrad.state().is_empty(),
+        "no state made for a refused step"
+    );
+    let err = emb
+        .sparse_step(&g[..7], &[1i64, 2], &mut adagrad)
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        EmbeddingError::LengthMismatch {
+            operand: Operand::GradOutput,
+            ..
+        }
+    ));
+    let err = emb
+        .sparse_step(&g, &[1i64, 2], &mut Sgd::new(-0.1))
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        EmbeddingError::InvalidArgument { name: "lr", .. }
+    ));
+    assert_eq!(bits(emb.weight()), bits(&weight));
+    // State made for one table refuses another.
+    emb.sparse_step(&g, &[1i64, 2], &mut adagrad).unwrap();
+    let mut small = Embedding::from_pretrained(vec![0.0; 8], 4, false).unwrap();
+    let err = small.sparse_step(&g, &[1i64, 0], &mut adagrad).unwrap_err();
+    assert!(matches!(
+        err,
+        EmbeddingError::LengthMismatch {
+            operand: Operand::OptimizerState,
+            ..
+        }
+    ));
+    assert_eq!(small.weight(), &[0.0; 8]);
+    // A sparse gradient for another shape.
+    let grad = SparseGrad::new(vec![0], vec![1.0; 4], 3, 4).unwrap();
+    assert!(emb.apply_sparse(&grad, &mut Sgd::new(0.1)).is_err());
+    assert!(SparseGrad::new(vec![2, 2], vec![0.0; 8], 3, 4).is_err());
+    assert!(SparseGrad::new(vec![3], vec![0.0; 4], 3, 4).is_err());
+    assert!(SparseGrad::new(vec![0], vec![0.0; 3], 3, 4).is_err());
+}
+
+#[test]
+fn frozen_tables_and_padding_rows_never_change() {
+    let weight: Vec<f32> = (0..20).map(|x| x as f32 * 0.1).collect();
+    let g = vec![1.0f32; 12];
+    let ids = [0u32, 2, 4];
+    let mut frozen = Embedding::from_pretrained(weight.clone(), 4, true).unwrap();
+    frozen.sparse_step(&g, &ids, &mut Sgd::new(0.5)).unwrap();
+    frozen
+        .sparse_step(&g, &ids, &mut RowWiseAdagrad::new(0.5))
+        .unwrap();
+    let dense = frozen.backward_dense(&g, &ids).unwrap();
+    frozen.dense_sgd_step(&dense, &Sgd::new(0.5)).unwrap();
+    assert_eq!(bits(frozen.weight()), bits(&weight));
+
+    let options = EmbeddingOptions {
+        padding_idx: Some(2),
+        ..EmbeddingOptions::default()
+    };
+    let mut padded =
+        Embedding::from_pretrained_with_options(weight.clone(), 4, false, options).unwrap();
+    let sgd = Sgd::new(0.5).with_weight_decay(0.1);
+    padded.sparse_step(&g, &ids, &mut sgd.clone()).unwrap();
+    padded
+        .sparse_step(&g, &ids, &mut Adagrad::new(0.5))
+        .unwrap();
+    let dense = padded.backward_dense(&g, &ids).unwrap();
+    padded.dense_sgd_step(&dense, &sgd).unwrap();
+    assert_eq!(bits(&padded.weight()[8..12]), bits(&weight[8..12]));
+    assert_ne!(bits(&padded.weight()[..4]), bits(&weight[..4]));
+    // Untouched rows 1 and 3 are unchanged by the sparse steps, and only
+    // decayed by the dense step.
+    let decayed: Vec<f32> = weight[4..8]
+        .iter()
+        .map(|&w| w - 0.5 * (0.0 + 0.1 * w))
+        .collect();
+    assert_eq!(bits(&padded.weight()[4..8]), bits(&decayed));
+}
+
+#[test]
+fn sparse_layers_return_sparse_gradients() {
+    let options = EmbeddingOptions {
+        sparse: true,
+        seed: Some(1),
+        ..EmbeddingOptions::default()
+    };
+    let emb = Embedding::with_options(10, 3, options).unwrap();
+    let g: Vec<f32> = (0..9).map(|x| x as f32).collect();
+    match emb.backward(&g, &[7u32, 2, 7]).unwrap() {
+        Gradient::Sparse(s) => {
+            assert_eq!(s.indices(), [2, 7]);
+            assert_eq!(s.values(), [3.0, 4.0, 5.0, 6.0, 8.0, 10.0]);
+            assert_eq!(s.nnz_rows(), 2);
+        }
+        Gradient::Dense(_) => panic!("a sparse layer returned a dense gradient"),
+    }
+}
+
+#[test]
+fn dense_sgd_after_dense_backward_equals_the_sparse_step_without_decay() {
+    let c = Case {
+        rows: 700,
+        dim: 48,
+        ids: draw_ids(700, 900, Pattern::Uniform, 2),
+        padding: Some(5),
+        by_freq: true,
+        seed: 4,
+    };
+    let mut rng = SplitMix(c.seed);
+    let weight = rng.values(c.rows * c.dim);
+    let g = rng.values(c.ids.len() * c.dim);
+    let mut sparse = layer(&c, weight.clone());
+    sparse.sparse_step(&g, &c.ids, &mut Sgd::new(0.3)).unwrap();
+    let mut dense = layer(&c, weight);
+    let grad = dense.backward_dense(&g, &c.ids).unwrap();
+    dense.dense_sgd_step(&grad, &Sgd::new(0.3)).unwrap();
+    assert_eq!(bits(sparse.weight()), bits(dense.weight()));
+}
+
+#[test]
+fn save_and_load_round_trip_bitwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("table.safetensors");
+    let options = EmbeddingOptions {
+        seed: Some(3),
+        ..EmbeddingOptions::default()
+    };
+    let emb = Embedding::with_options(50, 7, options).unwrap();
+    emb.save(&path, "embeddings.word_embeddings.weight")
+        .unwrap();
+    let back = Embedding::load(&path, "embeddings.word_embeddings.weight", true).unwrap();
+    assert_eq!(back.num_embeddings(), 50);
+    assert_eq!(back.embedding_dim(), 7);
+    assert!(back.is_frozen());
+    assert_eq!(bits(back.weight()), bits(emb.weight()));
+    assert!(Embedding::load(&path, "missing", false).is_err());
+}
