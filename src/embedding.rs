@@ -218,7 +218,7 @@ impl Embedding {
             }
         };
         if let Some(m) = options.max_norm {
-            if !(m > 0.0) {
+            if m.is_nan() || m <= 0.0 {
                 return Err(EmbeddingError::InvalidArgument {
                     name: "max_norm",
                     value: m.to_string(),

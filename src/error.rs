@@ -123,7 +123,9 @@ pub enum EmbeddingError {
     },
 
     /// A sequence is longer than the table of positions.
-    #[error("a sequence of {seq_len} positions is longer than the {max_len} positions of the table")]
+    #[error(
+        "a sequence of {seq_len} positions is longer than the {max_len} positions of the table"
+    )]
     SequenceTooLong {
         /// The sequence length of the call.
         seq_len: usize,

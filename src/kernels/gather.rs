@@ -11,7 +11,9 @@
 //!    below only ever sees ids below the row count, so it cannot read out of
 //!    bounds and never stops half way.
 //! 2. **Rows.** Each row is copied (or scaled) by `row.rs`, eight
-//!    lanes at a time plus a scalar tail, so any `dim` works.
+//!    lanes at a time plus a scalar tail, so any `dim` works. What is done
+//!    to a row is a `RowOp` type, so the fused position kernel
+//!    (`kernels/positions.rs`) reuses this driver and loop unchanged.
 //! 3. **Prefetch.** Ids are random, so the hardware prefetcher cannot guess
 //!    the next row. The loop asks for row `i + AHEAD` while it copies row
 //!    `i`, and warms the first `AHEAD` rows before the loop (each parallel
@@ -73,7 +75,7 @@ pub fn gather_with<I: Index>(
     out: &mut [f32],
 ) -> Result<(), EmbeddingError> {
     let ids = check(table, dim, ids, out)?;
-    drive(par, table, dim, ids, out, None);
+    drive(par, table, dim, ids, out, CopyRow);
     Ok(())
 }
 
@@ -105,7 +107,7 @@ pub fn gather_scaled_with<I: Index>(
     out: &mut [f32],
 ) -> Result<(), EmbeddingError> {
     let ids = check(table, dim, ids, out)?;
-    drive(par, table, dim, ids, out, Some(scale));
+    drive(par, table, dim, ids, out, ScaleRow(scale));
     Ok(())
 }
 
@@ -122,20 +124,72 @@ pub(crate) fn check<'a, I: Index>(
     ValidIds::new(ids, rows)
 }
 
-/// Splits the work (or not) and runs [`gather_block`] on each piece.
-fn drive<I: Index>(
+/// What a gather writes into each output row, given the table row it read:
+/// a copy, a scaled copy, or (in [`positions`](super::positions)) a scaled
+/// copy plus a position row.
+///
+/// The operation is a type, so each one gets its own loop with nothing to
+/// decide per row. A block of the output is written row after row; the driver
+/// first places a copy of the operation at the block's first row with
+/// [`at`](RowOp::at), so an operation that depends on the row number can
+/// count rows instead of dividing for each one.
+pub(crate) trait RowOp: Copy + Send + Sync {
+    /// This operation, placed so that its next row is row `first` of the
+    /// whole output.
+    fn at(self, first: usize) -> Self;
+
+    /// Writes the next output row, `dst`, from the table row `src` (both
+    /// `dim` long).
+    fn write(&mut self, dst: &mut [f32], src: &[f32]);
+}
+
+/// `dst = src`: [`gather`].
+#[derive(Clone, Copy)]
+struct CopyRow;
+
+impl RowOp for CopyRow {
+    #[inline(always)]
+    fn at(self, _first: usize) -> Self {
+        self
+    }
+
+    #[inline(always)]
+    fn write(&mut self, dst: &mut [f32], src: &[f32]) {
+        row::copy(dst, src);
+    }
+}
+
+/// `dst = src * scale`: [`gather_scaled`].
+#[derive(Clone, Copy)]
+struct ScaleRow(f32);
+
+impl RowOp for ScaleRow {
+    #[inline(always)]
+    fn at(self, _first: usize) -> Self {
+        self
+    }
+
+    #[inline(always)]
+    fn write(&mut self, dst: &mut [f32], src: &[f32]) {
+        row::scale(dst, src, self.0);
+    }
+}
+
+/// Splits the work (or not) and runs [`gather_block`] on each piece, with
+/// `op` placed at the piece's first row.
+pub(crate) fn drive<I: Index, Op: RowOp>(
     par: Parallelism,
     table: &[f32],
     dim: usize,
     ids: ValidIds<'_, I>,
     out: &mut [f32],
-    scale: Option<f32>,
+    op: Op,
 ) {
     if dim == 0 || ids.is_empty() {
         return;
     }
     if !par.splits(core::mem::size_of_val(out), PARALLEL_MIN_BYTES) {
-        gather_block(table, dim, ids, out, scale);
+        gather_block(table, dim, ids, out, op.at(0));
         return;
     }
     let rows_per_task = (TASK_BYTES / (dim * 4)).max(1);
@@ -144,19 +198,19 @@ fn drive<I: Index>(
         .for_each(|(task, block)| {
             let first = task * rows_per_task;
             let ids = ids.slice(first..first + block.len() / dim);
-            gather_block(table, dim, ids, block, scale);
+            gather_block(table, dim, ids, block, op.at(first));
         });
 }
 
 /// The one loop body, shared by the serial and the parallel driver:
-/// `out[i, :] = table[ids[i], :]`, times `scale` if there is one.
+/// `out[i, :] = op(table[ids[i], :])` for the rows of one block.
 #[inline(always)]
-fn gather_block<I: Index>(
+fn gather_block<I: Index, Op: RowOp>(
     table: &[f32],
     dim: usize,
     ids: ValidIds<'_, I>,
     out: &mut [f32],
-    scale: Option<f32>,
+    mut op: Op,
 ) {
     let n = ids.len();
     // Warm the first rows too: a parallel block starts cold.
@@ -170,10 +224,6 @@ fn gather_block<I: Index>(
             row::prefetch(&table[ahead..ahead + dim]);
         }
         let start = ids.row(i) * dim;
-        let src = &table[start..start + dim];
-        match scale {
-            None => row::copy(dst, src),
-            Some(s) => row::scale(dst, src, s),
-        }
+        op.write(dst, &table[start..start + dim]);
     }
 }

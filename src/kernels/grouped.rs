@@ -786,7 +786,7 @@ mod tests {
             let hot = mix(&mut seed) as usize % rows;
             let ids: Vec<usize> = (0..n)
                 .map(|_| {
-                    if mix(&mut seed) % 3 == 0 {
+                    if mix(&mut seed).is_multiple_of(3) {
                         hot
                     } else {
                         mix(&mut seed) as usize % rows

@@ -7,6 +7,7 @@
 
 pub mod gather;
 pub mod grouped;
+pub mod positions;
 pub(crate) mod row;
 pub mod scalar;
 pub mod scatter;

@@ -1,11 +1,12 @@
-//! Row primitives: copy, scale and add one row of `f32`s, eight lanes at a
+//! Row primitives: copy, scale and add rows of `f32`s, eight lanes at a
 //! time with `wide::f32x8`, then a scalar tail of `len % 8` values.
 //!
-//! Every lane does exactly one IEEE operation per value (`a * s` or
-//! `a + b`, never a fused multiply-add), so the result is the same bits
-//! whatever width the vector unit has and whether the value went through the
-//! vector body or the scalar tail. That is what lets the kernels promise
-//! bitwise equality with the reference and across thread counts.
+//! Every lane does one IEEE operation per value (`a * s` or `a + b`), or
+//! two, each rounded (`a * s + b`, never a fused multiply-add), so the
+//! result is the same bits whatever width the vector unit has and whether
+//! the value went through the vector body or the scalar tail. That is what
+//! lets the kernels promise bitwise equality with the reference and across
+//! thread counts.
 //!
 //! The slices are split with `as_chunks`, so the body has no bounds checks
 //! and the compiler sees whole `[f32; 8]` blocks, which `bytemuck::cast`
@@ -69,6 +70,58 @@ pub(crate) fn add(dst: &mut [f32], src: &[f32]) {
     }
 }
 
+/// `dst = a + b`. The three rows must have the same length.
+#[inline(always)]
+pub(crate) fn add_rows(dst: &mut [f32], a: &[f32], b: &[f32]) {
+    debug_assert_eq!(dst.len(), a.len());
+    debug_assert_eq!(dst.len(), b.len());
+    let (d_body, d_tail) = dst.as_chunks_mut::<LANES>();
+    let (a_body, a_tail) = a.as_chunks::<LANES>();
+    let (b_body, b_tail) = b.as_chunks::<LANES>();
+    for ((d, x), y) in d_body.iter_mut().zip(a_body).zip(b_body) {
+        store(d, load(x) + load(y));
+    }
+    for ((d, x), y) in d_tail.iter_mut().zip(a_tail).zip(b_tail) {
+        *d = *x + *y;
+    }
+}
+
+/// `dst = a * scale + b`: a multiplication, rounded, then an addition,
+/// rounded (never one fused multiply-add), so each value has the bits of
+/// [`scale`] followed by [`add`]. The three rows must have the same length.
+#[inline(always)]
+pub(crate) fn scale_add_rows(dst: &mut [f32], a: &[f32], scale: f32, b: &[f32]) {
+    debug_assert_eq!(dst.len(), a.len());
+    debug_assert_eq!(dst.len(), b.len());
+    let s = f32x8::splat(scale);
+    let (d_body, d_tail) = dst.as_chunks_mut::<LANES>();
+    let (a_body, a_tail) = a.as_chunks::<LANES>();
+    let (b_body, b_tail) = b.as_chunks::<LANES>();
+    for ((d, x), y) in d_body.iter_mut().zip(a_body).zip(b_body) {
+        store(d, load(x) * s + load(y));
+    }
+    for ((d, x), y) in d_tail.iter_mut().zip(a_tail).zip(b_tail) {
+        *d = *x * scale + *y;
+    }
+}
+
+/// `dst += src * scale`: the product is rounded before it is added (no fused
+/// multiply-add), so each value has the bits of scaling `src` first and then
+/// [`add`]ing it. The two rows must have the same length.
+#[inline(always)]
+pub(crate) fn add_scaled(dst: &mut [f32], src: &[f32], scale: f32) {
+    debug_assert_eq!(dst.len(), src.len());
+    let s = f32x8::splat(scale);
+    let (d_body, d_tail) = dst.as_chunks_mut::<LANES>();
+    let (s_body, s_tail) = src.as_chunks::<LANES>();
+    for (d, x) in d_body.iter_mut().zip(s_body) {
+        store(d, load(d) + load(x) * s);
+    }
+    for (d, x) in d_tail.iter_mut().zip(s_tail) {
+        *d += *x * scale;
+    }
+}
+
 /// Asks the cache for the lines of `row` ahead of use. A hint only: it reads
 /// nothing and cannot fault, and it compiles to nothing off x86-64.
 #[inline(always)]
@@ -94,6 +147,10 @@ pub(crate) fn prefetch(row: &[f32]) {
 mod tests {
     use super::*;
 
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
     fn rows(len: usize) -> (Vec<f32>, Vec<f32>) {
         let a = (0..len).map(|i| i as f32 * 0.37 - 3.0).collect();
         let b = (0..len).map(|i| 1.0 / (i as f32 + 0.5)).collect();
@@ -114,6 +171,23 @@ mod tests {
             add(&mut acc, &a);
             let want: Vec<f32> = b.iter().zip(&a).map(|(x, y)| x + y).collect();
             assert_eq!(acc, want);
+
+            add_rows(&mut out, &a, &b);
+            let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+            assert_eq!(out, want);
+            scale_add_rows(&mut out, &a, 1.7, &b);
+            // The composition it must equal: scale, then add.
+            let mut want = vec![f32::NAN; len];
+            scale(&mut want, &a, 1.7);
+            add(&mut want, &b);
+            assert_eq!(bits(&out), bits(&want));
+            let mut acc = b.clone();
+            add_scaled(&mut acc, &a, 1.7);
+            let mut want = vec![f32::NAN; len];
+            scale(&mut want, &a, 1.7);
+            let mut sum = b.clone();
+            add(&mut sum, &want);
+            assert_eq!(bits(&acc), bits(&sum));
         }
     }
 }

@@ -6,7 +6,8 @@
 //! each block, in parallel:
 //!     for p in 0..n (in order):
 //!         prefetch grad_table[ids[p + AHEAD], block]
-//!         grad_table[ids[p], block] += grad_output[p, block]
+//!         grad_table[ids[p], block] += grad_output[p, block]   (* scale: trick 7)
+//!         (grad_positions[p mod seq_len, block] += the same: trick 8)
 //! ```
 //!
 //! 1. **Determinism without atomics or locks.** Every value of `grad_table`
@@ -35,6 +36,23 @@
 //! 6. **Small calls** (under 8 MiB of gradient with [`Parallelism::Auto`],
 //!    or a one-thread pool) run as one block on the calling thread: every
 //!    task reads every id, which pays only once rows come from DRAM.
+//! 7. **Scaled gradients cost the plain scatter nothing.** How a row is added
+//!    (`+= g` or `+= g * scale`, the product rounded before the sum, never a
+//!    fused multiply-add) is a type, `AddRow`, chosen once per call, so
+//!    [`scatter_add`] compiles to the loop it always was: no multiply, no
+//!    branch. [`scatter_add_scaled`] therefore equals scaling every gradient
+//!    first and then calling [`scatter_add`], bit for bit.
+//! 8. **Position gradients ride along.** The fused backward of
+//!    `kernels/positions.rs` also needs `grad_positions[p % seq_len] +=
+//!    grad_output[p]`. The same loop does it (a `PositionSink`, again a
+//!    type, and nothing for the plain scatter): it reads each gradient row
+//!    once for both tables instead of twice, and a task owns the same
+//!    columns of both tables, so the position rows are also summed in
+//!    position order (batch 0, 1, …) on any thread count. Only the table's
+//!    address places the column borders, so when the two tables sit at
+//!    different offsets within a cache line, the border lines of the
+//!    position rows are written by two threads: slower (they share those
+//!    lines) but never wrong, since no value belongs to two blocks.
 
 use super::{row, Parallelism, SCATTER_PARALLEL_MIN_BYTES};
 use crate::error::{EmbeddingError, Operand};
@@ -87,36 +105,54 @@ pub fn scatter_add_with<I: Index>(
     grad_table: &mut [f32],
 ) -> Result<(), EmbeddingError> {
     let ids = check(grad_output, dim, ids, grad_table)?;
-    if dim == 0 || ids.is_empty() {
-        return Ok(());
-    }
-    if dim >= 2 * LINE
-        && par.splits(
-            core::mem::size_of_val(grad_output),
-            SCATTER_PARALLEL_MIN_BYTES,
-        )
-    {
-        let blocks = column_blocks(
-            dim,
-            grad_table.as_ptr() as usize,
-            rayon::current_num_threads(),
-        );
-        let shared = SharedColumns::new(grad_table, dim);
-        blocks
-            .into_par_iter()
-            .for_each(|cols| accumulate(grad_output, dim, ids, cols, &shared));
-    } else {
-        accumulate(
-            grad_output,
-            dim,
-            ids,
-            0..dim,
-            Exclusive {
-                table: grad_table,
-                dim,
-            },
-        );
-    }
+    drive(par, grad_output, dim, ids, grad_table, Unscaled, None);
+    Ok(())
+}
+
+/// `grad_table[ids[i], :] += grad_output[i, :] * scale` for every `i`,
+/// accumulating into what `grad_table` already holds: the backward of
+/// [`gather_scaled`](crate::gather_scaled).
+///
+/// Each product is rounded before it is added (no fused multiply-add), so
+/// the result is bitwise identical to multiplying every value of
+/// `grad_output` by `scale` and then calling [`scatter_add`], for any thread
+/// count and any pattern of repeated ids.
+///
+/// # Errors
+/// As [`scatter_add`]; then `grad_table` is untouched.
+///
+/// # Example
+/// ```
+/// use embedding_kernels::kernels::scatter::scatter_add_scaled;
+/// let mut grad = [0.0f32; 4]; // 2 rows of dim 2
+/// scatter_add_scaled(&[1.0, 2.0, 10.0, 20.0], 2, &[1u32, 1], 0.5, &mut grad)?;
+/// assert_eq!(grad, [0.0, 0.0, 5.5, 11.0]);
+/// # Ok::<(), embedding_kernels::EmbeddingError>(())
+/// ```
+pub fn scatter_add_scaled<I: Index>(
+    grad_output: &[f32],
+    dim: usize,
+    ids: &[I],
+    scale: f32,
+    grad_table: &mut [f32],
+) -> Result<(), EmbeddingError> {
+    scatter_add_scaled_with(Parallelism::Auto, grad_output, dim, ids, scale, grad_table)
+}
+
+/// [`scatter_add_scaled`] with an explicit [`Parallelism`].
+///
+/// # Errors
+/// As [`scatter_add`]; then `grad_table` is untouched.
+pub fn scatter_add_scaled_with<I: Index>(
+    par: Parallelism,
+    grad_output: &[f32],
+    dim: usize,
+    ids: &[I],
+    scale: f32,
+    grad_table: &mut [f32],
+) -> Result<(), EmbeddingError> {
+    let ids = check(grad_output, dim, ids, grad_table)?;
+    drive(par, grad_output, dim, ids, grad_table, Scaled(scale), None);
     Ok(())
 }
 
@@ -131,6 +167,140 @@ pub(crate) fn check<'a, I: Index>(
     let len = rows_len(ids.len(), dim)?;
     check_len(Operand::GradOutput, len, grad_output.len())?;
     ValidIds::new(ids, rows)
+}
+
+/// The checked call's body: adds every gradient row into its table row
+/// (through `add`), and into row `p % seq_len` of `grad_positions` when
+/// that is given as `Some((grad_positions, seq_len))`, with `seq_len > 0`
+/// and `grad_positions` holding at least `seq_len` rows of `dim`.
+///
+/// Splits the columns across the pool when the call is worth it (trick 1),
+/// and otherwise runs one block of all columns on the calling thread.
+pub(crate) fn drive<I: Index, A: AddRow>(
+    par: Parallelism,
+    grad_output: &[f32],
+    dim: usize,
+    ids: ValidIds<'_, I>,
+    grad_table: &mut [f32],
+    add: A,
+    grad_positions: Option<(&mut [f32], usize)>,
+) {
+    if dim == 0 || ids.is_empty() {
+        return;
+    }
+    if dim >= 2 * LINE
+        && par.splits(
+            core::mem::size_of_val(grad_output),
+            SCATTER_PARALLEL_MIN_BYTES,
+        )
+    {
+        let blocks = column_blocks(
+            dim,
+            grad_table.as_ptr() as usize,
+            rayon::current_num_threads(),
+        );
+        let table = SharedColumns::new(grad_table, dim);
+        match grad_positions {
+            None => blocks.into_par_iter().for_each(|cols| {
+                accumulate(grad_output, dim, ids, cols, &table, add, NoPositions);
+            }),
+            Some((grad_positions, seq_len)) => {
+                let positions = SharedColumns::new(grad_positions, dim);
+                blocks.into_par_iter().for_each(|cols| {
+                    let sink = PositionRows::new(&positions, seq_len);
+                    accumulate(grad_output, dim, ids, cols, &table, add, sink);
+                });
+            }
+        }
+    } else {
+        let table = Exclusive {
+            table: grad_table,
+            dim,
+        };
+        match grad_positions {
+            None => accumulate(grad_output, dim, ids, 0..dim, table, add, NoPositions),
+            Some((grad_positions, seq_len)) => {
+                let rows = Exclusive {
+                    table: grad_positions,
+                    dim,
+                };
+                let sink = PositionRows::new(rows, seq_len);
+                accumulate(grad_output, dim, ids, 0..dim, table, add, sink);
+            }
+        }
+    }
+}
+
+/// How a gradient row is added into its table row (trick 7).
+pub(crate) trait AddRow: Copy + Send + Sync {
+    /// `dst += src`, or a variation of it.
+    fn add(self, dst: &mut [f32], src: &[f32]);
+}
+
+/// `dst += src`: [`scatter_add`].
+#[derive(Clone, Copy)]
+pub(crate) struct Unscaled;
+
+impl AddRow for Unscaled {
+    #[inline(always)]
+    fn add(self, dst: &mut [f32], src: &[f32]) {
+        row::add(dst, src);
+    }
+}
+
+/// `dst += src * scale`, the product rounded first: [`scatter_add_scaled`].
+#[derive(Clone, Copy)]
+pub(crate) struct Scaled(pub(crate) f32);
+
+impl AddRow for Scaled {
+    #[inline(always)]
+    fn add(self, dst: &mut [f32], src: &[f32]) {
+        row::add_scaled(dst, src, self.0);
+    }
+}
+
+/// Where each position's gradient goes besides its table row (trick 8).
+trait PositionSink {
+    /// Adds `src`, columns `cols` of the next position's gradient row.
+    fn add_next(&mut self, cols: Range<usize>, src: &[f32]);
+}
+
+/// Nowhere: the plain scatters.
+struct NoPositions;
+
+impl PositionSink for NoPositions {
+    #[inline(always)]
+    fn add_next(&mut self, _cols: Range<usize>, _src: &[f32]) {}
+}
+
+/// Into row `p % seq_len` of a table of position gradients, for positions
+/// `p = 0, 1, …` in turn; the row is counted, not divided out.
+struct PositionRows<R> {
+    rows: R,
+    seq_len: usize,
+    next: usize,
+}
+
+impl<R: ColumnRows> PositionRows<R> {
+    fn new(rows: R, seq_len: usize) -> Self {
+        debug_assert!(seq_len > 0, "a batch of ids needs seq_len > 0");
+        PositionRows {
+            rows,
+            seq_len,
+            next: 0,
+        }
+    }
+}
+
+impl<R: ColumnRows> PositionSink for PositionRows<R> {
+    #[inline(always)]
+    fn add_next(&mut self, cols: Range<usize>, src: &[f32]) {
+        row::add(self.rows.columns(self.next, cols), src);
+        self.next += 1;
+        if self.next == self.seq_len {
+            self.next = 0;
+        }
+    }
 }
 
 /// Splits columns `0..dim` into at most `threads` blocks whose borders fall
@@ -169,14 +339,17 @@ trait ColumnRows {
 }
 
 /// The loop body, shared by the one-block (serial) and the parallel driver:
-/// for each position in order, add its `cols` into its row's `cols`.
+/// for each position in order, add its `cols` into its row's `cols` (through
+/// `add`), and hand them to `positions`.
 #[inline(always)]
-fn accumulate<I: Index, R: ColumnRows>(
+fn accumulate<I: Index, R: ColumnRows, A: AddRow, P: PositionSink>(
     grad_output: &[f32],
     dim: usize,
     ids: ValidIds<'_, I>,
     cols: Range<usize>,
     mut table: R,
+    add: A,
+    mut positions: P,
 ) {
     let n = ids.len();
     for p in 0..n {
@@ -184,7 +357,8 @@ fn accumulate<I: Index, R: ColumnRows>(
             row::prefetch(table.columns(ids.row(p + AHEAD), cols.clone()));
         }
         let src = &grad_output[p * dim + cols.start..p * dim + cols.end];
-        row::add(table.columns(ids.row(p), cols.clone()), src);
+        add.add(table.columns(ids.row(p), cols.clone()), src);
+        positions.add_next(cols.clone(), src);
     }
 }
 
@@ -250,8 +424,10 @@ impl ColumnRows for &SharedColumns<'_> {
         // nobody outside the tasks can touch it. Inside the tasks, each one
         // asks only for its own columns, disjoint from every other task's,
         // and drops each slice before asking for the next (the contract
-        // above, kept by `accumulate`), so this slice aliases no other live
-        // reference.
+        // above, kept by `accumulate` and `PositionRows`), so this slice
+        // aliases no other live reference. (The fused backward shares a
+        // second table the same way; the two are separate `&mut` borrows,
+        // so slices of one never overlap slices of the other.)
         unsafe { core::slice::from_raw_parts_mut(self.ptr.add(start), end - start) }
     }
 }

@@ -25,8 +25,9 @@
 //! Each workload's data is built once, used for every row, and dropped
 //! before the next workload is built (the recsys table alone is 512 MB).
 
-#[path = "../benches/common/mod.rs"]
+#[path = "../../benches/common/mod.rs"]
 mod common;
+mod layer;
 
 use candle_core::Tensor;
 use clap::{Parser, ValueEnum};
@@ -93,6 +94,14 @@ struct Args {
     /// Skip the candle peer.
     #[arg(long)]
     no_peer: bool,
+
+    /// Layer ops to run, comma-separated [default: all].
+    #[arg(long, value_delimiter = ',', value_enum)]
+    layer_ops: Vec<layer::LayerOp>,
+
+    /// Skip the layer rows.
+    #[arg(long)]
+    no_layer: bool,
 
     /// Allocate tables and gradients as plain `vec!`s instead of in
     /// transparent huge pages (`embedding_kernels::memory::zeroed_table`).
@@ -391,16 +400,35 @@ impl Row {
     }
 }
 
-/// Measures every (kernel, impl) row of one workload.
+/// What to measure, chosen on the command line.
+struct Plan {
+    kernels: Vec<Kernel>,
+    impls: Vec<Impl>,
+    layer_ops: Vec<layer::LayerOp>,
+    budget: Budget,
+    huge_pages: bool,
+}
+
+/// The rows of one workload.
+struct Measured {
+    rows: Vec<Row>,
+    layer_rows: Vec<layer::LayerRow>,
+    distinct: usize,
+}
+
+/// Measures every (kernel, impl) row and every layer row of one workload.
 fn run_workload(
     w: Workload,
-    kernels: &[Kernel],
-    impls: &[Impl],
-    budget: &Budget,
-    huge_pages: bool,
+    plan: &Plan,
     pool: &ThreadPool,
     pb: &ProgressBar,
-) -> Result<(Vec<Row>, usize), Box<dyn Error>> {
+) -> Result<Measured, Box<dyn Error>> {
+    let (kernels, impls, budget, huge_pages) = (
+        &plan.kernels[..],
+        &plan.impls[..],
+        &plan.budget,
+        plan.huge_pages,
+    );
     pb.set_message(format!("{}: building data", w.name));
     let data = w.data(huge_pages);
     let distinct = data.distinct_ids();
@@ -508,7 +536,17 @@ fn run_workload(
             ));
         }
     }
-    Ok((rows, distinct))
+    drop(outs);
+    if !plan.layer_ops.is_empty() {
+        pb.set_message(format!("{}: layer ops", w.name));
+    }
+    let layer_rows = layer::run(&data, &plan.layer_ops, budget, huge_pages, pool);
+    pb.inc(layer_rows.len() as u64);
+    Ok(Measured {
+        rows,
+        layer_rows,
+        distinct,
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -522,11 +560,14 @@ struct Target {
     value: Option<f64>,
     threshold: f64,
     unit: &'static str,
+    /// The goal is `value <= threshold` (else `value >= threshold`).
+    at_most: bool,
     met: Option<bool>,
 }
 
-/// The issue's goals, checked (not asserted) against the simd_rayon rows.
-fn targets(rows: &[Row]) -> Vec<Target> {
+/// The issues' goals, checked (not asserted) against the simd_rayon rows
+/// and the layer rows.
+fn targets(rows: &[Row], layer_rows: &[layer::LayerRow]) -> Vec<Target> {
     let find = |workload: &str, kernel: Kernel| {
         rows.iter().find(|r| {
             r.workload == workload
@@ -534,34 +575,70 @@ fn targets(rows: &[Row]) -> Vec<Target> {
                 && r.implementation == Impl::SimdRayon.name()
         })
     };
-    let goals: [(&str, Option<f64>, f64, &str); 3] = [
+    let op = |workload: &str, op: layer::LayerOp| {
+        layer_rows
+            .iter()
+            .find(|r| r.workload == workload && r.op == op.name())
+    };
+    let goals: [(&str, Option<f64>, f64, &str, bool); 6] = [
         (
             "recsys gather (simd_rayon) >= 50% of memcpy roofline",
             find("recsys", Kernel::Gather).map(|r| r.pct_of_roofline),
             50.0,
             "%",
+            false,
         ),
         (
             "recsys scatter_add into a zeroed gradient (simd_rayon) >= 40% of memcpy roofline",
             find("recsys", Kernel::ScatterAdd).map(|r| r.pct_of_roofline),
             40.0,
             "%",
+            false,
         ),
         (
             "minilm scatter_add simd_rayon >= 1.5x scalar",
             find("minilm", Kernel::ScatterAdd).and_then(|r| r.speedup_vs_scalar),
             1.5,
             "x",
+            false,
+        ),
+        (
+            "recsys dense_backward time <= 1.5x a same-run memset of the gradient",
+            op("recsys", layer::LayerOp::DenseBackward).map(|r| 1.0 / r.speedup_vs_baseline),
+            1.5,
+            "x",
+            true,
+        ),
+        (
+            "recsys sparse_sgd >= 5x faster than dense backward + dense SGD step",
+            op("recsys", layer::LayerOp::SparseSgd).map(|r| r.speedup_vs_baseline),
+            5.0,
+            "x",
+            false,
+        ),
+        (
+            "gpt2 token_position <= 30.7 ms (1/3 of PyTorch 2.15's 92 ms quoted by the issue)",
+            op("gpt2", layer::LayerOp::TokenPosition).map(|r| r.stats.median_us / 1e3),
+            92.0 / 3.0,
+            "ms",
+            true,
         ),
     ];
     goals
         .into_iter()
-        .map(|(goal, value, threshold, unit)| Target {
+        .map(|(goal, value, threshold, unit, at_most)| Target {
             goal,
             value,
             threshold,
             unit,
-            met: value.map(|v| v >= threshold),
+            at_most,
+            met: value.map(|v| {
+                if at_most {
+                    v <= threshold
+                } else {
+                    v >= threshold
+                }
+            }),
         })
         .collect()
 }
@@ -601,6 +678,7 @@ struct Report {
     bytes_rule: &'static str,
     workloads: Vec<WorkloadInfo>,
     rows: Vec<Row>,
+    layer_rows: Vec<layer::LayerRow>,
     targets: Vec<Target>,
     wall_seconds: f64,
 }
@@ -789,6 +867,13 @@ gather_scaled for candle is index_select then affine (two passes); bytes use the
             "WARNING: {diffs} row(s) differ from the scalar loop's result (marked above)"
         )?;
     }
+    if !report.layer_rows.is_empty() {
+        writeln!(out)?;
+        layer::header(out)?;
+        layer::block(out, &report.layer_rows)?;
+        writeln!(out)?;
+        writeln!(out, "{}", layer::LEGEND)?;
+    }
     writeln!(out)?;
     writeln!(out, "targets (checked, not asserted):")?;
     for t in &report.targets {
@@ -796,6 +881,7 @@ gather_scaled for candle is index_select then affine (two passes); bytes use the
             (Some(v), Some(met)) => {
                 let v = match t.unit {
                     "%" => format!("{v:.1}%"),
+                    "ms" => format!("{v:.2} ms"),
                     _ => format!("{v:.2}x"),
                 };
                 (v, if met { "met" } else { "NOT MET" })
@@ -838,11 +924,22 @@ fn main() -> Result<(), Box<dyn Error>> {
         .num_threads(threads)
         .thread_name(|i| format!("report-{i}"))
         .build()?;
-    let huge_pages = !args.no_huge_pages;
-    let budget = Budget {
-        per_row: Duration::from_millis(args.budget_ms),
-        reps: args.reps.map(NonZeroUsize::get),
+    let layer_ops = if args.no_layer {
+        Vec::new()
+    } else {
+        or_all(&args.layer_ops, &layer::LayerOp::ALL)
     };
+    let plan = Plan {
+        kernels,
+        impls,
+        layer_ops,
+        budget: Budget {
+            per_row: Duration::from_millis(args.budget_ms),
+            reps: args.reps.map(NonZeroUsize::get),
+        },
+        huge_pages: !args.no_huge_pages,
+    };
+    let (huge_pages, budget) = (plan.huge_pages, &plan.budget);
 
     // The table goes to stdout, or to stderr when stdout carries the JSON.
     let mut human: Box<dyn Write> = if args.json {
@@ -853,7 +950,8 @@ fn main() -> Result<(), Box<dyn Error>> {
     let pb = if args.json || !io::stderr().is_terminal() {
         ProgressBar::hidden()
     } else {
-        let pb = ProgressBar::new((workloads.len() * kernels.len() * impls.len()) as u64);
+        let per_workload = plan.kernels.len() * plan.impls.len() + plan.layer_ops.len();
+        let pb = ProgressBar::new((workloads.len() * per_workload) as u64);
         pb.set_style(ProgressStyle::with_template(
             "{bar:30} {pos}/{len} rows [{elapsed}] {msg}",
         )?);
@@ -863,21 +961,16 @@ fn main() -> Result<(), Box<dyn Error>> {
 
     let command = command_line();
     let mut machine = machine(threads, huge_pages);
-    pb.suspend(|| header(&mut human, &command, &machine, &budget))?;
+    pb.suspend(|| header(&mut human, &command, &machine, budget))?;
     let mut rows = Vec::new();
+    let mut layer_rows = Vec::new();
     let mut infos = Vec::new();
     for w in &workloads {
-        let (new, distinct) = run_workload(
-            *w,
-            &kernels,
-            &impls,
-            &budget,
-            huge_pages,
-            &pool,
-            &pb,
-        )?;
-        pb.suspend(|| workload_block(&mut human, w, distinct, &new))?;
-        rows.extend(new);
+        let m = run_workload(*w, &plan, &pool, &pb)?;
+        let distinct = m.distinct;
+        pb.suspend(|| workload_block(&mut human, w, distinct, &m.rows))?;
+        rows.extend(m.rows);
+        layer_rows.extend(m.layer_rows);
         infos.push(WorkloadInfo {
             name: w.name,
             num_embeddings: w.num_embeddings,
@@ -896,8 +989,9 @@ fn main() -> Result<(), Box<dyn Error>> {
         reps_per_row: budget.reps,
         bytes_rule: BYTES_RULE,
         workloads: infos,
-        targets: targets(&rows),
+        targets: targets(&rows, &layer_rows),
         rows,
+        layer_rows,
         wall_seconds: started.elapsed().as_secs_f64(),
     };
     footer(&mut human, &report)?;
