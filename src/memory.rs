@@ -9,26 +9,31 @@
 //! Linux hands out such pages for anonymous memory that asks for them with
 //! `madvise(MADV_HUGEPAGE)` when the system's setting is `madvise` (the
 //! common default) or `always`; the request must come before the pages are
-//! first touched. [`zeroed_table`] does exactly that: it reserves the
-//! memory, advises it, and only then writes the zeros. Elsewhere (another
+//! first touched. [`zeroed_table`] does exactly that: it asks for zeroed
+//! memory (which a large allocation gets as fresh, untouched pages) and
+//! advises it before anything reads or writes it. Elsewhere (another
 //! OS, THP set to `never`) it is a plain zeroed `Vec`.
 
 /// Bytes in one transparent huge page on x86-64 and most aarch64 kernels.
 pub const HUGE_PAGE: usize = 2 * 1024 * 1024;
 
 /// A `Vec<f32>` of `len` zeros whose memory is advised for transparent huge
-/// pages before it is first written (see the module notes). Below
-/// [`HUGE_PAGE`] bytes it is the same as `vec![0.0; len]`.
+/// pages before it is first touched (see the module notes). Below
+/// [`HUGE_PAGE`] bytes it is just `vec![0.0; len]`.
 ///
 /// The result is an ordinary `Vec<f32>`, so it can be used, grown and
 /// dropped as any other.
 pub fn zeroed_table(len: usize) -> Vec<f32> {
-    if len * core::mem::size_of::<f32>() < HUGE_PAGE {
-        return vec![0.0; len];
+    // `vec!` of zeros asks the allocator for zeroed memory; for a large
+    // block glibc maps fresh pages and writes nothing, so the advice below
+    // still comes before the first touch, and the kernel zeroes each huge
+    // page when it is first faulted in (no separate pass over the table).
+    // Where the allocator did write the zeros, the advice only comes late:
+    // the table is correct either way.
+    let table = vec![0.0; len];
+    if len * core::mem::size_of::<f32>() >= HUGE_PAGE {
+        advise_huge_pages(&table);
     }
-    let mut table = Vec::with_capacity(len);
-    advise_huge_pages(table.spare_capacity_mut());
-    table.resize(len, 0.0);
     table
 }
 

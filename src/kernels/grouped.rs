@@ -48,6 +48,9 @@ use crate::shape::{check_len, rows_len, table_rows};
 use core::ops::Range;
 use rayon::prelude::*;
 
+/// How many groups ahead the task loops prefetch.
+const AHEAD: usize = 8;
+
 /// A task's share of the work, in floats read or written.
 const TASK_FLOATS: usize = 32 * 1024;
 
@@ -71,55 +74,58 @@ impl Groups {
     /// (the padding row).
     pub(crate) fn new<I: Index>(ids: ValidIds<'_, I>, skip: Option<usize>, par: bool) -> Groups {
         let n = ids.len();
-        let packs = (ids.num_embeddings() as u128) * (n as u128) <= u64::MAX as u128;
-        let mut pairs: Vec<(usize, usize)> = if packs {
-            // Trick 1: one u64 key per position.
-            let n64 = n as u64;
-            let mut keys: Vec<u64> = ids
-                .rows()
-                .enumerate()
-                .filter(|&(_, r)| Some(r) != skip)
-                .map(|(p, r)| r as u64 * n64 + p as u64)
-                .collect();
-            if par {
-                keys.par_sort_unstable();
-            } else {
-                keys.sort_unstable();
-            }
-            keys.into_iter()
-                .map(|k| ((k / n64) as usize, (k % n64) as usize))
-                .collect()
-        } else {
-            // More rows × ids than a u64 counts: sort the pairs themselves.
-            let mut pairs: Vec<(usize, usize)> = ids
-                .rows()
-                .enumerate()
-                .filter(|&(_, r)| Some(r) != skip)
-                .map(|(p, r)| (r, p))
-                .collect();
+        let kept = ids.rows().enumerate().filter(|&(_, r)| Some(r) != skip);
+        if ids.num_embeddings().checked_mul(n).is_none() {
+            // More rows × ids than a usize counts: sort the pairs themselves.
+            let mut pairs: Vec<(usize, usize)> = kept.collect();
             pairs.sort_unstable();
-            pairs
-        };
-        let mut groups = Groups {
-            rows: Vec::new(),
-            starts: Vec::with_capacity(pairs.len() / 2 + 1),
-            positions: Vec::with_capacity(pairs.len()),
-        };
-        for (i, &(r, p)) in pairs.iter().enumerate() {
-            if groups.rows.last() != Some(&r) {
-                groups.rows.push(r);
-                groups.starts.push(i);
-            }
-            groups.positions.push(p);
+            let mut groups = Groups::default();
+            groups.positions = pairs.iter().map(|&(_, p)| p).collect();
+            groups.find_runs(pairs.iter().map(|&(r, _)| r));
+            return groups;
         }
-        groups.starts.push(pairs.len());
-        pairs.clear();
+        // Trick 1: one key per position, `row · n + position`. After the
+        // sort each key is replaced by its position in place, so the
+        // grouping allocates nothing of the batch's size but the keys.
+        let mut keys: Vec<usize> = kept.map(|(p, r)| r * n + p).collect();
+        if par {
+            keys.par_sort_unstable();
+        } else {
+            keys.sort_unstable();
+        }
+        let mut groups = Groups::default();
+        groups.find_runs(keys.iter().map(|&k| k / n));
+        keys.iter_mut().for_each(|k| *k %= n);
+        groups.positions = keys;
         groups
+    }
+
+    /// Fills `rows` and `starts` from the row of every sorted position.
+    fn find_runs(&mut self, sorted_rows: impl Iterator<Item = usize>) {
+        let mut len = 0;
+        for (i, r) in sorted_rows.enumerate() {
+            if self.rows.last() != Some(&r) {
+                self.rows.push(r);
+                self.starts.push(i);
+            }
+            len = i + 1;
+        }
+        self.starts.push(len);
     }
 
     /// How many distinct rows.
     pub(crate) fn len(&self) -> usize {
         self.rows.len()
+    }
+
+    /// Asks the cache for group `g`'s first gradient row (columns `cols`),
+    /// if there is such a group: trick 6, across groups.
+    #[inline(always)]
+    pub(crate) fn prefetch(&self, g: usize, grad_output: &[f32], dim: usize, cols: &Range<usize>) {
+        if let Some(&start) = self.starts.get(g + 1).and(self.starts.get(g)) {
+            let p = self.positions[start];
+            row::prefetch(&grad_output[p * dim + cols.start..p * dim + cols.end]);
+        }
     }
 
     /// The positions of group `g`, ascending.
@@ -433,15 +439,9 @@ pub fn dense_backward_with<I: Index>(
     let parts = carve(&tasks, grad_table, dim, dim);
     let none = tasks.iter().map(|_| Default::default()).collect();
     run(split, &tasks, parts, none, |t, part, _| {
-        let mut next = t.span.start; // the first row not yet written
-        for g in t.groups.clone() {
-            let r = groups.rows[g];
-            part[(next - t.span.start) * dim..(r - t.span.start) * dim].fill(0.0);
-            let dst = if t.cols == (0..dim) {
-                &mut part[(r - t.span.start) * dim..(r - t.span.start + 1) * dim]
-            } else {
-                &mut part[..]
-            };
+        if t.cols != (0..dim) {
+            // A column block of a hot row: summed in place.
+            let g = t.groups.start;
             let positions = groups.positions(g);
             sum_positions(
                 grad_output,
@@ -449,13 +449,31 @@ pub fn dense_backward_with<I: Index>(
                 positions,
                 t.cols.clone(),
                 scale_grad_by_freq,
-                dst,
+                part,
             );
+            return;
+        }
+        // Trick 3: one sweep over the span, every row streamed out once.
+        let mut sum = vec![0.0; dim];
+        let mut next = 0; // the first row of `part` not yet written
+        for g in t.groups.clone() {
+            groups.prefetch(g + AHEAD, grad_output, dim, &t.cols);
+            let r = groups.rows[g] - t.span.start;
+            row::stream(&mut part[next * dim..r * dim], None);
+            let positions = groups.positions(g);
+            sum_positions(
+                grad_output,
+                dim,
+                positions,
+                0..dim,
+                scale_grad_by_freq,
+                &mut sum,
+            );
+            row::stream(&mut part[r * dim..(r + 1) * dim], Some(&sum));
             next = r + 1;
         }
-        if t.cols == (0..dim) {
-            part[(next - t.span.start) * dim..].fill(0.0);
-        }
+        row::stream(&mut part[next * dim..], None);
+        row::stream_fence();
     });
     Ok(())
 }
@@ -590,13 +608,14 @@ pub fn sparse_backward_with<I: Index>(
     let ids = ValidIds::new(ids, num_embeddings)?;
     let split = par.splits(core::mem::size_of_val(grad_output), PARALLEL_MIN_BYTES);
     let groups = Groups::new(ids, padding_idx, split);
-    let mut values = vec![0.0; groups.len() * dim];
+    let mut values = crate::memory::zeroed_table(groups.len() * dim);
     if dim > 0 {
         let tasks = plan(&groups, dim, Space::Groups, true, TASK_FLOATS);
         let parts = carve(&tasks, &mut values, dim, dim);
         let none = tasks.iter().map(|_| Default::default()).collect();
         run(split, &tasks, parts, none, |t, part, _| {
             for g in t.groups.clone() {
+                groups.prefetch(g + AHEAD, grad_output, dim, &t.cols);
                 let at = (g - t.span.start) * t.cols.len();
                 let dst = &mut part[at..at + t.cols.len()];
                 let positions = groups.positions(g);
@@ -720,9 +739,16 @@ fn apply_groups<R: RowRule>(
     let states = carve(&tasks, target.state, width, dim);
     run(split, &tasks, weights, states, |t, weight, state| {
         let mut sum = vec![0.0; t.cols.len()];
+        let whole = t.cols == (0..dim);
         for g in t.groups.clone() {
+            groups.prefetch(g + AHEAD, grad_output, dim, &t.cols);
+            if whole && g + AHEAD < t.groups.end {
+                let ahead = groups.rows[g + AHEAD] - t.span.start;
+                row::prefetch(&weight[ahead * dim..(ahead + 1) * dim]);
+                row::prefetch(&state[ahead * width..(ahead + 1) * width]);
+            }
             let r = groups.rows[g] - t.span.start;
-            let (w, s) = if t.cols == (0..dim) {
+            let (w, s) = if whole {
                 (
                     &mut weight[r * dim..(r + 1) * dim],
                     &mut state[r * width..(r + 1) * width],

@@ -143,6 +143,67 @@ pub(crate) fn prefetch(row: &[f32]) {
     let _ = row;
 }
 
+/// `dst = src`, or zeros when `src` is `None`, written with non-temporal
+/// (streaming) stores wherever `dst` is 16-byte aligned, so the lines go to
+/// memory without first being read into the cache. For sweeps that write
+/// far more than the caches hold and read none of it back soon (the dense
+/// backward's table). Call [`stream_fence`] before anyone else reads `dst`.
+#[inline(always)]
+#[allow(unsafe_code)]
+pub(crate) fn stream(dst: &mut [f32], src: Option<&[f32]>) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use core::arch::x86_64::{__m128, _mm_stream_ps};
+        let (head, body, tail) = bytemuck::pod_align_to_mut::<f32, __m128>(dst);
+        let (h, b, t) = match src {
+            Some(src) => {
+                debug_assert_eq!(src.len(), head.len() + 4 * body.len() + tail.len());
+                let (h, rest) = src.split_at(head.len());
+                let (b, t) = rest.split_at(4 * body.len());
+                (Some(h), Some(b), Some(t))
+            }
+            None => (None, None, None),
+        };
+        match h {
+            Some(h) => head.copy_from_slice(h),
+            None => head.fill(0.0),
+        }
+        for (k, d) in body.iter_mut().enumerate() {
+            let v: __m128 = match b {
+                Some(b) => bytemuck::cast([b[4 * k], b[4 * k + 1], b[4 * k + 2], b[4 * k + 3]]),
+                None => bytemuck::cast([0.0f32; 4]),
+            };
+            // SAFETY: `d` is a live `&mut __m128` inside `dst`, so the
+            // pointer is valid for 16 bytes and 16-byte aligned (what
+            // `pod_align_to_mut` hands out), as `_mm_stream_ps` requires.
+            // It needs SSE, which every x86-64 CPU has.
+            unsafe { _mm_stream_ps((d as *mut __m128).cast::<f32>(), v) };
+        }
+        match t {
+            Some(t) => tail.copy_from_slice(t),
+            None => tail.fill(0.0),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    match src {
+        Some(src) => dst.copy_from_slice(src),
+        None => dst.fill(0.0),
+    }
+}
+
+/// Orders the streaming stores of [`stream`] before every later store, so
+/// a task that streamed can hand its rows to another thread.
+#[inline(always)]
+#[allow(unsafe_code)]
+pub(crate) fn stream_fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `sfence` only orders stores; it needs SSE, which every x86-64
+    // CPU has.
+    unsafe {
+        core::arch::x86_64::_mm_sfence()
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
