@@ -73,14 +73,25 @@ impl Groups {
     /// Groups `ids` by row, leaving out every position whose row is `skip`
     /// (the padding row).
     pub(crate) fn new<I: Index>(ids: ValidIds<'_, I>, skip: Option<usize>, par: bool) -> Groups {
+        Groups::new_kept(ids, |_, r| Some(r) != skip, par)
+    }
+
+    /// Groups the positions `p` (with row `r`) for which `keep(p, r)`.
+    pub(crate) fn new_kept<I: Index>(
+        ids: ValidIds<'_, I>,
+        keep: impl Fn(usize, usize) -> bool,
+        par: bool,
+    ) -> Groups {
         let n = ids.len();
-        let kept = ids.rows().enumerate().filter(|&(_, r)| Some(r) != skip);
+        let kept = ids.rows().enumerate().filter(|&(p, r)| keep(p, r));
         if ids.num_embeddings().checked_mul(n).is_none() {
             // More rows × ids than a usize counts: sort the pairs themselves.
             let mut pairs: Vec<(usize, usize)> = kept.collect();
             pairs.sort_unstable();
-            let mut groups = Groups::default();
-            groups.positions = pairs.iter().map(|&(_, p)| p).collect();
+            let mut groups = Groups {
+                positions: pairs.iter().map(|&(_, p)| p).collect(),
+                ..Groups::default()
+            };
             groups.find_runs(pairs.iter().map(|&(r, _)| r));
             return groups;
         }
@@ -121,10 +132,9 @@ impl Groups {
     /// Asks the cache for group `g`'s first gradient row (columns `cols`),
     /// if there is such a group: trick 6, across groups.
     #[inline(always)]
-    pub(crate) fn prefetch(&self, g: usize, grad_output: &[f32], dim: usize, cols: &Range<usize>) {
+    pub(crate) fn prefetch<S: Source>(&self, g: usize, source: &S, cols: &Range<usize>) {
         if let Some(&start) = self.starts.get(g + 1).and(self.starts.get(g)) {
-            let p = self.positions[start];
-            row::prefetch(&grad_output[p * dim + cols.start..p * dim + cols.end]);
+            row::prefetch(source.row(self.positions[start], cols.clone()));
         }
     }
 
@@ -135,12 +145,41 @@ impl Groups {
     }
 }
 
-/// `dst[cols] = (+0.0 + Σ grad_output[p, cols]) / count?` over `positions` in
-/// order, where `dst` is already the `cols` of one row.
+/// Where the gradient of each position comes from: position `p` adds
+/// `row(p) × scale(p)` to its table row (the embedding's own gradient
+/// row, or a bag's gradient row times the sample's weight or `1 / len`).
+pub(crate) trait Source: Sync {
+    /// Columns `cols` of the gradient row of position `p`.
+    fn row(&self, p: usize, cols: Range<usize>) -> &[f32];
+    /// The factor for position `p`, or `None` to add the row as it is.
+    fn scale(&self, p: usize) -> Option<f32>;
+}
+
+/// The plain embedding's source: row `p` of `grad_output`, unscaled.
+#[derive(Clone, Copy)]
+pub(crate) struct PerPosition<'a> {
+    pub(crate) grad_output: &'a [f32],
+    pub(crate) dim: usize,
+}
+
+impl Source for PerPosition<'_> {
+    #[inline(always)]
+    fn row(&self, p: usize, cols: Range<usize>) -> &[f32] {
+        &self.grad_output[p * self.dim + cols.start..p * self.dim + cols.end]
+    }
+
+    #[inline(always)]
+    fn scale(&self, _p: usize) -> Option<f32> {
+        None
+    }
+}
+
+/// `dst = (+0.0 + Σ row(p) × scale(p)) / count?` over `positions` in order,
+/// where `dst` is already the `cols` of one row. Each product is rounded
+/// before it is added (no fused multiply-add).
 #[inline(always)]
-pub(crate) fn sum_positions(
-    grad_output: &[f32],
-    dim: usize,
+pub(crate) fn sum_positions<S: Source>(
+    source: &S,
     positions: &[usize],
     cols: Range<usize>,
     divide_by_count: bool,
@@ -149,9 +188,13 @@ pub(crate) fn sum_positions(
     dst.fill(0.0);
     for (k, &p) in positions.iter().enumerate() {
         if let Some(&next) = positions.get(k + 1) {
-            row::prefetch(&grad_output[next * dim + cols.start..next * dim + cols.end]);
+            row::prefetch(source.row(next, cols.clone()));
         }
-        row::add(dst, &grad_output[p * dim + cols.start..p * dim + cols.end]);
+        let src = source.row(p, cols.clone());
+        match source.scale(p) {
+            None => row::add(dst, src),
+            Some(s) => row::add_scaled(dst, src, s),
+        }
     }
     if divide_by_count && positions.len() > 1 {
         let count = positions.len() as f32;
@@ -435,47 +478,50 @@ pub fn dense_backward_with<I: Index>(
     }
     let split = par.splits(core::mem::size_of_val(grad_table), PARALLEL_MIN_BYTES);
     let groups = Groups::new(ids, padding_idx, split);
-    let tasks = plan(&groups, dim, Space::Rows(Some(rows)), true, TASK_FLOATS);
+    let source = PerPosition { grad_output, dim };
+    dense_from(split, &groups, &source, dim, scale_grad_by_freq, grad_table);
+    Ok(())
+}
+
+/// The dense sweep of [`dense_backward_with`] for any [`Source`]: every row
+/// of `grad_table` (whole rows of `dim`) written once, sums or zeros.
+pub(crate) fn dense_from<S: Source>(
+    split: bool,
+    groups: &Groups,
+    source: &S,
+    dim: usize,
+    divide_by_count: bool,
+    grad_table: &mut [f32],
+) {
+    if dim == 0 {
+        return;
+    }
+    let rows = grad_table.len() / dim;
+    let tasks = plan(groups, dim, Space::Rows(Some(rows)), true, TASK_FLOATS);
     let parts = carve(&tasks, grad_table, dim, dim);
     let none = tasks.iter().map(|_| Default::default()).collect();
     run(split, &tasks, parts, none, |t, part, _| {
         if t.cols != (0..dim) {
             // A column block of a hot row: summed in place.
-            let g = t.groups.start;
-            let positions = groups.positions(g);
-            sum_positions(
-                grad_output,
-                dim,
-                positions,
-                t.cols.clone(),
-                scale_grad_by_freq,
-                part,
-            );
+            let positions = groups.positions(t.groups.start);
+            sum_positions(source, positions, t.cols.clone(), divide_by_count, part);
             return;
         }
         // Trick 3: one sweep over the span, every row streamed out once.
         let mut sum = vec![0.0; dim];
         let mut next = 0; // the first row of `part` not yet written
         for g in t.groups.clone() {
-            groups.prefetch(g + AHEAD, grad_output, dim, &t.cols);
+            groups.prefetch(g + AHEAD, source, &t.cols);
             let r = groups.rows[g] - t.span.start;
             row::stream(&mut part[next * dim..r * dim], None);
             let positions = groups.positions(g);
-            sum_positions(
-                grad_output,
-                dim,
-                positions,
-                0..dim,
-                scale_grad_by_freq,
-                &mut sum,
-            );
+            sum_positions(source, positions, 0..dim, divide_by_count, &mut sum);
             row::stream(&mut part[r * dim..(r + 1) * dim], Some(&sum));
             next = r + 1;
         }
         row::stream(&mut part[next * dim..], None);
         row::stream_fence();
     });
-    Ok(())
 }
 
 /// A coalesced sparse gradient: the distinct rows a batch touched, ascending,
@@ -608,34 +654,46 @@ pub fn sparse_backward_with<I: Index>(
     let ids = ValidIds::new(ids, num_embeddings)?;
     let split = par.splits(core::mem::size_of_val(grad_output), PARALLEL_MIN_BYTES);
     let groups = Groups::new(ids, padding_idx, split);
-    let mut values = crate::memory::zeroed_table(groups.len() * dim);
-    if dim > 0 {
-        let tasks = plan(&groups, dim, Space::Groups, true, TASK_FLOATS);
-        let parts = carve(&tasks, &mut values, dim, dim);
-        let none = tasks.iter().map(|_| Default::default()).collect();
-        run(split, &tasks, parts, none, |t, part, _| {
-            for g in t.groups.clone() {
-                groups.prefetch(g + AHEAD, grad_output, dim, &t.cols);
-                let at = (g - t.span.start) * t.cols.len();
-                let dst = &mut part[at..at + t.cols.len()];
-                let positions = groups.positions(g);
-                sum_positions(
-                    grad_output,
-                    dim,
-                    positions,
-                    t.cols.clone(),
-                    scale_grad_by_freq,
-                    dst,
-                );
-            }
-        });
-    }
+    let source = PerPosition { grad_output, dim };
+    let values = coalesce_from(split, &groups, &source, dim, scale_grad_by_freq);
     Ok(SparseGrad {
         indices: groups.rows,
         values,
         num_embeddings,
         embedding_dim: dim,
     })
+}
+
+/// The summed rows of every group, in group order, for any [`Source`].
+pub(crate) fn coalesce_from<S: Source>(
+    split: bool,
+    groups: &Groups,
+    source: &S,
+    dim: usize,
+    divide_by_count: bool,
+) -> Vec<f32> {
+    let mut values = crate::memory::zeroed_table(groups.len() * dim);
+    if dim == 0 {
+        return values;
+    }
+    let tasks = plan(groups, dim, Space::Groups, true, TASK_FLOATS);
+    let parts = carve(&tasks, &mut values, dim, dim);
+    let none = tasks.iter().map(|_| Default::default()).collect();
+    run(split, &tasks, parts, none, |t, part, _| {
+        for g in t.groups.clone() {
+            groups.prefetch(g + AHEAD, source, &t.cols);
+            let at = (g - t.span.start) * t.cols.len();
+            let dst = &mut part[at..at + t.cols.len()];
+            sum_positions(
+                source,
+                groups.positions(g),
+                t.cols.clone(),
+                divide_by_count,
+                dst,
+            );
+        }
+    });
+    values
 }
 
 /// The table side of a fused update, checked: the weight, its row width, the
@@ -663,14 +721,9 @@ pub(crate) fn fused_update<I: Index, R: RowRule>(
     let ids = ValidIds::new(ids, rows)?;
     let split = par.splits(core::mem::size_of_val(grad_output), PARALLEL_MIN_BYTES);
     let groups = Groups::new(ids, target.padding_idx, split);
-    apply_groups(
-        split,
-        &groups,
-        grad_output,
-        scale_grad_by_freq,
-        target,
-        rule,
-    );
+    let dim = target.dim;
+    let source = PerPosition { grad_output, dim };
+    apply_groups(split, &groups, &source, scale_grad_by_freq, target, rule);
     Ok(())
 }
 
@@ -691,7 +744,11 @@ pub(crate) fn apply_sparse<R: RowRule>(
             groups.starts.pop();
         }
     }
-    apply_groups(split, &groups, grad.values(), false, target, rule);
+    let source = PerPosition {
+        grad_output: grad.values(),
+        dim: target.dim,
+    };
+    apply_groups(split, &groups, &source, false, target, rule);
 }
 
 /// Calls `f` once on each row of `weight` that `groups` touch, on the pool
@@ -714,12 +771,12 @@ where
     });
 }
 
-/// The shared body of the fused updates.
-fn apply_groups<R: RowRule>(
+/// The shared body of the fused updates, for any [`Source`].
+pub(crate) fn apply_groups<S: Source, R: RowRule>(
     split: bool,
     groups: &Groups,
-    grad_output: &[f32],
-    scale_grad_by_freq: bool,
+    source: &S,
+    divide_by_count: bool,
     target: Target<'_>,
     rule: &R,
 ) {
@@ -741,7 +798,7 @@ fn apply_groups<R: RowRule>(
         let mut sum = vec![0.0; t.cols.len()];
         let whole = t.cols == (0..dim);
         for g in t.groups.clone() {
-            groups.prefetch(g + AHEAD, grad_output, dim, &t.cols);
+            groups.prefetch(g + AHEAD, source, &t.cols);
             if whole && g + AHEAD < t.groups.end {
                 let ahead = groups.rows[g + AHEAD] - t.span.start;
                 row::prefetch(&weight[ahead * dim..(ahead + 1) * dim]);
@@ -757,14 +814,7 @@ fn apply_groups<R: RowRule>(
                 (&mut weight[..], &mut state[..])
             };
             let positions = groups.positions(g);
-            sum_positions(
-                grad_output,
-                dim,
-                positions,
-                t.cols.clone(),
-                scale_grad_by_freq,
-                &mut sum,
-            );
+            sum_positions(source, positions, t.cols.clone(), divide_by_count, &mut sum);
             rule.update(w, &sum, s);
         }
     });
