@@ -341,7 +341,7 @@ impl Embedding {
     ) -> Result<Embedded, EmbeddingError> {
         check_shape(ids.len(), shape)?;
         let len = rows_len(ids.len(), self.embedding_dim)?;
-        let mut values = vec![0.0; len];
+        let mut values = crate::memory::zeroed_table(len);
         self.forward_into(ids, &mut values)?;
         let mut shape = shape.to_vec();
         shape.push(self.embedding_dim);
@@ -386,6 +386,17 @@ impl Embedding {
         });
     }
 
+    /// Applies `max_norm` to the rows of `ids` exactly as
+    /// [`forward_into`](Self::forward_into) does before its lookup (nothing
+    /// when `max_norm` is unset): the hook of fused forward kernels that read
+    /// the table themselves ([`InputEmbedding`](crate::input::InputEmbedding)).
+    pub(crate) fn renorm_rows<I: Index>(&mut self, ids: ValidIds<'_, I>) {
+        debug_assert_eq!(ids.num_embeddings(), self.num_embeddings);
+        if let Some(max_norm) = self.max_norm {
+            self.renorm(ids, max_norm);
+        }
+    }
+
     /// The gradient of the table for `grad_output` (`ids.len() ×
     /// embedding_dim`), dense or sparse as the `sparse` option says.
     ///
@@ -419,7 +430,7 @@ impl Embedding {
             grad_output.len(),
         )?;
         ValidIds::new(ids, self.num_embeddings)?;
-        let mut grad = vec![0.0; self.weight.len()];
+        let mut grad = crate::memory::zeroed_table(self.weight.len());
         self.backward_dense_into(grad_output, ids, &mut grad)?;
         Ok(grad)
     }

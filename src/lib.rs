@@ -64,6 +64,7 @@
 pub mod embedding;
 pub mod error;
 pub mod index;
+pub mod input;
 pub mod io;
 pub mod kernels;
 pub mod memory;
@@ -76,6 +77,7 @@ pub mod vocab;
 pub use embedding::{Embedded, Embedding, EmbeddingOptions, Gradient};
 pub use error::{EmbeddingError, Operand};
 pub use index::{Index, ValidIds};
+pub use input::{InputEmbedding, InputGrads, Positions};
 pub use kernels::gather::{gather, gather_scaled, gather_scaled_with, gather_with};
 pub use kernels::grouped::SparseGrad;
 pub use kernels::scatter::{scatter_add, scatter_add_with};
