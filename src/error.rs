@@ -33,6 +33,12 @@ pub enum Operand {
     GradPositions,
     /// The per-row or per-element state of an optimiser.
     OptimizerState,
+    /// The ids of a bag call (their count must match the bags').
+    Ids,
+    /// The per-sample weights of a bag call.
+    PerSampleWeights,
+    /// The ids of the winning rows of a max bag call.
+    MaxIndices,
 }
 
 impl fmt::Display for Operand {
@@ -45,6 +51,9 @@ impl fmt::Display for Operand {
             Operand::Positions => "positions",
             Operand::GradPositions => "grad_positions",
             Operand::OptimizerState => "optimizer state",
+            Operand::Ids => "ids",
+            Operand::PerSampleWeights => "per_sample_weights",
+            Operand::MaxIndices => "max_indices",
         })
     }
 }
@@ -153,4 +162,50 @@ pub enum EmbeddingError {
         /// What it must be.
         requirement: &'static str,
     },
+
+    /// The first offset of a bag call is not 0.
+    #[error("offsets must start at 0, but the first is {first}")]
+    OffsetsStart {
+        /// The first offset.
+        first: i128,
+    },
+
+    /// An offset is negative or past the end of the ids.
+    #[error("offset {value} at position {position} is outside 0..={num_ids} (the ids' length)")]
+    OffsetOutOfRange {
+        /// Where it sits in `offsets`.
+        position: usize,
+        /// The offset.
+        value: i128,
+        /// How many ids there are.
+        num_ids: usize,
+    },
+
+    /// An offset is below the one before it.
+    #[error("offset {value} at position {position} is below the offset {previous} before it")]
+    OffsetsDecrease {
+        /// Where it sits in `offsets`.
+        position: usize,
+        /// The offset.
+        value: i128,
+        /// The offset before it.
+        previous: i128,
+    },
+
+    /// `include_last_offset` with no offsets at all: not even the end.
+    #[error("include_last_offset needs at least one offset (the end of the last bag)")]
+    NoOffsets,
+
+    /// `per_sample_weights` were given to a mode other than sum (PyTorch
+    /// allows them only there).
+    #[error("per_sample_weights are only supported for mode sum, not {mode}")]
+    PerSampleWeightsNeedSum {
+        /// The mode of the call.
+        mode: crate::kernels::bag::Mode,
+    },
+
+    /// A max bag's backward needs the `max_indices` of its forward
+    /// (`bag_max_backward`), not the ids.
+    #[error("the backward of mode max needs the forward's max_indices")]
+    MaxNeedsIndices,
 }

@@ -24,6 +24,7 @@
 
 use crate::error::{EmbeddingError, Operand};
 use crate::index::Index;
+use crate::kernels::bag::{Bags, Mode, Pooling};
 use crate::shape::{check_len, rows_len, table_rows};
 
 /// The `ids.len() × num_embeddings` matrix with a 1 at `(i, ids[i])` and
@@ -163,6 +164,122 @@ pub fn scatter_add<I: Index>(
     )?;
     let hot = one_hot(ids, rows)?;
     matmul_tn_acc(&hot, grad_output, grad_table, ids.len(), rows, dim);
+    Ok(())
+}
+
+/// The `bags × ids` bag matrix of a sum or mean bag call: entry `(b, p)` is
+/// position `p`'s coefficient in bag `b` — its per-sample weight (sum with
+/// weights), 1 (sum), or `1 / n` (mean, `n` the bag's ids other than
+/// `padding_idx`) — and 0 where `p` is outside bag `b` or holds
+/// `padding_idx`. Positions past the last bag have an all-zero column.
+///
+/// # Errors
+/// [`EmbeddingError::SizeOverflow`] if the matrix cannot be sized.
+pub fn bag_matrix<I: Index>(
+    ids: &[I],
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+) -> Result<Vec<f32>, EmbeddingError> {
+    let n = ids.len();
+    let mut m = vec![0.0; rows_len(bags.len(), n)?];
+    let padding = pooling.padding_idx.map(|p| p as i128);
+    for b in 0..bags.len() {
+        let kept: Vec<usize> = bags
+            .bag(b)
+            .filter(|&p| Some(ids[p].to_i128()) != padding)
+            .collect();
+        for &p in &kept {
+            m[b * n + p] = match (pooling.mode, pooling.per_sample_weights) {
+                (Mode::Mean, _) => 1.0 / kept.len() as f32,
+                (_, Some(w)) => w[p],
+                (_, None) => 1.0,
+            };
+        }
+    }
+    Ok(m)
+}
+
+/// [`bag_forward`](crate::kernels::bag::bag_forward) as
+/// `bag_matrix · (one_hot(ids) · table)` for sum and mean (empty bags set to
+/// `+0.0`, the zeros of the contract), and as a plain loop for max (first
+/// strictly largest value per column; -1 and zeros for an empty bag).
+///
+/// Sum with weights has the kernel's bits when no weight is 0 (the matrix
+/// product skips zero coefficients; the kernel adds `0 × x`); mean differs
+/// from the kernel in rounding (`Σ x / n` there, `Σ x · (1/n)` here).
+///
+/// # Errors
+/// The same errors as the kernel, in the same order.
+pub fn bag_forward<I: Index>(
+    table: &[f32],
+    dim: usize,
+    ids: &[I],
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    out: &mut [f32],
+    max_indices: &mut [i64],
+) -> Result<(), EmbeddingError> {
+    // The kernel's own checks (shapes and ids) first, so both report alike;
+    // the arithmetic below is independent of the kernel.
+    let mut probe_out = vec![0.0; out.len()];
+    let mut probe_max = vec![0; max_indices.len()];
+    crate::kernels::bag::check_only(table, dim, ids, bags, pooling, &probe_out, &probe_max)?;
+    let rows = table.len().checked_div(dim).unwrap_or(0);
+    let gathered = matmul(&one_hot(ids, rows)?, table, ids.len(), rows, dim);
+    if pooling.mode == Mode::Max {
+        for b in 0..bags.len() {
+            for j in 0..dim {
+                let mut best: Option<(f32, usize)> = None;
+                for p in bags.bag(b) {
+                    if Some(ids[p].to_i128()) == pooling.padding_idx.map(|p| p as i128) {
+                        continue;
+                    }
+                    let x = gathered[p * dim + j];
+                    if best.is_none_or(|(v, _)| x > v) {
+                        best = Some((x, p));
+                    }
+                }
+                let (v, i) = best.map_or((0.0, -1), |(v, p)| (v, ids[p].to_i128() as i64));
+                probe_out[b * dim + j] = v;
+                probe_max[b * dim + j] = i;
+            }
+        }
+        out.copy_from_slice(&probe_out);
+        max_indices.copy_from_slice(&probe_max);
+        return Ok(());
+    }
+    let m = bag_matrix(ids, bags, pooling)?;
+    let pooled = matmul(&m, &gathered, bags.len(), ids.len(), dim);
+    for b in 0..bags.len() {
+        let empty = (0..ids.len()).all(|p| m[b * ids.len() + p] == 0.0);
+        for j in 0..dim {
+            out[b * dim + j] = if empty { 0.0 } else { pooled[b * dim + j] };
+        }
+    }
+    Ok(())
+}
+
+/// The sum or mean bag backward as `grad_table += one_hotᵀ · (bag_matrixᵀ ·
+/// grad_bags)`, accumulating (start from zeros for the kernel's
+/// overwriting dense backward).
+///
+/// # Errors
+/// The same errors as [`bag_backward_with`](crate::kernels::bag::bag_backward_with).
+pub fn bag_backward<I: Index>(
+    grad_bags: &[f32],
+    dim: usize,
+    ids: &[I],
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    grad_table: &mut [f32],
+) -> Result<(), EmbeddingError> {
+    crate::kernels::bag::check_backward_only(grad_bags, dim, ids, bags, pooling, grad_table)?;
+    let rows = grad_table.len().checked_div(dim).unwrap_or(0);
+    let m = bag_matrix(ids, bags, pooling)?;
+    let mut per_id = vec![0.0; ids.len() * dim];
+    matmul_tn_acc(&m, grad_bags, &mut per_id, bags.len(), ids.len(), dim);
+    let hot = one_hot(ids, rows)?;
+    matmul_tn_acc(&hot, &per_id, grad_table, ids.len(), rows, dim);
     Ok(())
 }
 
