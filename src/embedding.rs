@@ -255,6 +255,11 @@ impl Embedding {
         }
     }
 
+    /// How the layer's kernels use threads.
+    pub fn parallelism(&self) -> Parallelism {
+        self.parallelism
+    }
+
     /// The number of rows.
     pub fn num_embeddings(&self) -> usize {
         self.num_embeddings

@@ -62,6 +62,7 @@
 #![warn(missing_docs)]
 
 pub mod embedding;
+pub mod embedding_bag;
 pub mod error;
 pub mod index;
 pub mod input;
@@ -75,9 +76,11 @@ mod shape;
 pub mod vocab;
 
 pub use embedding::{Embedded, Embedding, EmbeddingOptions, Gradient};
+pub use embedding_bag::{BagOutput, EmbeddingBag, EmbeddingBagOptions};
 pub use error::{EmbeddingError, Operand};
 pub use index::{Index, ValidIds};
 pub use input::{InputEmbedding, InputGrads, Positions};
+pub use kernels::bag::{Bags, Mode};
 pub use kernels::gather::{gather, gather_scaled, gather_scaled_with, gather_with};
 pub use kernels::grouped::SparseGrad;
 pub use kernels::scatter::{scatter_add, scatter_add_with};

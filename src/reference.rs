@@ -279,7 +279,31 @@ pub fn bag_backward<I: Index>(
     let mut per_id = vec![0.0; ids.len() * dim];
     matmul_tn_acc(&m, grad_bags, &mut per_id, bags.len(), ids.len(), dim);
     let hot = one_hot(ids, rows)?;
-    matmul_tn_acc(&hot, &per_id, grad_table, ids.len(), rows, dim);
+    if !pooling.scale_grad_by_freq {
+        matmul_tn_acc(&hot, &per_id, grad_table, ids.len(), rows, dim);
+        return Ok(());
+    }
+    // Each row's sum divided by its id's count among the kept positions.
+    let mut sums = vec![0.0; grad_table.len()];
+    matmul_tn_acc(&hot, &per_id, &mut sums, ids.len(), rows, dim);
+    let mut counts = vec![0usize; rows];
+    for b in 0..bags.len() {
+        for p in bags.bag(b) {
+            if Some(ids[p].to_i128()) != pooling.padding_idx.map(|p| p as i128) {
+                counts[ids[p].to_i128() as usize] += 1;
+            }
+        }
+    }
+    for (r, &count) in counts.iter().enumerate() {
+        for j in 0..dim {
+            let sum = if count > 1 {
+                sums[r * dim + j] / count as f32
+            } else {
+                sums[r * dim + j]
+            };
+            grad_table[r * dim + j] += sum;
+        }
+    }
     Ok(())
 }
 

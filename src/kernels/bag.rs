@@ -205,6 +205,9 @@ pub struct Pooling<'a> {
     pub per_sample_weights: Option<&'a [f32]>,
     /// A row left out of every bag (and of mean's count).
     pub padding_idx: Option<usize>,
+    /// Backward only: divide each row's gradient by how many times its id
+    /// occurs in the batch (sum and mean).
+    pub scale_grad_by_freq: bool,
 }
 
 /// The checks every bag call shares, in the crate's order: table, bags
@@ -390,7 +393,8 @@ struct Block<'a, 'i, I: Index> {
 impl<I: Index> Block<'_, '_, I> {
     fn run(&self, out: &mut [f32], max_indices: &mut [i64]) {
         let dim = self.dim;
-        let positions = self.bags.starts[self.first_bag]..self.bags.starts[self.first_bag + self.count];
+        let positions =
+            self.bags.starts[self.first_bag]..self.bags.starts[self.first_bag + self.count];
         // Warm the first rows: a block starts cold.
         for p in positions.start..positions.end.min(positions.start + AHEAD) {
             self.prefetch(p);
@@ -403,7 +407,9 @@ impl<I: Index> Block<'_, '_, I> {
             while cols < dim {
                 let end = (cols + BLOCK).min(dim);
                 match self.pooling.mode {
-                    Mode::Sum | Mode::Mean => self.pool_sum(bag.clone(), cols..end, positions.end, dst),
+                    Mode::Sum | Mode::Mean => {
+                        self.pool_sum(bag.clone(), cols..end, positions.end, dst)
+                    }
                     Mode::Max => {
                         let args = &mut max_indices[k * dim..(k + 1) * dim];
                         self.pool_max(bag.clone(), cols..end, positions.end, dst, args);
@@ -520,7 +526,12 @@ impl<I: Index> Block<'_, '_, I> {
             dst[cols.clone()].copy_from_slice(self.cols(first, &cols));
             let mut win = vec![first; cols.len()];
             for p in kept {
-                for (j, (&x, best)) in self.cols(p, &cols).iter().zip(&mut dst[cols.clone()]).enumerate() {
+                for (j, (&x, best)) in self
+                    .cols(p, &cols)
+                    .iter()
+                    .zip(&mut dst[cols.clone()])
+                    .enumerate()
+                {
                     if x > *best {
                         *best = x;
                         win[j] = p;
@@ -670,7 +681,11 @@ fn check_backward<'a, I: Index>(
     grad_bags: &[f32],
 ) -> Result<ValidIds<'a, I>, EmbeddingError> {
     let rows = table_rows(table_len, dim, Operand::GradTable)?;
-    check_len(Operand::GradOutput, rows_len(bags.len(), dim)?, grad_bags.len())?;
+    check_len(
+        Operand::GradOutput,
+        rows_len(bags.len(), dim)?,
+        grad_bags.len(),
+    )?;
     let (ids, _) = check_call(rows * dim, dim, ids, bags, pooling)?;
     Ok(ids)
 }
@@ -700,7 +715,14 @@ pub fn bag_backward_with<I: Index>(
     }
     let split = par.splits(core::mem::size_of_val(grad_table), PARALLEL_MIN_BYTES);
     let (groups, source) = grouped_bags(split, ids, bags, pooling, grad_bags, dim);
-    grouped::dense_from(split, &groups, &source, dim, false, grad_table);
+    grouped::dense_from(
+        split,
+        &groups,
+        &source,
+        dim,
+        pooling.scale_grad_by_freq,
+        grad_table,
+    );
     Ok(())
 }
 
@@ -726,7 +748,7 @@ pub fn bag_sparse_backward_with<I: Index>(
     }
     let split = par.splits(core::mem::size_of_val(grad_bags), PARALLEL_MIN_BYTES);
     let (groups, source) = grouped_bags(split, ids, bags, pooling, grad_bags, dim);
-    let values = grouped::coalesce_from(split, &groups, &source, dim, false);
+    let values = grouped::coalesce_from(split, &groups, &source, dim, pooling.scale_grad_by_freq);
     grouped::SparseGrad::new(groups.rows, values, num_embeddings, dim)
 }
 
@@ -749,7 +771,14 @@ pub(crate) fn bag_fused_update<I: Index, R: grouped_rule::Rule>(
     }
     let split = par.splits(core::mem::size_of_val(grad_bags), PARALLEL_MIN_BYTES);
     let (groups, source) = grouped_bags(split, ids, bags, pooling, grad_bags, dim);
-    grouped::apply_groups(split, &groups, &source, false, target, rule);
+    grouped::apply_groups(
+        split,
+        &groups,
+        &source,
+        pooling.scale_grad_by_freq,
+        target,
+        rule,
+    );
     Ok(())
 }
 
@@ -778,7 +807,11 @@ pub fn bag_max_backward(
     if dim == 0 {
         return check_len(Operand::GradOutput, 0, grad_bags.len());
     }
-    check_len(Operand::GradOutput, grad_bags.len() / dim * dim, grad_bags.len())?;
+    check_len(
+        Operand::GradOutput,
+        grad_bags.len() / dim * dim,
+        grad_bags.len(),
+    )?;
     for (position, &i) in max_indices.iter().enumerate() {
         if i < -1 || i >= rows as i64 {
             return Err(EmbeddingError::IndexOutOfRange {
@@ -790,7 +823,10 @@ pub fn bag_max_backward(
     }
     row::stream(grad_table, None);
     row::stream_fence();
-    for (g, idx) in grad_bags.chunks_exact(dim).zip(max_indices.chunks_exact(dim)) {
+    for (g, idx) in grad_bags
+        .chunks_exact(dim)
+        .zip(max_indices.chunks_exact(dim))
+    {
         for (j, (&x, &i)) in g.iter().zip(idx).enumerate() {
             if i >= 0 {
                 grad_table[i as usize * dim + j] += x;

@@ -1,0 +1,412 @@
+//! The bag layer: PyTorch's `nn.EmbeddingBag`, argument for argument, on the
+//! bag kernels of [`kernels::bag`](crate::kernels::bag).
+//!
+//! | PyTorch | here |
+//! | --- | --- |
+//! | `nn.EmbeddingBag(n, d, mode="sum")` | [`EmbeddingBag::with_options`]`(n, d, EmbeddingBagOptions { mode: Mode::Sum, .. })` |
+//! | `bag(input, offsets)` (1-D input) | [`EmbeddingBag::forward`]`(&ids, &bag.offsets(&offsets, ids.len())?, None)` |
+//! | `bag(input)` (2-D input `[B, N]`) | the same with [`Bags::fixed`]`(B, N)` |
+//! | `bag(input, offsets, per_sample_weights=w)` | `forward(&ids, &bags, Some(&w))` (sum only) |
+//! | `weight.grad` | [`EmbeddingBag::backward`] (dense, or sparse with `sparse: true`) |
+//! | sparse grads + an optimiser step | [`EmbeddingBag::sparse_step`], fused (sum and mean) |
+//!
+//! The options mean what they mean in PyTorch: `mode` (default mean),
+//! `padding_idx` (left out of every bag and of mean's count; its row gets
+//! no gradient), `max_norm` / `norm_type` (each looked-up row renormalised
+//! in place first, as [`Embedding`] does), `scale_grad_by_freq` (sum and
+//! mean), `sparse` and `include_last_offset`. An empty bag gives zeros in
+//! every mode, and max mode's indices are -1 for it.
+
+use crate::embedding::{Embedding, EmbeddingOptions, Gradient};
+use crate::error::{EmbeddingError, Operand};
+use crate::index::{Index, ValidIds};
+use crate::kernels::bag::{
+    bag_backward_with, bag_forward_with, bag_fused_update, bag_max_backward,
+    bag_sparse_backward_with, Bags, Mode, Pooling,
+};
+use crate::kernels::grouped::{SparseGrad, Target};
+use crate::kernels::Parallelism;
+use crate::optim::SparseOptimizer;
+use crate::shape::{check_len, rows_len};
+
+/// The options of `nn.EmbeddingBag`, with PyTorch's names and defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EmbeddingBagOptions {
+    /// How each bag is pooled. Default: mean, as in PyTorch.
+    pub mode: Mode,
+    /// A row left out of every bag; negative counts from the end.
+    pub padding_idx: Option<i64>,
+    /// Renormalise looked-up rows whose norm exceeds this.
+    pub max_norm: Option<f32>,
+    /// The `p` of the norm for `max_norm` (default 2).
+    pub norm_type: f32,
+    /// Divide each row's gradient by its id's count in the batch (sum and
+    /// mean only).
+    pub scale_grad_by_freq: bool,
+    /// [`EmbeddingBag::backward`] returns a sparse gradient.
+    pub sparse: bool,
+    /// `offsets` carry the end of the last bag as their last entry.
+    pub include_last_offset: bool,
+    /// The seed of the N(0, 1) initialisation; none draws one.
+    pub seed: Option<u64>,
+}
+
+impl Default for EmbeddingBagOptions {
+    fn default() -> Self {
+        EmbeddingBagOptions {
+            mode: Mode::Mean,
+            padding_idx: None,
+            max_norm: None,
+            norm_type: 2.0,
+            scale_grad_by_freq: false,
+            sparse: false,
+            include_last_offset: false,
+            seed: None,
+        }
+    }
+}
+
+impl EmbeddingBagOptions {
+    /// The options the table itself keeps.
+    fn table_options(&self) -> EmbeddingOptions {
+        EmbeddingOptions {
+            padding_idx: self.padding_idx,
+            max_norm: self.max_norm,
+            norm_type: self.norm_type,
+            scale_grad_by_freq: self.scale_grad_by_freq,
+            sparse: self.sparse,
+            seed: self.seed,
+        }
+    }
+}
+
+/// The result of [`EmbeddingBag::forward`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct BagOutput {
+    /// One pooled row per bag, `bags × embedding_dim`.
+    pub values: Vec<f32>,
+    /// `[bags, embedding_dim]`.
+    pub shape: [usize; 2],
+    /// Max mode: the id behind every output value (-1 in an empty bag);
+    /// what [`EmbeddingBag::backward`] needs back.
+    pub max_indices: Option<Vec<i64>>,
+}
+
+/// An embedding-bag layer; see the [module notes](self).
+#[derive(Clone, Debug)]
+pub struct EmbeddingBag {
+    table: Embedding,
+    mode: Mode,
+    include_last_offset: bool,
+}
+
+impl EmbeddingBag {
+    /// A `num_embeddings × embedding_dim` table drawn from N(0, 1), mean mode.
+    ///
+    /// # Errors
+    /// [`EmbeddingError::SizeOverflow`] if the table cannot be sized.
+    pub fn new(
+        num_embeddings: usize,
+        embedding_dim: usize,
+    ) -> Result<EmbeddingBag, EmbeddingError> {
+        EmbeddingBag::with_options(
+            num_embeddings,
+            embedding_dim,
+            EmbeddingBagOptions::default(),
+        )
+    }
+
+    /// A table drawn from N(0, 1) (the padding row zeroed) with these
+    /// options; a seed gives the same bits as [`Embedding::with_options`].
+    ///
+    /// # Errors
+    /// A size or option error.
+    pub fn with_options(
+        num_embeddings: usize,
+        embedding_dim: usize,
+        options: EmbeddingBagOptions,
+    ) -> Result<EmbeddingBag, EmbeddingError> {
+        check_options(&options)?;
+        let table =
+            Embedding::with_options(num_embeddings, embedding_dim, options.table_options())?;
+        Ok(EmbeddingBag {
+            table,
+            mode: options.mode,
+            include_last_offset: options.include_last_offset,
+        })
+    }
+
+    /// Wraps an existing table, as `nn.EmbeddingBag.from_pretrained`.
+    ///
+    /// # Errors
+    /// A shape or option error.
+    pub fn from_pretrained(
+        weight: Vec<f32>,
+        embedding_dim: usize,
+        freeze: bool,
+        options: EmbeddingBagOptions,
+    ) -> Result<EmbeddingBag, EmbeddingError> {
+        check_options(&options)?;
+        let table = Embedding::from_pretrained_with_options(
+            weight,
+            embedding_dim,
+            freeze,
+            options.table_options(),
+        )?;
+        Ok(EmbeddingBag {
+            table,
+            mode: options.mode,
+            include_last_offset: options.include_last_offset,
+        })
+    }
+
+    /// The same layer with another threading choice for its kernels.
+    pub fn with_parallelism(self, parallelism: Parallelism) -> EmbeddingBag {
+        EmbeddingBag {
+            table: self.table.with_parallelism(parallelism),
+            ..self
+        }
+    }
+
+    /// The table as an [`Embedding`] (its weight, options and accessors).
+    pub fn table(&self) -> &Embedding {
+        &self.table
+    }
+
+    /// The table, for changes by hand.
+    pub fn weight_mut(&mut self) -> &mut [f32] {
+        self.table.weight_mut()
+    }
+
+    /// The pooling mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The row width.
+    pub fn embedding_dim(&self) -> usize {
+        self.table.embedding_dim()
+    }
+
+    /// Checked bags from PyTorch-style `offsets` over `num_ids` ids, read
+    /// with this layer's `include_last_offset`.
+    ///
+    /// # Errors
+    /// An offsets error (see [`Bags::from_offsets`]).
+    pub fn offsets<O: Index>(&self, offsets: &[O], num_ids: usize) -> Result<Bags, EmbeddingError> {
+        Bags::from_offsets(offsets, num_ids, self.include_last_offset)
+    }
+
+    /// The pooling arguments of one call.
+    fn pooling<'a>(&self, per_sample_weights: Option<&'a [f32]>) -> Pooling<'a> {
+        Pooling {
+            mode: self.mode,
+            per_sample_weights,
+            padding_idx: self.table.padding_idx(),
+            scale_grad_by_freq: self.table.scale_grad_by_freq(),
+        }
+    }
+
+    /// Pools the rows of each bag of `ids` (renormalising them first with
+    /// `max_norm`). Returns `[bags, embedding_dim]` values, and with max mode
+    /// the winning ids.
+    ///
+    /// # Errors
+    /// A shape error, [`EmbeddingError::PerSampleWeightsNeedSum`] or
+    /// [`EmbeddingError::IndexOutOfRange`]; then nothing has changed, the
+    /// table included.
+    pub fn forward<I: Index>(
+        &mut self,
+        ids: &[I],
+        bags: &Bags,
+        per_sample_weights: Option<&[f32]>,
+    ) -> Result<BagOutput, EmbeddingError> {
+        let len = rows_len(bags.len(), self.embedding_dim())?;
+        let mut values = crate::memory::zeroed_table(len);
+        let mut max_indices = if self.mode == Mode::Max {
+            vec![0; len]
+        } else {
+            Vec::new()
+        };
+        self.forward_into(ids, bags, per_sample_weights, &mut values, &mut max_indices)?;
+        Ok(BagOutput {
+            values,
+            shape: [bags.len(), self.embedding_dim()],
+            max_indices: (self.mode == Mode::Max).then_some(max_indices),
+        })
+    }
+
+    /// [`forward`](Self::forward) into caller buffers (`max_indices` is
+    /// only written in max mode, and may be empty otherwise).
+    ///
+    /// # Errors
+    /// As [`forward`](Self::forward); then the buffers and the table are
+    /// untouched.
+    pub fn forward_into<I: Index>(
+        &mut self,
+        ids: &[I],
+        bags: &Bags,
+        per_sample_weights: Option<&[f32]>,
+        out: &mut [f32],
+        max_indices: &mut [i64],
+    ) -> Result<(), EmbeddingError> {
+        let pooling = self.pooling(per_sample_weights);
+        let dim = self.embedding_dim();
+        // A dry run of every check before `max_norm` may change the table.
+        crate::kernels::bag::check_only(
+            self.table.weight(),
+            dim,
+            ids,
+            bags,
+            &pooling,
+            out,
+            max_indices,
+        )?;
+        if self.table.max_norm().is_some() {
+            let valid = ValidIds::new(ids, self.table.num_embeddings())?;
+            self.table.renorm_rows(valid);
+        }
+        let par = self.table.parallelism();
+        bag_forward_with(
+            par,
+            self.table.weight(),
+            dim,
+            ids,
+            bags,
+            &pooling,
+            out,
+            max_indices,
+        )
+    }
+
+    /// The gradient of the table for `grad_output` (`bags × embedding_dim`):
+    /// dense or sparse as the `sparse` option says. Max mode needs the
+    /// forward's `max_indices`; the other modes ignore them.
+    ///
+    /// # Errors
+    /// A shape error, an id error, or [`EmbeddingError::MaxNeedsIndices`]
+    /// for max mode without `max_indices`.
+    pub fn backward<I: Index>(
+        &self,
+        grad_output: &[f32],
+        ids: &[I],
+        bags: &Bags,
+        per_sample_weights: Option<&[f32]>,
+        max_indices: Option<&[i64]>,
+    ) -> Result<Gradient, EmbeddingError> {
+        let dim = self.embedding_dim();
+        let rows = self.table.num_embeddings();
+        let pooling = self.pooling(per_sample_weights);
+        let par = self.table.parallelism();
+        if self.mode == Mode::Max {
+            let indices = max_indices.ok_or(EmbeddingError::MaxNeedsIndices)?;
+            check_len(
+                Operand::GradOutput,
+                rows_len(bags.len(), dim)?,
+                grad_output.len(),
+            )?;
+            let mut dense = crate::memory::zeroed_table(self.table.weight().len());
+            bag_max_backward(grad_output, dim, indices, &mut dense)?;
+            return Ok(if self.table.is_sparse() {
+                Gradient::Sparse(max_sparse(&dense, indices, rows, dim)?)
+            } else {
+                Gradient::Dense(dense)
+            });
+        }
+        if self.table.is_sparse() {
+            bag_sparse_backward_with(par, grad_output, dim, ids, bags, &pooling, rows)
+                .map(Gradient::Sparse)
+        } else {
+            let mut dense = crate::memory::zeroed_table(self.table.weight().len());
+            bag_backward_with(par, grad_output, dim, ids, bags, &pooling, &mut dense)?;
+            Ok(Gradient::Dense(dense))
+        }
+    }
+
+    /// Backward and an optimiser step in one pass over the touched rows (sum
+    /// and mean): no gradient is stored. A frozen table checks its arguments
+    /// and changes nothing; the padding row never changes.
+    ///
+    /// # Errors
+    /// As [`backward`](Self::backward), [`EmbeddingError::MaxNeedsIndices`]
+    /// in max mode, or an optimiser error; then nothing has changed.
+    pub fn sparse_step<I: Index, O: SparseOptimizer>(
+        &mut self,
+        grad_output: &[f32],
+        ids: &[I],
+        bags: &Bags,
+        per_sample_weights: Option<&[f32]>,
+        optimizer: &mut O,
+    ) -> Result<(), EmbeddingError> {
+        let dim = self.embedding_dim();
+        let pooling = self.pooling(per_sample_weights);
+        crate::kernels::bag::check_backward_only(
+            grad_output,
+            dim,
+            ids,
+            bags,
+            &pooling,
+            self.table.weight(),
+        )?;
+        if self.table.is_frozen() {
+            return Ok(());
+        }
+        let rows = self.table.num_embeddings();
+        let (rule, state) = optimizer.begin_step(rows, dim)?;
+        let par = self.table.parallelism();
+        let padding_idx = self.table.padding_idx();
+        let target = Target {
+            weight: self.table.weight_mut(),
+            dim,
+            state,
+            padding_idx,
+        };
+        bag_fused_update(par, grad_output, ids, bags, &pooling, target, &rule)
+    }
+
+    /// Saves the table as tensor `name` of a safetensors file.
+    ///
+    /// # Errors
+    /// As [`io::save`](crate::io::save).
+    pub fn save(
+        &self,
+        path: impl AsRef<std::path::Path>,
+        name: &str,
+    ) -> Result<(), crate::io::FileError> {
+        self.table.save(path, name)
+    }
+}
+
+/// Fails for option pairs PyTorch refuses: `scale_grad_by_freq` with max.
+fn check_options(options: &EmbeddingBagOptions) -> Result<(), EmbeddingError> {
+    if options.mode == Mode::Max && options.scale_grad_by_freq {
+        return Err(EmbeddingError::InvalidArgument {
+            name: "scale_grad_by_freq",
+            value: "true".to_string(),
+            requirement: "false in max mode (as in PyTorch)",
+        });
+    }
+    Ok(())
+}
+
+/// The rows of a max backward's dense gradient that won anything, as a
+/// coalesced sparse gradient.
+fn max_sparse(
+    dense: &[f32],
+    indices: &[i64],
+    rows: usize,
+    dim: usize,
+) -> Result<SparseGrad, EmbeddingError> {
+    let mut touched: Vec<usize> = indices
+        .iter()
+        .filter(|&&i| i >= 0)
+        .map(|&i| i as usize)
+        .collect();
+    touched.sort_unstable();
+    touched.dedup();
+    let values = touched
+        .iter()
+        .flat_map(|&r| dense[r * dim..(r + 1) * dim].iter().copied())
+        .collect();
+    SparseGrad::new(touched, values, rows, dim)
+}
