@@ -1,0 +1,374 @@
+//! The bag layer (`EmbeddingBag`): its options, its gradients against the
+//! bag-matrix reference and finite differences, the fused row-wise Adagrad
+//! step, and errors that change nothing.
+
+mod common;
+
+use common::{bits, pools, SplitMix};
+use embedding_kernels::kernels::bag::Pooling;
+use embedding_kernels::{
+    reference, Bags, EmbeddingBag, EmbeddingBagOptions, EmbeddingError, Gradient, Mode,
+    Parallelism, RowWiseAdagrad, Sgd,
+};
+
+const ROWS: usize = 40;
+const DIM: usize = 36;
+
+fn table(seed: u64) -> Vec<f32> {
+    SplitMix(seed).values(ROWS * DIM)
+}
+
+fn layer(mode: Mode, options: EmbeddingBagOptions) -> EmbeddingBag {
+    let options = EmbeddingBagOptions { mode, ..options };
+    EmbeddingBag::from_pretrained(table(1), DIM, false, options).unwrap()
+}
+
+/// Ids with repeats and offsets with an empty bag in the middle.
+fn batch() -> (Vec<i64>, Vec<i64>) {
+    let ids = vec![3, 7, 3, 0, 12, 12, 12, 5, 39, 3, 7, 22, 0, 1];
+    let offsets = vec![0, 4, 4, 8, 9];
+    (ids, offsets)
+}
+
+fn dense(g: Gradient) -> Vec<f32> {
+    match g {
+        Gradient::Dense(d) => d,
+        Gradient::Sparse(s) => s.to_dense(),
+    }
+}
+
+#[test]
+fn sum_and_max_equal_the_reference_and_mean_is_sum_over_count() {
+    let (ids, offsets) = batch();
+    for padding in [None, Some(12i64)] {
+        let options = EmbeddingBagOptions {
+            padding_idx: padding,
+            ..EmbeddingBagOptions::default()
+        };
+        let mut sum = layer(Mode::Sum, options.clone());
+        let bags = sum.offsets(&offsets, ids.len()).unwrap();
+        let pooling = Pooling {
+            mode: Mode::Sum,
+            padding_idx: padding.map(|p| p as usize),
+            ..Pooling::default()
+        };
+        let got = sum.forward(&ids, &bags, None).unwrap();
+        assert_eq!(got.shape, [5, DIM]);
+        let mut want = vec![f32::NAN; 5 * DIM];
+        reference::bag_forward(&table(1), DIM, &ids, &bags, &pooling, &mut want, &mut []).unwrap();
+        assert_eq!(bits(&got.values), bits(&want));
+        // Bag 1 is empty: +0.0 everywhere.
+        assert!(got.values[DIM..2 * DIM].iter().all(|x| x.to_bits() == 0));
+
+        let mut mean = layer(Mode::Mean, options.clone());
+        let got_mean = mean.forward(&ids, &bags, None).unwrap();
+        for b in 0..5 {
+            let n = bags.bag(b).filter(|&p| Some(ids[p]) != padding).count();
+            for j in 0..DIM {
+                let want = if n == 0 {
+                    0.0
+                } else {
+                    got.values[b * DIM + j] / n as f32
+                };
+                assert_eq!(
+                    got_mean.values[b * DIM + j].to_bits(),
+                    want.to_bits(),
+                    "bag {b}"
+                );
+            }
+        }
+
+        let mut max = layer(Mode::Max, options);
+        let got_max = max.forward(&ids, &bags, None).unwrap();
+        let pooling = Pooling {
+            mode: Mode::Max,
+            ..pooling
+        };
+        let mut want_idx = vec![0i64; 5 * DIM];
+        reference::bag_forward(
+            &table(1),
+            DIM,
+            &ids,
+            &bags,
+            &pooling,
+            &mut want,
+            &mut want_idx,
+        )
+        .unwrap();
+        assert_eq!(bits(&got_max.values), bits(&want));
+        assert_eq!(got_max.max_indices.as_deref(), Some(&want_idx[..]));
+        assert!(want_idx[DIM..2 * DIM].iter().all(|&i| i == -1));
+    }
+}
+
+#[test]
+fn include_last_offset_and_fixed_bags() {
+    let ids: Vec<u32> = vec![1, 2, 3, 4, 5, 6];
+    let options = EmbeddingBagOptions {
+        include_last_offset: true,
+        ..EmbeddingBagOptions::default()
+    };
+    let mut bag = layer(Mode::Sum, options);
+    // Bags [0, 2) and [2, 5); id 6 at position 5 is in no bag.
+    let bags = bag.offsets(&[0u32, 2, 5], ids.len()).unwrap();
+    assert_eq!(bags.len(), 2);
+    let out = bag.forward(&ids, &bags, None).unwrap();
+    let fixed = Bags::fixed(3, 2).unwrap();
+    let pairs = bag.forward(&ids, &fixed, None).unwrap();
+    assert_eq!(pairs.shape, [3, DIM]);
+    assert_eq!(bits(&out.values[..DIM]), bits(&pairs.values[..DIM]));
+    assert_eq!(
+        bag.offsets(&[0u32; 0], ids.len()).unwrap_err(),
+        EmbeddingError::NoOffsets
+    );
+}
+
+/// Every backward path of every mode equals the reference (sum: bit for
+/// bit; mean: bit for bit too, since both scale each gradient by the same
+/// `1/n` before summing), on every pool, dense and sparse alike.
+#[test]
+fn gradients_equal_the_reference_on_every_pool() {
+    let (ids, offsets) = batch();
+    let weights: Vec<f32> = (0..ids.len()).map(|p| 0.25 + p as f32 * 0.5).collect();
+    let g = SplitMix(5).values(5 * DIM);
+    for (mode, w) in [
+        (Mode::Sum, None),
+        (Mode::Sum, Some(&weights[..])),
+        (Mode::Mean, None),
+    ] {
+        for by_freq in [false, true] {
+            let options = EmbeddingBagOptions {
+                padding_idx: Some(0),
+                scale_grad_by_freq: by_freq,
+                ..EmbeddingBagOptions::default()
+            };
+            let pooling = Pooling {
+                mode,
+                per_sample_weights: w,
+                padding_idx: Some(0),
+                scale_grad_by_freq: by_freq,
+            };
+            let bag = layer(mode, options.clone());
+            let bags = bag.offsets(&offsets, ids.len()).unwrap();
+            let mut want = vec![0.0; ROWS * DIM];
+            reference::bag_backward(&g, DIM, &ids, &bags, &pooling, &mut want).unwrap();
+            assert!(want[..DIM].iter().all(|&x| x == 0.0), "padding row");
+            for pool in pools() {
+                for par in [Parallelism::Serial, Parallelism::Rayon] {
+                    let bag = layer(mode, options.clone()).with_parallelism(par);
+                    let got = pool
+                        .install(|| bag.backward(&g, &ids, &bags, w, None))
+                        .unwrap();
+                    assert_eq!(bits(&dense(got)), bits(&want), "{mode} {by_freq} {par:?}");
+                    let sparse = EmbeddingBagOptions {
+                        sparse: true,
+                        ..options.clone()
+                    };
+                    let bag = layer(mode, sparse).with_parallelism(par);
+                    let got = pool
+                        .install(|| bag.backward(&g, &ids, &bags, w, None))
+                        .unwrap();
+                    match got {
+                        Gradient::Sparse(s) => {
+                            assert_eq!(s.indices(), [1, 3, 5, 7, 12, 22, 39]);
+                            assert_eq!(bits(&s.to_dense()), bits(&want));
+                        }
+                        Gradient::Dense(_) => panic!("sparse option gave a dense gradient"),
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn max_backward_routes_each_column_to_its_winner() {
+    let (ids, offsets) = batch();
+    let mut bag = layer(Mode::Max, EmbeddingBagOptions::default());
+    let bags = bag.offsets(&offsets, ids.len()).unwrap();
+    let out = bag.forward(&ids, &bags, None).unwrap();
+    let idx = out.max_indices.unwrap();
+    let g = SplitMix(9).values(5 * DIM);
+    let mut want = vec![0.0f32; ROWS * DIM];
+    for b in 0..5 {
+        for j in 0..DIM {
+            let i = idx[b * DIM + j];
+            if i >= 0 {
+                want[i as usize * DIM + j] += g[b * DIM + j];
+            }
+        }
+    }
+    let got = dense(bag.backward(&g, &ids, &bags, None, Some(&idx)).unwrap());
+    assert_eq!(bits(&got), bits(&want));
+    assert_eq!(
+        bag.backward(&g, &ids, &bags, None, None).unwrap_err(),
+        EmbeddingError::MaxNeedsIndices
+    );
+    let sparse = EmbeddingBagOptions {
+        sparse: true,
+        ..EmbeddingBagOptions::default()
+    };
+    let bag = layer(Mode::Max, sparse);
+    let s = dense(bag.backward(&g, &ids, &bags, None, Some(&idx)).unwrap());
+    assert_eq!(bits(&s), bits(&want));
+}
+
+/// `L = Σ R ⊙ forward(table)`, in f64: linear in the table for sum and mean.
+fn loss(bag: &EmbeddingBag, ids: &[i64], bags: &Bags, w: Option<&[f32]>, r: &[f32]) -> f64 {
+    let mut bag = bag.clone();
+    let out = bag.forward(ids, bags, w).unwrap();
+    out.values
+        .iter()
+        .zip(r)
+        .map(|(&o, &r)| f64::from(o) * f64::from(r))
+        .sum()
+}
+
+#[test]
+fn sum_mean_and_weighted_backward_match_finite_differences() {
+    let (ids, offsets) = batch();
+    let weights: Vec<f32> = (0..ids.len()).map(|p| 1.5 - p as f32 * 0.125).collect();
+    let r = SplitMix(11).values(5 * DIM);
+    for (mode, w) in [
+        (Mode::Sum, None),
+        (Mode::Sum, Some(&weights[..])),
+        (Mode::Mean, None),
+    ] {
+        let bag = layer(mode, EmbeddingBagOptions::default());
+        let bags = bag.offsets(&offsets, ids.len()).unwrap();
+        let grad = dense(bag.backward(&r, &ids, &bags, w, None).unwrap());
+        let h = 0.5f32;
+        for k in (0..ROWS * DIM).step_by(7) {
+            let mut up = bag.clone();
+            up.weight_mut()[k] += h;
+            let mut down = bag.clone();
+            down.weight_mut()[k] -= h;
+            let numeric = (loss(&up, &ids, &bags, w, &r) - loss(&down, &ids, &bags, w, &r))
+                / f64::from(2.0 * h);
+            let tol = 1e-4 * (1.0 + numeric.abs());
+            assert!(
+                (f64::from(grad[k]) - numeric).abs() <= tol,
+                "{mode} entry {k}: backward {} numeric {numeric}",
+                grad[k]
+            );
+        }
+    }
+}
+
+/// The fused backward + row-wise Adagrad step equals the sparse gradient
+/// applied by hand with FBGEMM's rule, bit for bit, on every pool; the
+/// padding row and untouched rows keep their bits.
+#[test]
+fn fused_rowwise_adagrad_step_equals_the_rule_on_the_sparse_gradient() {
+    let (ids, offsets) = batch();
+    let g = SplitMix(13).values(5 * DIM);
+    for mode in [Mode::Sum, Mode::Mean] {
+        let options = EmbeddingBagOptions {
+            padding_idx: Some(12),
+            sparse: true,
+            ..EmbeddingBagOptions::default()
+        };
+        let bag = layer(mode, options.clone());
+        let bags = bag.offsets(&offsets, ids.len()).unwrap();
+        let Gradient::Sparse(grad) = bag.backward(&g, &ids, &bags, None, None).unwrap() else {
+            panic!("sparse expected");
+        };
+        let mut want = table(1);
+        let mut state = vec![0.0f32; ROWS];
+        for (k, &r) in grad.indices().iter().enumerate() {
+            let row = grad.row(k);
+            state[r] += row.iter().map(|x| x * x).sum::<f32>() / DIM as f32;
+            let step = 0.1 / (state[r].sqrt() + 1e-8);
+            for (w, x) in want[r * DIM..(r + 1) * DIM].iter_mut().zip(row) {
+                *w -= step * x;
+            }
+        }
+        for pool in pools() {
+            let mut bag = layer(mode, options.clone()).with_parallelism(Parallelism::Rayon);
+            let mut opt = RowWiseAdagrad::new(0.1);
+            pool.install(|| bag.sparse_step(&g, &ids, &bags, None, &mut opt))
+                .unwrap();
+            assert_eq!(bits(bag.table().weight()), bits(&want), "{mode}");
+            assert_eq!(bits(opt.state()), bits(&state));
+        }
+        assert_eq!(
+            bits(&want[12 * DIM..13 * DIM]),
+            bits(&table(1)[12 * DIM..13 * DIM])
+        );
+    }
+}
+
+#[test]
+fn bad_calls_change_nothing() {
+    let (mut ids, offsets) = batch();
+    let options = EmbeddingBagOptions {
+        max_norm: Some(0.5),
+        ..EmbeddingBagOptions::default()
+    };
+    let mut bag = layer(Mode::Mean, options);
+    let bags = bag.offsets(&offsets, ids.len()).unwrap();
+    ids[10] = -2;
+    let mut out = vec![f32::NAN; 5 * DIM];
+    let err = bag
+        .forward_into(&ids, &bags, None, &mut out, &mut [])
+        .unwrap_err();
+    assert_eq!(
+        err,
+        EmbeddingError::IndexOutOfRange {
+            position: 10,
+            index: -2,
+            num_embeddings: ROWS
+        }
+    );
+    assert_eq!(
+        bits(bag.table().weight()),
+        bits(&table(1)),
+        "max_norm ran before the check"
+    );
+    assert!(out.iter().all(|x| x.is_nan()));
+    ids[10] = 7;
+    let w = vec![1.0f32; ids.len()];
+    assert_eq!(
+        bag.forward(&ids, &bags, Some(&w)).unwrap_err(),
+        EmbeddingError::PerSampleWeightsNeedSum { mode: Mode::Mean }
+    );
+    let bad = [0i64, 5, 3];
+    assert_eq!(
+        bag.offsets(&bad, ids.len()).unwrap_err(),
+        EmbeddingError::OffsetsDecrease {
+            position: 2,
+            value: 3,
+            previous: 5
+        }
+    );
+    let mut frozen = EmbeddingBag::from_pretrained(
+        table(1),
+        DIM,
+        true,
+        EmbeddingBagOptions {
+            mode: Mode::Sum,
+            ..EmbeddingBagOptions::default()
+        },
+    )
+    .unwrap();
+    let g = vec![1.0f32; 5 * DIM];
+    frozen
+        .sparse_step(&g, &ids, &bags, None, &mut Sgd::new(1.0))
+        .unwrap();
+    assert_eq!(bits(frozen.table().weight()), bits(&table(1)));
+    assert!(matches!(
+        EmbeddingBag::with_options(
+            4,
+            2,
+            EmbeddingBagOptions {
+                mode: Mode::Max,
+                scale_grad_by_freq: true,
+                ..EmbeddingBagOptions::default()
+            }
+        ),
+        Err(EmbeddingError::InvalidArgument {
+            name: "scale_grad_by_freq",
+            ..
+        })
+    ));
+}
