@@ -294,10 +294,94 @@ impl EmbeddingBag {
         per_sample_weights: Option<&[f32]>,
         max_indices: Option<&[i64]>,
     ) -> Result<Gradient, EmbeddingError> {
+        if self.table.is_sparse() {
+            return self
+                .backward_sparse(grad_output, ids, bags, per_sample_weights, max_indices)
+                .map(Gradient::Sparse);
+        }
+        // The checks before the allocation, so a bad call costs nothing.
         let dim = self.embedding_dim();
-        let rows = self.table.num_embeddings();
+        check_len(
+            Operand::GradOutput,
+            rows_len(bags.len(), dim)?,
+            grad_output.len(),
+        )?;
+        if self.mode != Mode::Max {
+            let pooling = self.pooling(per_sample_weights);
+            let weight = self.table.weight();
+            crate::kernels::bag::check_backward_only(
+                grad_output,
+                dim,
+                ids,
+                bags,
+                &pooling,
+                weight,
+            )?;
+        }
+        let mut dense = crate::memory::zeroed_table(self.table.weight().len());
+        self.backward_dense_into(
+            grad_output,
+            ids,
+            bags,
+            per_sample_weights,
+            max_indices,
+            &mut dense,
+        )?;
+        Ok(Gradient::Dense(dense))
+    }
+
+    /// The dense gradient, **overwriting** `grad_weight` (`num_embeddings ×
+    /// embedding_dim`). Sum and mean write every row once (sums or zeros);
+    /// max zeroes the table, then adds each output column's gradient to the
+    /// row that won it.
+    ///
+    /// # Errors
+    /// As [`backward`](Self::backward); then `grad_weight` is untouched.
+    pub fn backward_dense_into<I: Index>(
+        &self,
+        grad_output: &[f32],
+        ids: &[I],
+        bags: &Bags,
+        per_sample_weights: Option<&[f32]>,
+        max_indices: Option<&[i64]>,
+        grad_weight: &mut [f32],
+    ) -> Result<(), EmbeddingError> {
+        let dim = self.embedding_dim();
+        check_len(
+            Operand::GradTable,
+            self.table.weight().len(),
+            grad_weight.len(),
+        )?;
+        if self.mode == Mode::Max {
+            let indices = max_indices.ok_or(EmbeddingError::MaxNeedsIndices)?;
+            check_len(
+                Operand::GradOutput,
+                rows_len(bags.len(), dim)?,
+                grad_output.len(),
+            )?;
+            return bag_max_backward(grad_output, dim, indices, grad_weight);
+        }
         let pooling = self.pooling(per_sample_weights);
         let par = self.table.parallelism();
+        bag_backward_with(par, grad_output, dim, ids, bags, &pooling, grad_weight)
+    }
+
+    /// The coalesced sparse gradient: the touched rows (less the padding
+    /// row), ascending, and their summed gradients. For sum and mean its
+    /// cost does not depend on `num_embeddings`.
+    ///
+    /// # Errors
+    /// As [`backward`](Self::backward).
+    pub fn backward_sparse<I: Index>(
+        &self,
+        grad_output: &[f32],
+        ids: &[I],
+        bags: &Bags,
+        per_sample_weights: Option<&[f32]>,
+        max_indices: Option<&[i64]>,
+    ) -> Result<SparseGrad, EmbeddingError> {
+        let dim = self.embedding_dim();
+        let rows = self.table.num_embeddings();
         if self.mode == Mode::Max {
             let indices = max_indices.ok_or(EmbeddingError::MaxNeedsIndices)?;
             check_len(
@@ -307,20 +391,11 @@ impl EmbeddingBag {
             )?;
             let mut dense = crate::memory::zeroed_table(self.table.weight().len());
             bag_max_backward(grad_output, dim, indices, &mut dense)?;
-            return Ok(if self.table.is_sparse() {
-                Gradient::Sparse(max_sparse(&dense, indices, rows, dim)?)
-            } else {
-                Gradient::Dense(dense)
-            });
+            return max_sparse(&dense, indices, rows, dim);
         }
-        if self.table.is_sparse() {
-            bag_sparse_backward_with(par, grad_output, dim, ids, bags, &pooling, rows)
-                .map(Gradient::Sparse)
-        } else {
-            let mut dense = crate::memory::zeroed_table(self.table.weight().len());
-            bag_backward_with(par, grad_output, dim, ids, bags, &pooling, &mut dense)?;
-            Ok(Gradient::Dense(dense))
-        }
+        let pooling = self.pooling(per_sample_weights);
+        let par = self.table.parallelism();
+        bag_sparse_backward_with(par, grad_output, dim, ids, bags, &pooling, rows)
     }
 
     /// Backward and an optimiser step in one pass over the touched rows (sum

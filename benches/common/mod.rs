@@ -182,3 +182,72 @@ pub mod candle_peer {
         }
     }
 }
+
+/// candle-core peers of the layer benches (`benches/layer.rs`).
+pub mod candle_layer {
+    use super::candle_peer::Candle;
+    use super::Data;
+    use candle_core::{DType, Device, Tensor};
+
+    impl Candle {
+        /// The `index_add` peer alone: [`Candle::new`] without the table.
+        /// `table` is an empty `0 × dim` tensor, so a table that `index_add`
+        /// never reads (488 MiB on recsys) is not copied and `d.table` may be
+        /// empty; only [`Candle::scatter_add`] may be called on the result.
+        pub fn for_index_add(d: &Data) -> candle_core::Result<Candle> {
+            let dev = Device::Cpu;
+            let w = d.w;
+            Ok(Candle {
+                table: Tensor::zeros((0, w.dim), DType::F32, &dev)?,
+                ids: Tensor::from_slice(&d.ids, w.num_ids, &dev)?,
+                grad_output: Tensor::from_slice(&d.grad_output, (w.num_ids, w.dim), &dev)?,
+                zeros: Tensor::zeros((w.num_embeddings, w.dim), DType::F32, &dev)?,
+            })
+        }
+    }
+
+    /// A transformer's input embedding with candle's ops, tensors prepared
+    /// once: `index_select` of the token rows, `affine(scale, 0)`, then the
+    /// rows viewed as `[batch, seq_len, dim]` and `broadcast_add` of the
+    /// `[seq_len, dim]` position table. Each op allocates its result.
+    pub struct TokenPosition {
+        pub table: Tensor,
+        pub ids: Tensor,
+        pub positions: Tensor,
+        pub batch: usize,
+        pub seq_len: usize,
+    }
+
+    impl TokenPosition {
+        /// `table` is `rows × dim`, `ids` a flat `[batch, seq_len]` batch,
+        /// `positions` at least `seq_len × dim` (only the first `seq_len`
+        /// rows are copied).
+        pub fn new(
+            table: &[f32],
+            dim: usize,
+            ids: &[i64],
+            seq_len: usize,
+            positions: &[f32],
+        ) -> candle_core::Result<TokenPosition> {
+            let dev = Device::Cpu;
+            let batch = ids.len() / seq_len;
+            Ok(TokenPosition {
+                table: Tensor::from_slice(table, (table.len() / dim, dim), &dev)?,
+                ids: Tensor::from_slice(ids, ids.len(), &dev)?,
+                positions: Tensor::from_slice(&positions[..seq_len * dim], (seq_len, dim), &dev)?,
+                batch,
+                seq_len,
+            })
+        }
+
+        /// `table[ids] * scale + positions`, shape `[batch, seq_len, dim]`.
+        pub fn forward(&self, scale: f64) -> candle_core::Result<Tensor> {
+            let dim = self.positions.dim(1)?;
+            self.table
+                .index_select(&self.ids, 0)?
+                .affine(scale, 0.0)?
+                .reshape((self.batch, self.seq_len, dim))?
+                .broadcast_add(&self.positions)
+        }
+    }
+}

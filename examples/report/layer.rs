@@ -10,6 +10,9 @@
 //! | `sparse_sgd` | `sparse_step` with `Sgd` (backward fused into the update) | dense backward + dense SGD step |
 //! | `sparse_rowwise_adagrad` | `sparse_step` with `RowWiseAdagrad` | dense backward + dense SGD step |
 //! | `token_position` | `embed_positions` (`w[id] · sqrt(d) + pos[t]`, one pass) | `gather_scaled`, then a second pass adding `pos[t]` |
+//! | `bag_sum`, `bag_mean`, `bag_max` | `EmbeddingBag::forward_into`, bags of 16 | memcpy of the rows read (`ids × dim` floats) |
+//! | `bag_sum_fwd_bwd` | bag sum forward, then its dense backward into a gradient | memset of the gradient |
+//! | `bag_sum_fwd_sparse_bwd` | bag sum forward, then its sparse (coalesced) backward | memset of the gradient |
 //!
 //! Every op runs on the report's pool with `Parallelism::Auto`, what a user
 //! of the layer gets; memcpy and memset take the faster of one thread and
@@ -20,7 +23,9 @@ use super::{measure, timed, Budget, Stats};
 use clap::ValueEnum;
 use embedding_kernels::positions::{embed_positions, sinusoidal_positions};
 use embedding_kernels::Embedded;
-use embedding_kernels::{gather_scaled, Embedding, RowWiseAdagrad, Sgd};
+use embedding_kernels::{
+    gather_scaled, Bags, Embedding, EmbeddingBag, EmbeddingBagOptions, Mode, RowWiseAdagrad, Sgd,
+};
 use rayon::prelude::*;
 use rayon::ThreadPool;
 use serde::Serialize;
@@ -35,6 +40,9 @@ const CHUNK: usize = 1 << 16;
 /// The sequence length of the token + position rows (GPT-2's context).
 const MAX_SEQ: usize = 1024;
 
+/// Ids per bag in the bag rows.
+pub const BAG_SIZE: usize = 16;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 #[value(rename_all = "snake_case")]
 pub enum LayerOp {
@@ -44,16 +52,26 @@ pub enum LayerOp {
     SparseSgd,
     SparseRowwiseAdagrad,
     TokenPosition,
+    BagSum,
+    BagMean,
+    BagMax,
+    BagSumFwdBwd,
+    BagSumFwdSparseBwd,
 }
 
 impl LayerOp {
-    pub const ALL: [LayerOp; 6] = [
+    pub const ALL: [LayerOp; 11] = [
         LayerOp::ForwardInto,
         LayerOp::Forward,
         LayerOp::DenseBackward,
         LayerOp::SparseSgd,
         LayerOp::SparseRowwiseAdagrad,
         LayerOp::TokenPosition,
+        LayerOp::BagSum,
+        LayerOp::BagMean,
+        LayerOp::BagMax,
+        LayerOp::BagSumFwdBwd,
+        LayerOp::BagSumFwdSparseBwd,
     ];
 
     pub fn name(self) -> &'static str {
@@ -64,13 +82,21 @@ impl LayerOp {
             LayerOp::SparseSgd => "sparse_sgd",
             LayerOp::SparseRowwiseAdagrad => "sparse_rowwise_adagrad",
             LayerOp::TokenPosition => "token_position",
+            LayerOp::BagSum => "bag_sum",
+            LayerOp::BagMean => "bag_mean",
+            LayerOp::BagMax => "bag_max",
+            LayerOp::BagSumFwdBwd => "bag_sum_fwd_bwd",
+            LayerOp::BagSumFwdSparseBwd => "bag_sum_fwd_sparse_bwd",
         }
     }
 
     fn baseline(self) -> &'static str {
         match self {
             LayerOp::ForwardInto | LayerOp::Forward => "memcpy",
-            LayerOp::DenseBackward => "memset",
+            LayerOp::BagSum | LayerOp::BagMean | LayerOp::BagMax => "memcpy",
+            LayerOp::DenseBackward | LayerOp::BagSumFwdBwd | LayerOp::BagSumFwdSparseBwd => {
+                "memset"
+            }
             LayerOp::SparseSgd | LayerOp::SparseRowwiseAdagrad => "dense_bwd+sgd",
             LayerOp::TokenPosition => "unfused",
         }
@@ -104,6 +130,13 @@ struct Setup<'a> {
     adagrad: RowWiseAdagrad,
     /// The last allocating forward's result, freed outside the clock.
     last: Option<Embedded>,
+    /// The bag layers (sum, mean, max), sharing the workload's table values.
+    bag_layers: [EmbeddingBag; 3],
+    /// Bags of [`BAG_SIZE`] consecutive ids.
+    bags: Bags,
+    /// The pooled output and max indices of the bag rows.
+    bag_out: Vec<f32>,
+    bag_indices: Vec<i64>,
 }
 
 impl Setup<'_> {
@@ -204,6 +237,40 @@ impl Setup<'_> {
                 let adagrad = &mut self.adagrad;
                 timed(|| pool.install(|| layer.sparse_step(g, ids, adagrad).unwrap()))
             }
+            LayerOp::BagSum | LayerOp::BagMean | LayerOp::BagMax => {
+                let k = match op {
+                    LayerOp::BagSum => 0,
+                    LayerOp::BagMean => 1,
+                    _ => 2,
+                };
+                let (bag, bags) = (&mut self.bag_layers[k], &self.bags);
+                let (out, idx) = (&mut self.bag_out, &mut self.bag_indices);
+                let idx = if k == 2 { &mut idx[..] } else { &mut [][..] };
+                timed(|| pool.install(|| bag.forward_into(ids, bags, None, out, idx).unwrap()))
+            }
+            LayerOp::BagSumFwdBwd | LayerOp::BagSumFwdSparseBwd => {
+                let (bag, bags) = (&mut self.bag_layers[0], &self.bags);
+                let (out, grad) = (&mut self.bag_out, &mut self.grad);
+                let g = &g[..bags.len() * dim];
+                let sparse = op == LayerOp::BagSumFwdSparseBwd;
+                let mut result = None;
+                let t = timed(|| {
+                    pool.install(|| {
+                        bag.forward_into(ids, bags, None, out, &mut []).unwrap();
+                        result = Some(if sparse {
+                            bag.backward_sparse(g, ids, bags, None, None)
+                                .unwrap()
+                                .nnz_rows()
+                        } else {
+                            bag.backward_dense_into(g, ids, bags, None, None, grad)
+                                .unwrap();
+                            0
+                        });
+                    })
+                });
+                black_box(result);
+                t
+            }
             LayerOp::TokenPosition => {
                 let (table, out) = (&self.data.table[..], &mut self.out);
                 let (positions, seq) = (&self.positions[..], self.seq_len);
@@ -251,13 +318,29 @@ pub fn run(
         seq_len: seq,
         adagrad: RowWiseAdagrad::new(0.01),
         last: None,
+        bag_layers: [Mode::Sum, Mode::Mean, Mode::Max].map(|mode| {
+            let mut weight = table_buffer(w.num_embeddings * w.dim, huge_pages);
+            weight.copy_from_slice(&data.table);
+            let options = EmbeddingBagOptions {
+                mode,
+                ..EmbeddingBagOptions::default()
+            };
+            EmbeddingBag::from_pretrained(weight, w.dim, false, options).expect("a valid table")
+        }),
+        bags: Bags::fixed(w.num_ids / BAG_SIZE, BAG_SIZE).expect("bags fit"),
+        bag_out: vec![0.0; w.num_ids / BAG_SIZE * w.dim],
+        bag_indices: vec![0; w.num_ids / BAG_SIZE * w.dim],
     });
     let s = &s;
     let op_case = |op| move || s.borrow_mut().op(op);
     let mut rows = Vec::new();
     for &op in ops {
         let (t, base) = match op {
-            LayerOp::ForwardInto | LayerOp::Forward => {
+            LayerOp::ForwardInto
+            | LayerOp::Forward
+            | LayerOp::BagSum
+            | LayerOp::BagMean
+            | LayerOp::BagMax => {
                 let [t, a, b] = measure(
                     budget,
                     [
@@ -268,7 +351,7 @@ pub fn run(
                 );
                 (t, faster(&a, &b))
             }
-            LayerOp::DenseBackward => {
+            LayerOp::DenseBackward | LayerOp::BagSumFwdBwd | LayerOp::BagSumFwdSparseBwd => {
                 let [t, a, b] = measure(
                     budget,
                     [
@@ -351,4 +434,6 @@ pub const LEGEND: &str = "layer ops run in the pool with Parallelism::Auto; spee
   sparse_*: backward fused into the optimiser step (touched rows only); baseline: dense backward
   into a gradient, then a dense SGD step over the whole table. token_position: w[id]*sqrt(d) + pos[t]
   in one pass, seq_len 1024 (or the largest divisor of the ids below it); baseline: gather_scaled,
-  then a second pass adding the positions";
+  then a second pass adding the positions. bag_*: EmbeddingBag over bags of 16 consecutive ids;
+  bag_sum_fwd_bwd: forward then the dense backward into a preallocated gradient (every row written);
+  bag_sum_fwd_sparse_bwd: forward then the coalesced sparse gradient";

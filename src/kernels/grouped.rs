@@ -27,7 +27,12 @@
 //!    for every thread count.
 //! 3. **Each row written once.** The dense backward writes a touched row's sum
 //!    or an untouched row's zeros in one sweep over the table: there is no
-//!    zeroing pass before the scatter.
+//!    zeroing pass before the scatter. From 8 MiB of table on, the sweep uses
+//!    non-temporal (streaming) stores, which send whole lines to memory
+//!    without first reading them into the cache: a plain store reads every
+//!    line it writes, doubling the traffic. On recsys (488 MiB, two threads)
+//!    this took the dense backward from 39 to 22 ms, against 12 ms for a
+//!    memset of the same table.
 //! 4. **Tasks own disjoint rows.** Groups are sorted by row, so a run of
 //!    groups covers a contiguous range of table rows, and the table (and an
 //!    optimiser's state) is carved into those ranges with `split_at_mut`.
@@ -53,6 +58,12 @@ const AHEAD: usize = 8;
 
 /// A task's share of the work, in floats read or written.
 const TASK_FLOATS: usize = 32 * 1024;
+
+/// From this many bytes of gradient table on, the dense backward writes
+/// with streaming stores (trick 3). Below, the table fits the caches that a
+/// streaming store would bypass, and plain stores are faster: on `tiny`
+/// (256 KiB) streaming took about twice as long as a memset and a scatter.
+const STREAM_MIN_BYTES: usize = 8 * 1024 * 1024;
 
 /// Floats per 64-byte cache line: hot-row column blocks are whole lines.
 const LINE: usize = 16;
@@ -497,6 +508,7 @@ pub(crate) fn dense_from<S: Source>(
         return;
     }
     let rows = grad_table.len() / dim;
+    let streaming = core::mem::size_of_val(grad_table) >= STREAM_MIN_BYTES;
     let tasks = plan(groups, dim, Space::Rows(Some(rows)), true, TASK_FLOATS);
     let parts = carve(&tasks, grad_table, dim, dim);
     let none = tasks.iter().map(|_| Default::default()).collect();
@@ -507,20 +519,28 @@ pub(crate) fn dense_from<S: Source>(
             sum_positions(source, positions, t.cols.clone(), divide_by_count, part);
             return;
         }
-        // Trick 3: one sweep over the span, every row streamed out once.
+        // Trick 3: one sweep over the span, every row written once;
+        // streamed past the caches when the table is larger than they are.
+        let write = |dst: &mut [f32], src: Option<&[f32]>| match (streaming, src) {
+            (true, _) => row::stream(dst, src),
+            (false, Some(src)) => dst.copy_from_slice(src),
+            (false, None) => dst.fill(0.0),
+        };
         let mut sum = vec![0.0; dim];
         let mut next = 0; // the first row of `part` not yet written
         for g in t.groups.clone() {
             groups.prefetch(g + AHEAD, source, &t.cols);
             let r = groups.rows[g] - t.span.start;
-            row::stream(&mut part[next * dim..r * dim], None);
+            write(&mut part[next * dim..r * dim], None);
             let positions = groups.positions(g);
             sum_positions(source, positions, 0..dim, divide_by_count, &mut sum);
-            row::stream(&mut part[r * dim..(r + 1) * dim], Some(&sum));
+            write(&mut part[r * dim..(r + 1) * dim], Some(&sum));
             next = r + 1;
         }
-        row::stream(&mut part[next * dim..], None);
-        row::stream_fence();
+        write(&mut part[next * dim..], None);
+        if streaming {
+            row::stream_fence();
+        }
     });
 }
 
