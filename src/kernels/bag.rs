@@ -7,7 +7,7 @@
 //!     for each block of 32 columns:
 //!         acc = -0.0 (sum, mean) | first kept row (max)      (8 vector registers)
 //!         for p in bag b, skipping padding_idx:
-//!             prefetch table[ids[p + AHEAD]]
+//!             prefetch table[ids[p + ahead]]   (about 16 KiB of rows ahead)
 //!             sum:  acc += table[ids[p], cols] (* weight[p])
 //!             max:  where table[ids[p], cols] > acc: acc = it, arg = p
 //!         out[b, cols] = acc (/ count, mean) — written once
@@ -43,22 +43,12 @@
 //!    bag by bag in order.
 
 use super::grouped::{self, Groups, Source};
-use super::{row, Parallelism, PARALLEL_MIN_BYTES, TASK_BYTES};
+use super::{prefetch_ahead, row, Parallelism, PARALLEL_MIN_BYTES, TASK_BYTES};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::shape::{check_len, rows_len, table_rows};
 use core::ops::Range;
 use rayon::prelude::*;
-use wide::f32x8;
-
-/// Columns per register block of the forward.
-const BLOCK: usize = 32;
-
-/// Vectors per register block.
-const VECS: usize = BLOCK / 8;
-
-/// How many positions ahead the forward prefetches table rows.
-const AHEAD: usize = 8;
 
 /// Bag sizes up to which the max's winner position is exact in an `f32`.
 const MAX_EXACT_POSITION: usize = 1 << 24;
@@ -354,6 +344,7 @@ pub fn bag_forward_with<I: Index>(
             pooling,
             first_bag,
             count,
+            ahead: prefetch_ahead(dim * 4),
         };
         block.run(out, max_indices);
     };
@@ -388,34 +379,32 @@ struct Block<'a, 'i, I: Index> {
     pooling: &'a Pooling<'a>,
     first_bag: usize,
     count: usize,
+    /// How many positions ahead rows are prefetched.
+    ahead: usize,
 }
 
 impl<I: Index> Block<'_, '_, I> {
     fn run(&self, out: &mut [f32], max_indices: &mut [i64]) {
         let dim = self.dim;
-        let positions =
-            self.bags.starts[self.first_bag]..self.bags.starts[self.first_bag + self.count];
+        let first = self.bags.starts[self.first_bag];
+        let limit = self.bags.starts[self.first_bag + self.count];
         // Warm the first rows: a block starts cold.
-        for p in positions.start..positions.end.min(positions.start + AHEAD) {
+        for p in first..limit.min(first + self.ahead) {
             self.prefetch(p);
         }
+        // The accumulators of one bag: registers for narrow rows, an
+        // L1-resident scratch row for wide ones (trick 2).
+        let mut acc = vec![0.0f32; dim];
+        let mut at = vec![0.0f32; dim];
         for k in 0..self.count {
-            let b = self.first_bag + k;
-            let bag = self.bags.bag(b);
+            let bag = self.bags.bag(self.first_bag + k);
             let dst = &mut out[k * dim..(k + 1) * dim];
-            let mut cols = 0;
-            while cols < dim {
-                let end = (cols + BLOCK).min(dim);
-                match self.pooling.mode {
-                    Mode::Sum | Mode::Mean => {
-                        self.pool_sum(bag.clone(), cols..end, positions.end, dst)
-                    }
-                    Mode::Max => {
-                        let args = &mut max_indices[k * dim..(k + 1) * dim];
-                        self.pool_max(bag.clone(), cols..end, positions.end, dst, args);
-                    }
+            match self.pooling.mode {
+                Mode::Sum | Mode::Mean => self.pool_sum(bag, limit, &mut acc, dst),
+                Mode::Max => {
+                    let args = &mut max_indices[k * dim..(k + 1) * dim];
+                    self.pool_max(bag, limit, &mut acc, &mut at, dst, args);
                 }
-                cols = end;
             }
         }
     }
@@ -433,181 +422,98 @@ impl<I: Index> Block<'_, '_, I> {
         Some(self.ids.row(p)) != self.pooling.padding_idx
     }
 
-    /// Columns `cols` of position `p`'s table row.
+    /// Position `p`'s table row.
     #[inline(always)]
-    fn cols(&self, p: usize, cols: &Range<usize>) -> &[f32] {
+    fn row_of(&self, p: usize) -> &[f32] {
         let r = self.ids.row(p) * self.dim;
-        &self.table[r + cols.start..r + cols.end]
+        &self.table[r..r + self.dim]
     }
 
-    /// Sum (or mean) of bag `bag` over `cols`, written to `dst[cols]`.
+    /// Sum (or mean) of bag `bag`, written to `dst` once. The first kept row
+    /// is copied (or scaled) into the accumulator, which is `-0.0 + x` (or
+    /// `-0.0 + w·x`) to the bit, and the others added in position order.
     #[inline(always)]
-    fn pool_sum(&self, bag: Range<usize>, cols: Range<usize>, limit: usize, dst: &mut [f32]) {
-        let width = cols.len();
+    fn pool_sum(&self, bag: Range<usize>, limit: usize, acc: &mut [f32], dst: &mut [f32]) {
         let weights = self.pooling.per_sample_weights;
-        let mut acc = [f32x8::splat(-0.0); VECS];
-        let mut tail = [-0.0f32; 8];
         let mut kept = 0usize;
-        let first_block = cols.start == 0;
         for p in bag {
-            if first_block && p + AHEAD < limit {
-                self.prefetch(p + AHEAD);
+            if p + self.ahead < limit {
+                self.prefetch(p + self.ahead);
             }
             if !self.kept(p) {
                 continue;
             }
-            kept += 1;
-            let src = self.cols(p, &cols);
-            let (body, rest) = src.as_chunks::<8>();
-            match weights {
-                None => {
-                    for (a, x) in acc.iter_mut().zip(body) {
-                        *a += f32x8::from(*x);
-                    }
-                    for (t, x) in tail.iter_mut().zip(rest) {
-                        *t += *x;
-                    }
-                }
-                Some(w) => {
-                    let s = f32x8::splat(w[p]);
-                    for (a, x) in acc.iter_mut().zip(body) {
-                        *a += f32x8::from(*x) * s;
-                    }
-                    for (t, x) in tail.iter_mut().zip(rest) {
-                        *t += *x * w[p];
-                    }
-                }
+            let src = self.row_of(p);
+            match (kept, weights) {
+                (0, None) => acc.copy_from_slice(src),
+                (0, Some(w)) => row::scale(acc, src, w[p]),
+                (_, None) => row::add(acc, src),
+                (_, Some(w)) => row::add_scaled(acc, src, w[p]),
             }
+            kept += 1;
         }
-        let dst = &mut dst[cols];
-        if kept == 0 {
-            dst.fill(0.0);
-            return;
+        match (kept, self.pooling.mode) {
+            (0, _) => dst.fill(0.0),
+            (n, Mode::Mean) => row::divide(dst, acc, n as f32),
+            _ => dst.copy_from_slice(acc),
         }
-        let (body, rest) = dst.as_chunks_mut::<8>();
-        let divisor = (self.pooling.mode == Mode::Mean).then_some(kept as f32);
-        for (d, a) in body.iter_mut().zip(acc) {
-            let a = match divisor {
-                Some(n) => a / f32x8::splat(n),
-                None => a,
-            };
-            *d = a.to_array();
-        }
-        for (d, t) in rest.iter_mut().zip(tail) {
-            *d = match divisor {
-                Some(n) => t / n,
-                None => t,
-            };
-        }
-        debug_assert!(width <= BLOCK);
     }
 
-    /// Max of bag `bag` over `cols` into `dst[cols]`, the winning ids into
-    /// `args[cols]`.
+    /// Max of bag `bag` into `dst`, the winning ids into `args`; `best` and
+    /// `at` are scratch rows (the best values, and the winners' positions in
+    /// the bag as `f32`s, exact below 2^24).
     #[inline(always)]
     fn pool_max(
         &self,
         bag: Range<usize>,
-        cols: Range<usize>,
         limit: usize,
+        best: &mut [f32],
+        at: &mut [f32],
         dst: &mut [f32],
         args: &mut [i64],
     ) {
-        let first_block = cols.start == 0;
         let start = bag.start;
-        let mut kept = bag.clone().filter(|&p| self.kept(p));
-        let Some(first) = kept.next() else {
-            dst[cols.clone()].fill(0.0);
-            args[cols].fill(-1);
-            return;
-        };
-        if bag.len() > MAX_EXACT_POSITION {
-            // Positions would not be exact in f32 lanes: a plain loop.
-            dst[cols.clone()].copy_from_slice(self.cols(first, &cols));
-            let mut win = vec![first; cols.len()];
-            for p in kept {
-                for (j, (&x, best)) in self
-                    .cols(p, &cols)
-                    .iter()
-                    .zip(&mut dst[cols.clone()])
-                    .enumerate()
-                {
-                    if x > *best {
-                        *best = x;
-                        win[j] = p;
+        let exact = bag.len() <= MAX_EXACT_POSITION;
+        let mut kept = 0usize;
+        for p in bag {
+            if p + self.ahead < limit {
+                self.prefetch(p + self.ahead);
+            }
+            if !self.kept(p) {
+                continue;
+            }
+            let src = self.row_of(p);
+            let here = (p - start) as f32;
+            if kept == 0 {
+                best.copy_from_slice(src);
+                at.fill(here);
+            } else if exact {
+                row::keep_max(best, at, src, here);
+            } else {
+                // Positions past 2^24 are not exact in f32: record the
+                // position's bits instead, one column at a time.
+                for ((b, a), &x) in best.iter_mut().zip(at.iter_mut()).zip(src) {
+                    if x > *b {
+                        *b = x;
+                        *a = f32::from_bits((p - start) as u32);
                     }
                 }
             }
-            for (a, &p) in args[cols].iter_mut().zip(&win) {
-                *a = self.ids.row(p) as i64;
-            }
+            kept += 1;
+        }
+        if kept == 0 {
+            dst.fill(0.0);
+            args.fill(-1);
             return;
         }
-        let load = |p: usize| -> ([f32x8; VECS], [f32; 8]) {
-            let mut v = [f32x8::splat(f32::NEG_INFINITY); VECS];
-            let mut t = [f32::NEG_INFINITY; 8];
-            let (body, rest) = self.cols(p, &cols).as_chunks::<8>();
-            for (a, x) in v.iter_mut().zip(body) {
-                *a = f32x8::from(*x);
-            }
-            t[..rest.len()].copy_from_slice(rest);
-            (v, t)
-        };
-        if first_block {
-            for p in bag.start..first + 1 {
-                if p + AHEAD < limit {
-                    self.prefetch(p + AHEAD);
-                }
-            }
-        }
-        let (mut best, mut best_tail) = load(first);
-        let offset = (first - start) as f32;
-        let mut at = [f32x8::splat(offset); VECS];
-        let mut at_tail = [offset; 8];
-        let mut last = first;
-        for p in kept {
-            if first_block {
-                for q in last + 1..=p {
-                    if q + AHEAD < limit {
-                        self.prefetch(q + AHEAD);
-                    }
-                }
-            }
-            last = p;
-            let (v, t) = load(p);
-            let here = f32x8::splat((p - start) as f32);
-            for k in 0..VECS {
-                let gt = v[k].simd_gt(best[k]);
-                best[k] = gt.bitselect(v[k], best[k]);
-                at[k] = gt.bitselect(here, at[k]);
-            }
-            for k in 0..8 {
-                if t[k] > best_tail[k] {
-                    best_tail[k] = t[k];
-                    at_tail[k] = (p - start) as f32;
-                }
-            }
-        }
-        if first_block {
-            for q in last + 1..bag.end {
-                if q + AHEAD < limit {
-                    self.prefetch(q + AHEAD);
-                }
-            }
-        }
-        let width = cols.len();
-        let mut values = [0.0f32; BLOCK];
-        let mut winners = [0.0f32; BLOCK];
-        for k in 0..VECS {
-            values[8 * k..8 * k + 8].copy_from_slice(&best[k].to_array());
-            winners[8 * k..8 * k + 8].copy_from_slice(&at[k].to_array());
-        }
-        let body = width / 8 * 8;
-        values[body..width].copy_from_slice(&best_tail[..width - body]);
-        winners[body..width].copy_from_slice(&at_tail[..width - body]);
-        dst[cols.clone()].copy_from_slice(&values[..width]);
-        for (a, &w) in args[cols].iter_mut().zip(&winners[..width]) {
-            *a = self.ids.row(start + w as usize) as i64;
+        dst.copy_from_slice(best);
+        for (a, &w) in args.iter_mut().zip(at.iter()) {
+            let k = if exact {
+                w as usize
+            } else {
+                w.to_bits() as usize
+            };
+            *a = self.ids.row(start + k) as i64;
         }
     }
 }

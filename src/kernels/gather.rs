@@ -3,7 +3,7 @@
 //! ```text
 //! check table shape, out length, every id          (nothing written yet)
 //! for i in 0..ids.len():                           (split across threads)
-//!     prefetch table[ids[i + AHEAD]]
+//!     prefetch table[ids[i + ahead]]        (about 16 KiB of rows ahead)
 //!     out[i, :] = table[ids[i], :]        (* scale, for gather_scaled)
 //! ```
 //!
@@ -15,12 +15,15 @@
 //!    to a row is a `RowOp` type, so the fused position kernel
 //!    (`kernels/positions.rs`) reuses this driver and loop unchanged.
 //! 3. **Prefetch.** Ids are random, so the hardware prefetcher cannot guess
-//!    the next row. The loop asks for row `i + AHEAD` while it copies row
-//!    `i`, and warms the first `AHEAD` rows before the loop (each parallel
-//!    block starts cold). `AHEAD` = 8: on the recsys workload (512-byte
-//!    rows, a table far bigger than the caches) 4, 8 and 16 were alike
-//!    within the development machine's noise, and without any prefetch one
-//!    thread took about 1.6 times as long.
+//!    the next row. The loop asks for row `i + ahead` while it copies row
+//!    `i`, and warms the first `ahead` rows before the loop (each parallel
+//!    block starts cold). `ahead` is about 16 KiB of rows, between 4 and 32
+//!    rows (`prefetch_ahead`): 32 rows of recsys's 512 bytes, 10 of
+//!    minilm's 1.5 KiB. With 4 KiB pages a fixed 8 rows was as good as any
+//!    (the page walks dominated); with the table in huge pages
+//!    ([`memory`](crate::memory)), 32 rows ahead ran the recsys bag sum
+//!    in 2.3 ms against 3.2 ms at 8. Without any prefetch one thread took
+//!    about 1.6 times as long.
 //! 4. **Threads.** The output is cut into blocks of whole rows, about
 //!    `TASK_BYTES` each, and rayon hands the blocks to the threads of the
 //!    pool the caller runs in. Blocks are disjoint, so there is nothing to
@@ -28,14 +31,11 @@
 //!    2 MiB of output, [`Parallelism::Auto`] (the default) keeps the call on
 //!    the calling thread.
 
-use super::{row, Parallelism, PARALLEL_MIN_BYTES, TASK_BYTES};
+use super::{prefetch_ahead, row, Parallelism, PARALLEL_MIN_BYTES, TASK_BYTES};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::shape::{check_len, rows_len, table_rows};
 use rayon::prelude::*;
-
-/// How many ids ahead the gather loop prefetches (see the module notes).
-const AHEAD: usize = 8;
 
 /// `out[i, :] = table[ids[i], :]` for every `i`.
 ///
@@ -213,15 +213,16 @@ fn gather_block<I: Index, Op: RowOp>(
     mut op: Op,
 ) {
     let n = ids.len();
+    let ahead = prefetch_ahead(dim * 4);
     // Warm the first rows too: a parallel block starts cold.
-    for i in 0..AHEAD.min(n) {
+    for i in 0..ahead.min(n) {
         let start = ids.row(i) * dim;
         row::prefetch(&table[start..start + dim]);
     }
     for (i, dst) in out.chunks_exact_mut(dim).enumerate() {
-        if i + AHEAD < n {
-            let ahead = ids.row(i + AHEAD) * dim;
-            row::prefetch(&table[ahead..ahead + dim]);
+        if i + ahead < n {
+            let next = ids.row(i + ahead) * dim;
+            row::prefetch(&table[next..next + dim]);
         }
         let start = ids.row(i) * dim;
         op.write(dst, &table[start..start + dim]);

@@ -43,18 +43,17 @@
 //!    cache lines, each summing its columns in position order. Rules that
 //!    need the whole row at once (row-wise Adagrad) keep the row whole.
 //! 6. **Prefetch.** The positions of a group are scattered over
-//!    `grad_output`; the next one's row is prefetched while one is added.
+//!    `grad_output`; the next one's row is prefetched while one is added,
+//!    and so is the first row of the group about 16 KiB of rows ahead (and,
+//!    for a fused update, its weight and state rows).
 
-use super::{row, Parallelism, PARALLEL_MIN_BYTES};
+use super::{prefetch_ahead, row, Parallelism, PARALLEL_MIN_BYTES};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::optim::RowRule;
 use crate::shape::{check_len, rows_len, table_rows};
 use core::ops::Range;
 use rayon::prelude::*;
-
-/// How many groups ahead the task loops prefetch.
-const AHEAD: usize = 8;
 
 /// A task's share of the work, in floats read or written.
 const TASK_FLOATS: usize = 32 * 1024;
@@ -528,8 +527,9 @@ pub(crate) fn dense_from<S: Source>(
         };
         let mut sum = vec![0.0; dim];
         let mut next = 0; // the first row of `part` not yet written
+        let ahead = prefetch_ahead(dim * 4);
         for g in t.groups.clone() {
-            groups.prefetch(g + AHEAD, source, &t.cols);
+            groups.prefetch(g + ahead, source, &t.cols);
             let r = groups.rows[g] - t.span.start;
             write(&mut part[next * dim..r * dim], None);
             let positions = groups.positions(g);
@@ -699,9 +699,10 @@ pub(crate) fn coalesce_from<S: Source>(
     let tasks = plan(groups, dim, Space::Groups, true, TASK_FLOATS);
     let parts = carve(&tasks, &mut values, dim, dim);
     let none = tasks.iter().map(|_| Default::default()).collect();
+    let ahead = prefetch_ahead(dim * 4);
     run(split, &tasks, parts, none, |t, part, _| {
         for g in t.groups.clone() {
-            groups.prefetch(g + AHEAD, source, &t.cols);
+            groups.prefetch(g + ahead, source, &t.cols);
             let at = (g - t.span.start) * t.cols.len();
             let dst = &mut part[at..at + t.cols.len()];
             sum_positions(
@@ -817,12 +818,13 @@ pub(crate) fn apply_groups<S: Source, R: RowRule>(
     run(split, &tasks, weights, states, |t, weight, state| {
         let mut sum = vec![0.0; t.cols.len()];
         let whole = t.cols == (0..dim);
+        let ahead = prefetch_ahead(dim * 4);
         for g in t.groups.clone() {
-            groups.prefetch(g + AHEAD, source, &t.cols);
-            if whole && g + AHEAD < t.groups.end {
-                let ahead = groups.rows[g + AHEAD] - t.span.start;
-                row::prefetch(&weight[ahead * dim..(ahead + 1) * dim]);
-                row::prefetch(&state[ahead * width..(ahead + 1) * width]);
+            groups.prefetch(g + ahead, source, &t.cols);
+            if whole && g + ahead < t.groups.end {
+                let next = groups.rows[g + ahead] - t.span.start;
+                row::prefetch(&weight[next * dim..(next + 1) * dim]);
+                row::prefetch(&state[next * width..(next + 1) * width]);
             }
             let r = groups.rows[g] - t.span.start;
             let (w, s) = if whole {

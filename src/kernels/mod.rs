@@ -61,6 +61,19 @@ pub(crate) const PARALLEL_MIN_BYTES: usize = 2 * 1024 * 1024;
 /// larger workloads gain from the split.
 pub(crate) const SCATTER_PARALLEL_MIN_BYTES: usize = 8 * 1024 * 1024;
 
+/// How far ahead the kernels prefetch random rows, in bytes of rows: enough
+/// misses in flight to cover a DRAM round trip, few enough that the line
+/// buffers do not overflow. On recsys (512-byte rows), 32 rows ahead ran
+/// the bag sum in 2.3 ms against 3.2 ms at 8 rows (two threads).
+const PREFETCH_BYTES: usize = 16 * 1024;
+
+/// The prefetch distance, in rows, for rows of `row_bytes`: between 4 and
+/// 32 rows, about [`PREFETCH_BYTES`] ahead.
+#[inline]
+pub(crate) fn prefetch_ahead(row_bytes: usize) -> usize {
+    (PREFETCH_BYTES / row_bytes.max(1)).clamp(4, 32)
+}
+
 /// The size of one parallel task's share of the output, in bytes: large
 /// enough that scheduling is noise, small enough that two threads finish
 /// close together.

@@ -6,7 +6,7 @@
 //!   check table, positions, ids shape, seq_len, out length, every id
 //!   for i in 0..batch·seq_len:                            (split across threads)
 //!       t = i mod seq_len                                 (counted, not divided)
-//!       prefetch table[ids[i + AHEAD]]
+//!       prefetch table[ids[i + ahead]]
 //!       out[i, :] = table[ids[i], :] * scale + positions[t, :]
 //!
 //! backward (embed_positions_backward):
@@ -24,7 +24,7 @@
 //!
 //! 1. **Fusion, not new drivers.** The forward is the gather's driver and
 //!    loop (`kernels/gather.rs`: blocks of whole rows, one rayon task each,
-//!    prefetch `AHEAD` ids on, the 2 MiB [`Parallelism::Auto`] threshold)
+//!    prefetch about 16 KiB of rows ahead, the 2 MiB [`Parallelism::Auto`] threshold)
 //!    with a third row operation besides copy and scale: scale and add a
 //!    position row. The backward is the scatter's driver and loop
 //!    (`kernels/scatter.rs`: column blocks of whole cache lines, the 8 MiB

@@ -143,6 +143,46 @@ pub(crate) fn prefetch(row: &[f32]) {
     let _ = row;
 }
 
+/// `dst = src / divisor`, one IEEE division per value.
+#[inline(always)]
+pub(crate) fn divide(dst: &mut [f32], src: &[f32], divisor: f32) {
+    debug_assert_eq!(dst.len(), src.len());
+    let d = f32x8::splat(divisor);
+    let (d_body, d_tail) = dst.as_chunks_mut::<LANES>();
+    let (s_body, s_tail) = src.as_chunks::<LANES>();
+    for (o, x) in d_body.iter_mut().zip(s_body) {
+        store(o, load(x) / d);
+    }
+    for (o, x) in d_tail.iter_mut().zip(s_tail) {
+        *o = *x / divisor;
+    }
+}
+
+/// Where `src > best` (strictly; a NaN never wins), `best = src` and
+/// `at = here`: one step of a running arg-max. The three rows must have the
+/// same length.
+#[inline(always)]
+pub(crate) fn keep_max(best: &mut [f32], at: &mut [f32], src: &[f32], here: f32) {
+    debug_assert_eq!(best.len(), src.len());
+    debug_assert_eq!(at.len(), src.len());
+    let h = f32x8::splat(here);
+    let (b_body, b_tail) = best.as_chunks_mut::<LANES>();
+    let (a_body, a_tail) = at.as_chunks_mut::<LANES>();
+    let (s_body, s_tail) = src.as_chunks::<LANES>();
+    for ((b, a), x) in b_body.iter_mut().zip(a_body).zip(s_body) {
+        let (v, old) = (load(x), load(b));
+        let wins = v.simd_gt(old);
+        store(b, wins.bitselect(v, old));
+        store(a, wins.bitselect(h, load(a)));
+    }
+    for ((b, a), &x) in b_tail.iter_mut().zip(a_tail).zip(s_tail) {
+        if x > *b {
+            *b = x;
+            *a = here;
+        }
+    }
+}
+
 /// `dst = src`, or zeros when `src` is `None`, written with non-temporal
 /// (streaming) stores wherever `dst` is 16-byte aligned, so the lines go to
 /// memory without first being read into the cache. For sweeps that write

@@ -5,7 +5,7 @@
 //! cut the columns 0..dim into blocks of whole cache lines, one per thread
 //! each block, in parallel:
 //!     for p in 0..n (in order):
-//!         prefetch grad_table[ids[p + AHEAD], block]
+//!         prefetch grad_table[ids[p + ahead], block]   (~16 KiB ahead)
 //!         grad_table[ids[p], block] += grad_output[p, block]   (* scale: trick 7)
 //!         (grad_positions[p mod seq_len, block] += the same: trick 8)
 //! ```
@@ -20,7 +20,8 @@
 //!    90 % of the positions is as balanced as a uniform one.
 //! 3. **Streams stay streams.** Each task reads `ids` and its columns of
 //!    `grad_output` front to back, as the sequential loop does; only the
-//!    table rows are random, and those are prefetched `AHEAD` positions on.
+//!    table rows are random, and those are prefetched about 16 KiB of
+//!    rows ahead (4 to 32 positions, as in the gather).
 //!    (A sort of positions by id, then whole rows per task, was tried first:
 //!    it turned `grad_output` into a random stream and ran slower than one
 //!    thread on every workload of the report.)
@@ -54,16 +55,13 @@
 //!    position rows are written by two threads: slower (they share those
 //!    lines) but never wrong, since no value belongs to two blocks.
 
-use super::{row, Parallelism, SCATTER_PARALLEL_MIN_BYTES};
+use super::{prefetch_ahead, row, Parallelism, SCATTER_PARALLEL_MIN_BYTES};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::shape::{check_len, rows_len, table_rows};
 use core::marker::PhantomData;
 use core::ops::Range;
 use rayon::prelude::*;
-
-/// How many positions ahead the loop prefetches table rows.
-const AHEAD: usize = 8;
 
 /// Floats per 64-byte cache line: column blocks are made of whole lines.
 const LINE: usize = 16;
@@ -352,9 +350,10 @@ fn accumulate<I: Index, R: ColumnRows, A: AddRow, P: PositionSink>(
     mut positions: P,
 ) {
     let n = ids.len();
+    let ahead = prefetch_ahead(cols.len() * 4);
     for p in 0..n {
-        if p + AHEAD < n {
-            row::prefetch(table.columns(ids.row(p + AHEAD), cols.clone()));
+        if p + ahead < n {
+            row::prefetch(table.columns(ids.row(p + ahead), cols.clone()));
         }
         let src = &grad_output[p * dim + cols.start..p * dim + cols.end];
         add.add(table.columns(ids.row(p), cols.clone()), src);
