@@ -580,7 +580,7 @@ fn targets(rows: &[Row], layer_rows: &[layer::LayerRow]) -> Vec<Target> {
             .iter()
             .find(|r| r.workload == workload && r.op == op.name())
     };
-    let goals: [(&str, Option<f64>, f64, &str, bool); 6] = [
+    let goals: [(&str, Option<f64>, f64, &str, bool); 14] = [
         (
             "recsys gather (simd_rayon) >= 50% of memcpy roofline",
             find("recsys", Kernel::Gather).map(|r| r.pct_of_roofline),
@@ -620,6 +620,62 @@ fn targets(rows: &[Row], layer_rows: &[layer::LayerRow]) -> Vec<Target> {
             "gpt2 token_position <= 30.7 ms (1/3 of PyTorch 2.15's 92 ms quoted by the issue)",
             op("gpt2", layer::LayerOp::TokenPosition).map(|r| r.stats.median_us / 1e3),
             92.0 / 3.0,
+            "ms",
+            true,
+        ),
+        (
+            "recsys bag_sum >= 80% of a same-run memcpy of the rows it reads",
+            op("recsys", layer::LayerOp::BagSum).map(|r| 100.0 * r.speedup_vs_baseline),
+            80.0,
+            "%",
+            false,
+        ),
+        (
+            "recsys bag_sum <= 2.1 ms (PyTorch 2.15, quoted by the issue)",
+            op("recsys", layer::LayerOp::BagSum).map(|r| r.stats.median_us / 1e3),
+            2.1,
+            "ms",
+            true,
+        ),
+        (
+            "minilm bag_sum <= 0.33 ms (PyTorch 2.15, quoted)",
+            op("minilm", layer::LayerOp::BagSum).map(|r| r.stats.median_us / 1e3),
+            0.33,
+            "ms",
+            true,
+        ),
+        (
+            "gpt2 bag_sum <= 2.6 ms (PyTorch 2.15, quoted)",
+            op("gpt2", layer::LayerOp::BagSum).map(|r| r.stats.median_us / 1e3),
+            2.6,
+            "ms",
+            true,
+        ),
+        (
+            "recsys bag_max <= 6.0 ms (1/10 of PyTorch 2.15's 60 ms, quoted)",
+            op("recsys", layer::LayerOp::BagMax).map(|r| r.stats.median_us / 1e3),
+            6.0,
+            "ms",
+            true,
+        ),
+        (
+            "minilm bag_max <= 1.34 ms (1/10 of PyTorch 2.15's 13.4 ms, quoted)",
+            op("minilm", layer::LayerOp::BagMax).map(|r| r.stats.median_us / 1e3),
+            1.34,
+            "ms",
+            true,
+        ),
+        (
+            "recsys bag_sum_fwd_bwd <= 51.2 ms (1/5 of PyTorch 2.15's 256 ms, quoted)",
+            op("recsys", layer::LayerOp::BagSumFwdBwd).map(|r| r.stats.median_us / 1e3),
+            51.2,
+            "ms",
+            true,
+        ),
+        (
+            "minilm bag_sum_fwd_bwd <= 9.8 ms (1/5 of PyTorch 2.15's 49 ms, quoted)",
+            op("minilm", layer::LayerOp::BagSumFwdBwd).map(|r| r.stats.median_us / 1e3),
+            9.8,
             "ms",
             true,
         ),

@@ -4,35 +4,36 @@
 //! ```text
 //! check table, bags, weights, out, max_indices, every id   (nothing written)
 //! for each bag b (blocks of bags split across threads):
-//!     for each block of 32 columns:
-//!         acc = -0.0 (sum, mean) | first kept row (max)      (8 vector registers)
-//!         for p in bag b, skipping padding_idx:
-//!             prefetch table[ids[p + ahead]]   (about 16 KiB of rows ahead)
-//!             sum:  acc += table[ids[p], cols] (* weight[p])
-//!             max:  where table[ids[p], cols] > acc: acc = it, arg = p
-//!         out[b, cols] = acc (/ count, mean) — written once
+//!     acc = first kept row (· weight)            (a scratch row, in L1)
+//!     for the other p in bag b, skipping padding_idx:
+//!         prefetch table[ids[p + ahead]]         (about 16 KiB of rows ahead)
+//!         sum:  acc += table[ids[p], :] (· weight[p])
+//!         max:  where table[ids[p], :] > acc: acc = it, at = p
+//!     out[b, :] = acc (/ count, mean)            (written once)
 //! ```
 //!
 //! 1. **Checks first.** The offsets are checked once into [`Bags`] (start at
 //!    0, never decrease, never pass the number of ids), every id by
 //!    [`ValidIds`], the buffers by length; then the loop cannot fail.
-//! 2. **Registers, not memory.** A bag's sum for 32 columns lives in four
-//!    `f32x8` values for the whole bag, so the output row is written once
-//!    and never read back. Rows wider than 32 columns take several passes
-//!    over the bag; the later passes find the rows in cache (the first pass
-//!    prefetched every line of each row).
-//! 3. **Exact order.** Each bag is summed in position order from `-0.0`
-//!    (the additive identity), one rounded product and one rounded sum per
-//!    term (no fused multiply-add), the same operations as the reference's
-//!    bag matrix product, so `sum` matches it bit for bit on every thread
-//!    count. `mean` divides the sum by the count (the reference multiplies
+//! 2. **A scratch row, not the output.** A bag is summed into one task-local
+//!    row that stays in L1, with the row primitives (`f32x8` lanes plus a
+//!    scalar tail), and the output row is written once at the end. A first
+//!    version kept 32 columns in registers and made a pass over the bag per
+//!    32 columns: on minilm (384 columns) the per-pass overhead cost more
+//!    than the L1 traffic it saved.
+//! 3. **Exact order.** Each bag is summed in position order, one rounded
+//!    product and one rounded sum per term (no fused multiply-add); the
+//!    first term is copied, which is `-0.0 + x` to the bit. These are the
+//!    operations of the reference's bag matrix product (sums from `-0.0`),
+//!    so `sum` matches it bit for bit on every thread count. `mean` divides the sum by the count (the reference multiplies
 //!    by `1/len`: equal up to rounding). An empty bag (or one holding only
 //!    `padding_idx`) is `+0.0`, as in PyTorch.
 //! 4. **Max** keeps, per column, the first largest value (strictly greater
 //!    replaces, so ties keep the earlier id and a NaN never replaces; a NaN
 //!    in the first row stays), and the id it came from. The winner's
-//!    position within the bag rides along as an `f32x8` (exact below 2^24),
-//!    chosen with the same compare mask as the value.
+//!    position within the bag rides along as an `f32` (exact below 2^24;
+//!    longer bags store the position's bits), chosen with the same compare
+//!    mask as the value.
 //! 5. **Threads.** Blocks of whole bags, about `TASK_BYTES` of output each;
 //!    blocks are disjoint, so the result cannot depend on the thread count.
 //! 6. **Backward** (sum and mean) is the grouped backward of
