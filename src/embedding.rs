@@ -373,6 +373,25 @@ impl Embedding {
         gather_with(self.parallelism, &self.weight, self.embedding_dim, ids, out)
     }
 
+    /// A read-only lookup, for a layer without `max_norm` (inference, or
+    /// several threads sharing one layer): `out[i, :] = weight[ids[i], :]`.
+    ///
+    /// # Errors
+    /// [`EmbeddingError::InvalidArgument`] if `max_norm` is set (its lookups
+    /// change the table: use [`forward_into`](Self::forward_into)), a shape
+    /// error for `out`, or [`EmbeddingError::IndexOutOfRange`]; then `out` is
+    /// untouched.
+    pub fn lookup_into<I: Index>(&self, ids: &[I], out: &mut [f32]) -> Result<(), EmbeddingError> {
+        if let Some(m) = self.max_norm {
+            return Err(EmbeddingError::InvalidArgument {
+                name: "max_norm",
+                value: m.to_string(),
+                requirement: "unset for a read-only lookup (forward_into renormalises)",
+            });
+        }
+        gather_with(self.parallelism, &self.weight, self.embedding_dim, ids, out)
+    }
+
     /// `embedding_renorm_`: scales each distinct row of `ids` whose norm
     /// exceeds `max_norm` by `max_norm / (norm + 1e-7)`.
     fn renorm<I: Index>(&mut self, ids: ValidIds<'_, I>, max_norm: f32) {
@@ -572,7 +591,7 @@ impl Embedding {
     /// then nothing has changed.
     pub fn dense_sgd_step(&mut self, grad: &[f32], sgd: &Sgd) -> Result<(), EmbeddingError> {
         check_len(Operand::GradTable, self.weight.len(), grad.len())?;
-        sgd.check()?;
+        sgd.validate()?;
         if self.frozen {
             return Ok(());
         }

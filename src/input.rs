@@ -473,7 +473,7 @@ impl InputEmbedding {
         sgd: &Sgd,
     ) -> Result<(), EmbeddingError> {
         self.check_backward(grad_output, ids, batch, seq_len)?;
-        sgd.check()?;
+        sgd.validate()?;
         let dim = self.embedding_dim();
         let mut rule = *sgd;
         // Everything is checked: neither step below can fail.

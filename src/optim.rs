@@ -130,7 +130,7 @@ impl Sgd {
     /// `weight`; then `weight` is untouched.
     pub fn step_dense(&self, weight: &mut [f32], grad: &[f32]) -> Result<(), EmbeddingError> {
         use rayon::prelude::*;
-        self.check()?;
+        self.validate()?;
         if grad.len() != weight.len() {
             return Err(EmbeddingError::LengthMismatch {
                 operand: Operand::GradTable,
@@ -154,8 +154,12 @@ impl Sgd {
 }
 
 impl Sgd {
-    /// Checks the hyper-parameters.
-    pub(crate) fn check(&self) -> Result<(), EmbeddingError> {
+    /// Checks the hyper-parameters (every step does too), so a training
+    /// loop can refuse a bad configuration before it starts.
+    ///
+    /// # Errors
+    /// [`EmbeddingError::InvalidArgument`] naming the first bad one.
+    pub fn validate(&self) -> Result<(), EmbeddingError> {
         non_negative("lr", self.lr)?;
         non_negative("weight_decay", self.weight_decay)
     }
@@ -188,7 +192,7 @@ impl sealed::Sealed for Sgd {
         _rows: usize,
         _dim: usize,
     ) -> Result<(Sgd, &mut [f32]), EmbeddingError> {
-        self.check()?;
+        self.validate()?;
         Ok((*self, &mut []))
     }
 }
@@ -233,6 +237,18 @@ impl Adagrad {
             step: 0,
             state: Vec::new(),
         }
+    }
+
+    /// Checks the hyper-parameters (every step does too).
+    ///
+    /// # Errors
+    /// [`EmbeddingError::InvalidArgument`] naming the first bad one.
+    pub fn validate(&self) -> Result<(), EmbeddingError> {
+        non_negative("lr", self.lr)?;
+        non_negative("lr_decay", self.lr_decay)?;
+        non_negative("weight_decay", self.weight_decay)?;
+        non_negative("eps", self.eps)?;
+        non_negative("initial_accumulator_value", self.initial_accumulator_value)
     }
 
     /// The accumulators (`num_embeddings × embedding_dim`), empty before the
@@ -281,11 +297,7 @@ impl sealed::Sealed for Adagrad {
         rows: usize,
         dim: usize,
     ) -> Result<(AdagradRule, &mut [f32]), EmbeddingError> {
-        non_negative("lr", self.lr)?;
-        non_negative("lr_decay", self.lr_decay)?;
-        non_negative("weight_decay", self.weight_decay)?;
-        non_negative("eps", self.eps)?;
-        non_negative("initial_accumulator_value", self.initial_accumulator_value)?;
+        self.validate()?;
         state_for(&mut self.state, rows, dim, self.initial_accumulator_value)?;
         self.step += 1;
         let clr = self.lr / (1.0 + (self.step - 1) as f32 * self.lr_decay);
@@ -333,6 +345,17 @@ impl RowWiseAdagrad {
         }
     }
 
+    /// Checks the hyper-parameters (every step does too).
+    ///
+    /// # Errors
+    /// [`EmbeddingError::InvalidArgument`] naming the first bad one.
+    pub fn validate(&self) -> Result<(), EmbeddingError> {
+        non_negative("lr", self.lr)?;
+        non_negative("weight_decay", self.weight_decay)?;
+        non_negative("eps", self.eps)?;
+        non_negative("initial_accumulator_value", self.initial_accumulator_value)
+    }
+
     /// The accumulators, one per row, empty before the first step.
     pub fn state(&self) -> &[f32] {
         &self.state
@@ -376,10 +399,7 @@ impl sealed::Sealed for RowWiseAdagrad {
         rows: usize,
         _dim: usize,
     ) -> Result<(RowWiseAdagradRule, &mut [f32]), EmbeddingError> {
-        non_negative("lr", self.lr)?;
-        non_negative("weight_decay", self.weight_decay)?;
-        non_negative("eps", self.eps)?;
-        non_negative("initial_accumulator_value", self.initial_accumulator_value)?;
+        self.validate()?;
         state_for(&mut self.state, rows, 1, self.initial_accumulator_value)?;
         let rule = RowWiseAdagradRule {
             lr: self.lr,

@@ -806,3 +806,48 @@ fn save_and_load_round_trip_bitwise() {
     assert_eq!(bits(back.weight()), bits(emb.weight()));
     assert!(Embedding::load(&path, "missing", false).is_err());
 }
+
+#[test]
+fn read_only_lookups_match_forward_and_refuse_max_norm() {
+    let weight: Vec<f32> = (0..24).map(|x| x as f32 - 7.5).collect();
+    let mut emb = Embedding::from_pretrained(weight.clone(), 4, false).unwrap();
+    let ids = [5u32, 0, 5, 2];
+    let mut shared = vec![f32::NAN; 16];
+    emb.lookup_into(&ids, &mut shared).unwrap();
+    let owned = emb.forward(&ids, &[4]).unwrap();
+    assert_eq!(bits(&shared), bits(&owned.values));
+    assert!(matches!(
+        emb.lookup_into(&[6u32], &mut shared[..4]),
+        Err(EmbeddingError::IndexOutOfRange { position: 0, index: 6, .. })
+    ));
+    let options = EmbeddingOptions {
+        max_norm: Some(1.0),
+        ..EmbeddingOptions::default()
+    };
+    let renorming = Embedding::from_pretrained_with_options(weight, 4, false, options).unwrap();
+    assert!(matches!(
+        renorming.lookup_into(&ids, &mut shared),
+        Err(EmbeddingError::InvalidArgument { name: "max_norm", .. })
+    ));
+}
+
+#[test]
+fn optimisers_validate_before_any_step() {
+    assert!(Sgd::new(0.1).validate().is_ok());
+    assert!(matches!(
+        Sgd::new(0.1).with_weight_decay(-1.0).validate(),
+        Err(EmbeddingError::InvalidArgument { name: "weight_decay", .. })
+    ));
+    let mut adagrad = Adagrad::new(0.1);
+    adagrad.eps = f32::NAN;
+    assert!(matches!(
+        adagrad.validate(),
+        Err(EmbeddingError::InvalidArgument { name: "eps", .. })
+    ));
+    let mut rowwise = RowWiseAdagrad::new(0.1);
+    rowwise.initial_accumulator_value = -0.5;
+    assert!(matches!(
+        rowwise.validate(),
+        Err(EmbeddingError::InvalidArgument { name: "initial_accumulator_value", .. })
+    ));
+}
