@@ -399,7 +399,7 @@ impl Embedding {
         let par = self
             .parallelism
             .splits(ids.len() * dim * 4, PARALLEL_MIN_BYTES);
-        let groups = Groups::new(ids, None, par);
+        let groups = Groups::new(ids, None);
         let (p, max_norm) = (self.norm_type, f64::from(max_norm));
         grouped::for_each_row(par, &groups, &mut self.weight, dim, |row| {
             let norm = p_norm(row, p);
