@@ -818,7 +818,11 @@ fn read_only_lookups_match_forward_and_refuse_max_norm() {
     assert_eq!(bits(&shared), bits(&owned.values));
     assert!(matches!(
         emb.lookup_into(&[6u32], &mut shared[..4]),
-        Err(EmbeddingError::IndexOutOfRange { position: 0, index: 6, .. })
+        Err(EmbeddingError::IndexOutOfRange {
+            position: 0,
+            index: 6,
+            ..
+        })
     ));
     let options = EmbeddingOptions {
         max_norm: Some(1.0),
@@ -827,7 +831,10 @@ fn read_only_lookups_match_forward_and_refuse_max_norm() {
     let renorming = Embedding::from_pretrained_with_options(weight, 4, false, options).unwrap();
     assert!(matches!(
         renorming.lookup_into(&ids, &mut shared),
-        Err(EmbeddingError::InvalidArgument { name: "max_norm", .. })
+        Err(EmbeddingError::InvalidArgument {
+            name: "max_norm",
+            ..
+        })
     ));
 }
 
@@ -836,7 +843,10 @@ fn optimisers_validate_before_any_step() {
     assert!(Sgd::new(0.1).validate().is_ok());
     assert!(matches!(
         Sgd::new(0.1).with_weight_decay(-1.0).validate(),
-        Err(EmbeddingError::InvalidArgument { name: "weight_decay", .. })
+        Err(EmbeddingError::InvalidArgument {
+            name: "weight_decay",
+            ..
+        })
     ));
     let mut adagrad = Adagrad::new(0.1);
     adagrad.eps = f32::NAN;
@@ -848,6 +858,9 @@ fn optimisers_validate_before_any_step() {
     rowwise.initial_accumulator_value = -0.5;
     assert!(matches!(
         rowwise.validate(),
-        Err(EmbeddingError::InvalidArgument { name: "initial_accumulator_value", .. })
+        Err(EmbeddingError::InvalidArgument {
+            name: "initial_accumulator_value",
+            ..
+        })
     ));
 }

@@ -487,7 +487,11 @@ impl<I: Index> Block<'_, '_, I> {
             let here = (p - start) as f32;
             if kept == 0 {
                 best.copy_from_slice(src);
-                at.fill(here);
+                at.fill(if exact {
+                    here
+                } else {
+                    f32::from_bits((p - start) as u32)
+                });
             } else if exact {
                 row::keep_max(best, at, src, here);
             } else {
@@ -544,7 +548,6 @@ impl Source for PerBag<'_> {
 
 /// The grouped form of a sum or mean bag batch: its groups and its source.
 fn grouped_bags<'a, I: Index>(
-    par: bool,
     ids: ValidIds<'_, I>,
     bags: &Bags,
     pooling: &Pooling<'_>,
@@ -553,7 +556,7 @@ fn grouped_bags<'a, I: Index>(
 ) -> (Groups, PerBag<'a>) {
     let bag_of = bags.bag_of();
     let skip = pooling.padding_idx;
-    let groups = Groups::new_kept(ids, |p, r| bag_of[p] != usize::MAX && Some(r) != skip, par);
+    let groups = Groups::new_kept(ids, |p, r| bag_of[p] != usize::MAX && Some(r) != skip);
     let factor = match (pooling.mode, pooling.per_sample_weights) {
         (Mode::Sum, None) => None,
         (Mode::Sum, Some(w)) => Some(w.to_vec()),
@@ -621,7 +624,7 @@ pub fn bag_backward_with<I: Index>(
         return Err(EmbeddingError::MaxNeedsIndices);
     }
     let split = par.splits(core::mem::size_of_val(grad_table), PARALLEL_MIN_BYTES);
-    let (groups, source) = grouped_bags(split, ids, bags, pooling, grad_bags, dim);
+    let (groups, source) = grouped_bags(ids, bags, pooling, grad_bags, dim);
     grouped::dense_from(
         split,
         &groups,
@@ -654,7 +657,7 @@ pub fn bag_sparse_backward_with<I: Index>(
         return Err(EmbeddingError::MaxNeedsIndices);
     }
     let split = par.splits(core::mem::size_of_val(grad_bags), PARALLEL_MIN_BYTES);
-    let (groups, source) = grouped_bags(split, ids, bags, pooling, grad_bags, dim);
+    let (groups, source) = grouped_bags(ids, bags, pooling, grad_bags, dim);
     let values = grouped::coalesce_from(split, &groups, &source, dim, pooling.scale_grad_by_freq);
     grouped::SparseGrad::new(groups.rows, values, num_embeddings, dim)
 }
@@ -677,7 +680,7 @@ pub(crate) fn bag_fused_update<I: Index, R: grouped_rule::Rule>(
         return Err(EmbeddingError::MaxNeedsIndices);
     }
     let split = par.splits(core::mem::size_of_val(grad_bags), PARALLEL_MIN_BYTES);
-    let (groups, source) = grouped_bags(split, ids, bags, pooling, grad_bags, dim);
+    let (groups, source) = grouped_bags(ids, bags, pooling, grad_bags, dim);
     grouped::apply_groups(
         split,
         &groups,
