@@ -372,3 +372,38 @@ fn bad_calls_change_nothing() {
         })
     ));
 }
+
+/// Buffers are checked before ids, as everywhere in the crate: a bad id and
+/// a short output at once report the output.
+#[test]
+fn forward_checks_buffers_before_ids() {
+    let (mut ids, offsets) = batch();
+    ids[2] = 1000;
+    let mut bag = layer(Mode::Max, EmbeddingBagOptions::default());
+    let bags = bag.offsets(&offsets, ids.len()).unwrap();
+    let mut out = vec![f32::NAN; 5 * DIM - 1];
+    let mut idx = vec![0i64; 5 * DIM];
+    assert!(matches!(
+        bag.forward_into(&ids, &bags, None, &mut out, &mut idx),
+        Err(EmbeddingError::LengthMismatch {
+            operand: embedding_kernels::Operand::Output,
+            ..
+        })
+    ));
+    let mut out = vec![f32::NAN; 5 * DIM];
+    assert!(matches!(
+        bag.forward_into(&ids, &bags, None, &mut out, &mut idx[1..]),
+        Err(EmbeddingError::LengthMismatch {
+            operand: embedding_kernels::Operand::MaxIndices,
+            ..
+        })
+    ));
+    assert!(matches!(
+        bag.forward_into(&ids, &bags, None, &mut out, &mut idx),
+        Err(EmbeddingError::IndexOutOfRange {
+            position: 2,
+            index: 1000,
+            ..
+        })
+    ));
+}

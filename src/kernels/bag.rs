@@ -201,16 +201,17 @@ pub struct Pooling<'a> {
     pub scale_grad_by_freq: bool,
 }
 
-/// The checks every bag call shares, in the crate's order: table, bags
-/// against the ids, `per_sample_weights` (mode, then length), the padding
-/// row, then the ids. Returns the checked ids and the row count.
-fn check_call<'a, I: Index>(
+/// The argument checks every bag call shares, in the crate's order: table,
+/// bags against the ids, `per_sample_weights` (mode, then length), the
+/// padding row. The ids come last, after the caller's buffers. Returns the
+/// row count.
+fn check_arguments<I: Index>(
     table_len: usize,
     dim: usize,
-    ids: &'a [I],
+    ids: &[I],
     bags: &Bags,
     pooling: &Pooling<'_>,
-) -> Result<(ValidIds<'a, I>, usize), EmbeddingError> {
+) -> Result<usize, EmbeddingError> {
     let rows = table_rows(table_len, dim, Operand::Table)?;
     check_len(Operand::Ids, bags.num_ids(), ids.len())?;
     if let Some(weights) = pooling.per_sample_weights {
@@ -227,7 +228,7 @@ fn check_call<'a, I: Index>(
             });
         }
     }
-    Ok((ValidIds::new(ids, rows)?, rows))
+    Ok(rows)
 }
 
 /// The forward's checks alone (for the reference, so both report the same
@@ -270,13 +271,13 @@ fn check_forward<'a, I: Index>(
     out: &[f32],
     max_indices: &[i64],
 ) -> Result<ValidIds<'a, I>, EmbeddingError> {
-    let (ids, _) = check_call(table.len(), dim, ids, bags, pooling)?;
+    let rows = check_arguments(table.len(), dim, ids, bags, pooling)?;
     let out_len = rows_len(bags.len(), dim)?;
     check_len(Operand::Output, out_len, out.len())?;
     if pooling.mode == Mode::Max {
         check_len(Operand::MaxIndices, out_len, max_indices.len())?;
     }
-    Ok(ids)
+    ValidIds::new(ids, rows)
 }
 
 /// `out[b, :]` = the pooled rows of bag `b`, for every bag; with
@@ -345,7 +346,7 @@ pub fn bag_forward_with<I: Index>(
             pooling,
             first_bag,
             count,
-            ahead: prefetch_ahead(dim * 4),
+            ahead: prefetch_ahead(dim),
         };
         block.run(out, max_indices);
     };
@@ -596,8 +597,8 @@ fn check_backward<'a, I: Index>(
         rows_len(bags.len(), dim)?,
         grad_bags.len(),
     )?;
-    let (ids, _) = check_call(rows * dim, dim, ids, bags, pooling)?;
-    Ok(ids)
+    check_arguments(rows * dim, dim, ids, bags, pooling)?;
+    ValidIds::new(ids, rows)
 }
 
 /// The dense gradient of a sum or mean bag forward, **overwriting**

@@ -213,7 +213,7 @@ fn gather_block<I: Index, Op: RowOp>(
     mut op: Op,
 ) {
     let n = ids.len();
-    let ahead = prefetch_ahead(dim * 4);
+    let ahead = prefetch_ahead(dim);
     // Warm the first rows too: a parallel block starts cold.
     for i in 0..ahead.min(n) {
         let start = ids.row(i) * dim;

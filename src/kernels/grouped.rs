@@ -118,7 +118,7 @@ impl Groups {
             for &r in &rows {
                 starts[digit(r)] += 1;
             }
-            if starts.iter().any(|&c| c == rows.len()) {
+            if starts.contains(&rows.len()) {
                 // Every row has this digit: the pass would change nothing.
                 shift += RADIX_BITS;
                 continue;
@@ -551,7 +551,7 @@ pub(crate) fn dense_from<S: Source>(
         };
         let mut sum = vec![0.0; dim];
         let mut next = 0; // the first row of `part` not yet written
-        let ahead = prefetch_ahead(dim * 4);
+        let ahead = prefetch_ahead(dim);
         for g in t.groups.clone() {
             groups.prefetch(g + ahead, source, &t.cols);
             let r = groups.rows[g] - t.span.start;
@@ -723,7 +723,7 @@ pub(crate) fn coalesce_from<S: Source>(
     let tasks = plan(groups, dim, Space::Groups, true, TASK_FLOATS);
     let parts = carve(&tasks, &mut values, dim, dim);
     let none = tasks.iter().map(|_| Default::default()).collect();
-    let ahead = prefetch_ahead(dim * 4);
+    let ahead = prefetch_ahead(dim);
     run(split, &tasks, parts, none, |t, part, _| {
         for g in t.groups.clone() {
             groups.prefetch(g + ahead, source, &t.cols);
@@ -842,7 +842,7 @@ pub(crate) fn apply_groups<S: Source, R: RowRule>(
     run(split, &tasks, weights, states, |t, weight, state| {
         let mut sum = vec![0.0; t.cols.len()];
         let whole = t.cols == (0..dim);
-        let ahead = prefetch_ahead(dim * 4);
+        let ahead = prefetch_ahead(dim);
         for g in t.groups.clone() {
             groups.prefetch(g + ahead, source, &t.cols);
             if whole && g + ahead < t.groups.end {

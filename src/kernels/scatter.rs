@@ -350,7 +350,7 @@ fn accumulate<I: Index, R: ColumnRows, A: AddRow, P: PositionSink>(
     mut positions: P,
 ) {
     let n = ids.len();
-    let ahead = prefetch_ahead(cols.len() * 4);
+    let ahead = prefetch_ahead(cols.len());
     for p in 0..n {
         if p + ahead < n {
             row::prefetch(table.columns(ids.row(p + ahead), cols.clone()));
