@@ -251,3 +251,55 @@ pub mod candle_layer {
         }
     }
 }
+
+/// candle-core's peer of `EmbeddingBag`'s forward over bags of one size
+/// (`benches/layer.rs`). candle has no embedding bag, so the peer is the
+/// composition: `index_select` of every id's row, the rows viewed as
+/// `[bags, bag_size, dim]`, then a reduction over the bag axis: `sum(1)`,
+/// `mean(1)` or `max(1)` (values only: candle's `max` returns no ids).
+pub mod candle_bag {
+    use candle_core::{Device, Tensor};
+    use embedding_kernels::Mode;
+
+    /// Tensors prepared once, outside the timed region.
+    pub struct Bag {
+        pub table: Tensor,
+        pub ids: Tensor,
+        pub bags: usize,
+        pub bag_size: usize,
+    }
+
+    impl Bag {
+        /// `table` is `rows × dim` (copied into a tensor), `ids` a flat
+        /// `[bags, bag_size]` batch.
+        pub fn new(
+            table: &[f32],
+            dim: usize,
+            ids: &[i64],
+            bag_size: usize,
+        ) -> candle_core::Result<Bag> {
+            let dev = Device::Cpu;
+            Ok(Bag {
+                table: Tensor::from_slice(table, (table.len() / dim, dim), &dev)?,
+                ids: Tensor::from_slice(ids, ids.len(), &dev)?,
+                bags: ids.len() / bag_size,
+                bag_size,
+            })
+        }
+
+        /// Each bag pooled as `mode` says, shape `[bags, dim]`. Each op
+        /// allocates its result (the gathered rows, then the pooled ones).
+        pub fn forward(&self, mode: Mode) -> candle_core::Result<Tensor> {
+            let dim = self.table.dim(1)?;
+            let rows =
+                self.table
+                    .index_select(&self.ids, 0)?
+                    .reshape((self.bags, self.bag_size, dim))?;
+            match mode {
+                Mode::Sum => rows.sum(1),
+                Mode::Mean => rows.mean(1),
+                Mode::Max => rows.max(1),
+            }
+        }
+    }
+}
