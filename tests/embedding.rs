@@ -864,3 +864,68 @@ fn optimisers_validate_before_any_step() {
         })
     ));
 }
+
+/// Tables of 8 MiB and more take the grouped sweep (streaming stores, tasks
+/// of whole rows, hot rows split by columns) instead of the in-cache
+/// scatter: the same bits, on every pool, with padding and counts.
+#[test]
+fn large_tables_take_the_grouped_sweep_with_the_same_bits() {
+    let (rows, dim) = (20_000, 128); // 10 MiB
+    for (pattern, padding, by_freq) in [
+        (Pattern::Uniform, None, false),
+        (Pattern::Hot, Some(7), true),
+        (Pattern::FewDistinct, Some(0), false),
+    ] {
+        let mut ids = draw_ids(rows, 3_000, pattern, 21);
+        ids[5] = 7;
+        ids[9] = 0;
+        let c = Case {
+            rows,
+            dim,
+            ids,
+            padding,
+            by_freq,
+            seed: 17,
+        };
+        let grad_output = SplitMix(c.seed).values(c.ids.len() * dim);
+        // zeros + scatter_add of the kept positions (exact, and itself
+        // checked against the one-hot reference), then the counts.
+        let (mut kept_ids, mut kept_g) = (Vec::new(), Vec::new());
+        for (p, &id) in c.ids.iter().enumerate() {
+            if Some(id as usize) != padding {
+                kept_ids.push(id);
+                kept_g.extend_from_slice(&grad_output[p * dim..(p + 1) * dim]);
+            }
+        }
+        let mut want = vec![0.0f32; rows * dim];
+        embedding_kernels::scatter_add(&kept_g, dim, &kept_ids, &mut want).unwrap();
+        if by_freq {
+            let mut counts = vec![0usize; rows];
+            kept_ids.iter().for_each(|&i| counts[i as usize] += 1);
+            for (r, &n) in counts.iter().enumerate() {
+                if n > 1 {
+                    want[r * dim..(r + 1) * dim]
+                        .iter_mut()
+                        .for_each(|x| *x /= n as f32);
+                }
+            }
+        }
+        let want = bits(&want);
+        for pool in pools() {
+            for par in [Parallelism::Serial, Parallelism::Rayon] {
+                let got = pool.install(|| {
+                    let mut g = vec![f32::NAN; rows * dim];
+                    dense_backward_with(par, &grad_output, dim, &c.ids, padding, by_freq, &mut g)
+                        .unwrap();
+                    g
+                });
+                assert_eq!(
+                    bits(&got),
+                    want,
+                    "{pattern:?} {par:?} {} threads",
+                    pool.current_num_threads()
+                );
+            }
+        }
+    }
+}

@@ -407,3 +407,38 @@ fn forward_checks_buffers_before_ids() {
         })
     ));
 }
+
+/// A 10 MiB table takes the grouped dense sweep; it must give the bits of
+/// the sparse (coalesced) gradient, which takes neither that sweep nor the
+/// in-cache scatter, for every mode with a dense backward.
+#[test]
+fn large_table_dense_backward_equals_the_sparse_one() {
+    let (rows, dim) = (20_000, 128);
+    let table = SplitMix(2).values(rows * dim);
+    let ids: Vec<u32> = (0..4_096u32)
+        .map(|p| (p * 7919 + p / 3) % rows as u32)
+        .collect();
+    let bags = Bags::fixed(256, 16).unwrap();
+    let g = SplitMix(4).values(256 * dim);
+    let weights: Vec<f32> = (0..ids.len()).map(|p| 0.5 + (p % 5) as f32).collect();
+    for (mode, w) in [
+        (Mode::Sum, None),
+        (Mode::Sum, Some(&weights[..])),
+        (Mode::Mean, None),
+    ] {
+        let options = EmbeddingBagOptions {
+            mode,
+            padding_idx: Some(i64::from(ids[3])),
+            ..EmbeddingBagOptions::default()
+        };
+        let bag = EmbeddingBag::from_pretrained(table.clone(), dim, false, options).unwrap();
+        let sparse = bag.backward_sparse(&g, &ids, &bags, w, None).unwrap();
+        for pool in pools() {
+            let bag = bag.clone().with_parallelism(Parallelism::Rayon);
+            let mut dense = vec![f32::NAN; rows * dim];
+            pool.install(|| bag.backward_dense_into(&g, &ids, &bags, w, None, &mut dense))
+                .unwrap();
+            assert_eq!(bits(&dense), bits(&sparse.to_dense()), "{mode}");
+        }
+    }
+}

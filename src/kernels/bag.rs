@@ -547,17 +547,15 @@ impl Source for PerBag<'_> {
     }
 }
 
-/// The grouped form of a sum or mean bag batch: its groups and its source.
-fn grouped_bags<'a, I: Index>(
+/// The gradient source of a sum or mean bag batch.
+fn bag_source<'a, I: Index>(
     ids: ValidIds<'_, I>,
     bags: &Bags,
     pooling: &Pooling<'_>,
     grad_bags: &'a [f32],
     dim: usize,
-) -> (Groups, PerBag<'a>) {
-    let bag_of = bags.bag_of();
+) -> PerBag<'a> {
     let skip = pooling.padding_idx;
-    let groups = Groups::new_kept(ids, |p, r| bag_of[p] != usize::MAX && Some(r) != skip);
     let factor = match (pooling.mode, pooling.per_sample_weights) {
         (Mode::Sum, None) => None,
         (Mode::Sum, Some(w)) => Some(w.to_vec()),
@@ -573,12 +571,33 @@ fn grouped_bags<'a, I: Index>(
             Some(inv)
         }
     };
-    let source = PerBag {
+    PerBag {
         grad_bags,
         dim,
-        bag_of,
+        bag_of: bags.bag_of(),
         factor,
-    };
+    }
+}
+
+impl PerBag<'_> {
+    /// Whether position `p` (with row `r`) adds to the gradient: it is in a
+    /// bag and not the padding row.
+    fn keeps(&self, p: usize, r: usize, padding_idx: Option<usize>) -> bool {
+        self.bag_of[p] != usize::MAX && Some(r) != padding_idx
+    }
+}
+
+/// The grouped form of a sum or mean bag batch: its groups and its source.
+fn grouped_bags<'a, I: Index>(
+    ids: ValidIds<'_, I>,
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    grad_bags: &'a [f32],
+    dim: usize,
+) -> (Groups, PerBag<'a>) {
+    let source = bag_source(ids, bags, pooling, grad_bags, dim);
+    let skip = pooling.padding_idx;
+    let groups = Groups::new_kept(ids, |p, r| source.keeps(p, r, skip));
     (groups, source)
 }
 
@@ -625,6 +644,20 @@ pub fn bag_backward_with<I: Index>(
         return Err(EmbeddingError::MaxNeedsIndices);
     }
     let split = par.splits(core::mem::size_of_val(grad_table), PARALLEL_MIN_BYTES);
+    if grouped::fits_cache(grad_table) {
+        let source = bag_source(ids, bags, pooling, grad_bags, dim);
+        let skip = pooling.padding_idx;
+        let keep = |p, r| source.keeps(p, r, skip);
+        grouped::dense_in_cache(
+            ids,
+            keep,
+            &source,
+            dim,
+            pooling.scale_grad_by_freq,
+            grad_table,
+        );
+        return Ok(());
+    }
     let (groups, source) = grouped_bags(ids, bags, pooling, grad_bags, dim);
     grouped::dense_from(
         split,

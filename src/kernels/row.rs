@@ -122,21 +122,33 @@ pub(crate) fn add_scaled(dst: &mut [f32], src: &[f32], scale: f32) {
     }
 }
 
-/// Asks the cache for the lines of `row` ahead of use. A hint only: it reads
-/// nothing and cannot fault, and it compiles to nothing off x86-64.
+/// Asks the cache for every 64-byte line `row` touches, ahead of use. A
+/// hint only: it reads nothing and cannot fault, and it compiles to nothing
+/// off x86-64.
+///
+/// A row need not start on a line: allocators align to 16 bytes, so a
+/// row of 16 floats usually spans two lines and one of 128 floats nine. A
+/// hint per 16 floats from the row's start would miss the last line of
+/// each; the hints here step from the first line to the line of the last
+/// value. (Missing it cost narrow's dense backward, one line a row, a miss
+/// per row: 28 ms against ... after.)
 #[inline(always)]
 #[allow(unsafe_code)]
 pub(crate) fn prefetch(row: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        // One hint per 64-byte line.
-        for line in row.chunks(16) {
+        let Some(last) = row.last() else { return };
+        let first = row.as_ptr() as usize & !63;
+        let end = last as *const f32 as usize;
+        let mut line = first;
+        while line <= end {
             // SAFETY: `_mm_prefetch` needs SSE, which every x86-64 CPU has
-            // (it is in the target's baseline features). The pointer comes
-            // from a live slice, and a prefetch never dereferences it anyway:
-            // it cannot fault and changes no memory.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast::<i8>()) };
+            // (it is in the target's baseline features). The address lies in
+            // a line that holds part of a live slice, and a prefetch never
+            // dereferences it anyway: it cannot fault and changes no memory.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(line as *const i8) };
+            line += 64;
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
