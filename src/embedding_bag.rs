@@ -160,6 +160,34 @@ impl EmbeddingBag {
         })
     }
 
+    /// A bag layer over an existing [`Embedding`] (its table, options and
+    /// threading), pooling with `mode`: no copy of the table. PyTorch's
+    /// `scale_grad_by_freq` is refused in max mode here too.
+    ///
+    /// # Errors
+    /// [`EmbeddingError::InvalidArgument`] for `scale_grad_by_freq` with max.
+    pub fn from_embedding(
+        table: Embedding,
+        mode: Mode,
+        include_last_offset: bool,
+    ) -> Result<EmbeddingBag, EmbeddingError> {
+        check_options(&EmbeddingBagOptions {
+            mode,
+            scale_grad_by_freq: table.scale_grad_by_freq(),
+            ..EmbeddingBagOptions::default()
+        })?;
+        Ok(EmbeddingBag {
+            table,
+            mode,
+            include_last_offset,
+        })
+    }
+
+    /// The table, as the [`Embedding`] it is kept in.
+    pub fn into_table(self) -> Embedding {
+        self.table
+    }
+
     /// The same layer with another threading choice for its kernels.
     pub fn with_parallelism(self, parallelism: Parallelism) -> EmbeddingBag {
         EmbeddingBag {

@@ -442,3 +442,23 @@ fn large_table_dense_backward_equals_the_sparse_one() {
         }
     }
 }
+
+#[test]
+fn a_bag_layer_can_wrap_and_give_back_an_embedding() {
+    let emb = embedding_kernels::Embedding::from_pretrained(table(1), DIM, false).unwrap();
+    let mut bag = EmbeddingBag::from_embedding(emb, Mode::Max, false).unwrap();
+    let out = bag
+        .forward(&[1u32, 2], &Bags::fixed(1, 2).unwrap(), None)
+        .unwrap();
+    assert!(out.max_indices.is_some());
+    let emb = bag.into_table();
+    assert_eq!(bits(emb.weight()), bits(&table(1)));
+    let options = embedding_kernels::EmbeddingOptions {
+        scale_grad_by_freq: true,
+        ..embedding_kernels::EmbeddingOptions::default()
+    };
+    let emb =
+        embedding_kernels::Embedding::from_pretrained_with_options(table(1), DIM, false, options)
+            .unwrap();
+    assert!(EmbeddingBag::from_embedding(emb, Mode::Max, false).is_err());
+}
