@@ -325,6 +325,24 @@ impl<I: Index> Data<I> {
     }
 }
 
+/// `bag_forward_with` on every path of [`every_path`], each into NaN and
+/// index canaries: `(path, (out, max_indices))` per run.
+fn forward_on_every_path<I: Index>(
+    table: &[f32],
+    dim: usize,
+    ids: &[I],
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    n: usize,
+) -> Vec<(String, (Vec<f32>, Vec<i64>))> {
+    every_path(|par| {
+        let mut out = vec![f32::NAN; n];
+        let mut indices = vec![INDEX_CANARY; n];
+        bag_forward_with(par, table, dim, ids, bags, pooling, &mut out, &mut indices).unwrap();
+        (out, indices)
+    })
+}
+
 /// Runs `run` serially, then with `Rayon` and with `Auto` on every pool,
 /// labelling each result.
 fn every_path<T: Send>(run: impl Fn(Parallelism) -> T + Sync) -> Vec<(String, T)> {
@@ -1432,22 +1450,7 @@ fn empty_and_all_padding_bags_are_positive_zeros() {
                     &mut want_indices,
                 )
                 .unwrap();
-                let runs = every_path(|par| {
-                    let mut out = vec![f32::NAN; n];
-                    let mut indices = vec![INDEX_CANARY; n];
-                    bag_forward_with(
-                        par,
-                        &table,
-                        dim,
-                        &ids,
-                        &bags,
-                        &pooling,
-                        &mut out,
-                        &mut indices,
-                    )
-                    .unwrap();
-                    (out, indices)
-                });
+                let runs = forward_on_every_path(&table, dim, &ids, &bags, &pooling, n);
                 for (path, (out, indices)) in runs {
                     let what = format!("dim {dim} {mode} {padding_idx:?} {path}");
                     let zero_bags = empty
@@ -1622,22 +1625,7 @@ fn max_nan_and_tie_rules() {
     .unwrap();
     assert_eq!(bits(&reference_out), bits(&want), "reference");
     assert_eq!(reference_indices, want_indices, "reference");
-    let runs = every_path(|par| {
-        let mut out = vec![f32::NAN; n];
-        let mut indices = vec![INDEX_CANARY; n];
-        bag_forward_with(
-            par,
-            &table,
-            dim,
-            &ids,
-            &bags,
-            &pooling,
-            &mut out,
-            &mut indices,
-        )
-        .unwrap();
-        (out, indices)
-    });
+    let runs = forward_on_every_path(&table, dim, &ids, &bags, &pooling, n);
     for (path, (out, indices)) in runs {
         assert_eq!(bits(&out), bits(&want), "{path}");
         assert_eq!(indices, want_indices, "{path}");
