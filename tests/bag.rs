@@ -325,6 +325,9 @@ impl<I: Index> Data<I> {
     }
 }
 
+/// One forward's output and max indices.
+type Forward = (Vec<f32>, Vec<i64>);
+
 /// `bag_forward_with` on every path of [`every_path`], each into NaN and
 /// index canaries: `(path, (out, max_indices))` per run.
 fn forward_on_every_path<I: Index>(
@@ -334,7 +337,7 @@ fn forward_on_every_path<I: Index>(
     bags: &Bags,
     pooling: &Pooling<'_>,
     n: usize,
-) -> Vec<(String, (Vec<f32>, Vec<i64>))> {
+) -> Vec<(String, Forward)> {
     every_path(|par| {
         let mut out = vec![f32::NAN; n];
         let mut indices = vec![INDEX_CANARY; n];
