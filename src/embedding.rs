@@ -35,6 +35,7 @@ use crate::kernels::grouped::{
     self, dense_backward_with, sparse_backward_with, Groups, SparseGrad, Target,
 };
 use crate::kernels::{Parallelism, PARALLEL_MIN_BYTES};
+use crate::memory::AlignedTable;
 use crate::optim::{Sgd, SparseOptimizer};
 use crate::shape::{check_len, rows_len, table_rows};
 use rand::SeedableRng;
@@ -103,7 +104,7 @@ pub enum Gradient {
 /// An embedding layer that owns its table; see the [module notes](self).
 #[derive(Clone, Debug)]
 pub struct Embedding {
-    weight: Vec<f32>,
+    weight: AlignedTable,
     num_embeddings: usize,
     embedding_dim: usize,
     padding_idx: Option<usize>,
@@ -140,9 +141,10 @@ impl Embedding {
         options: EmbeddingOptions,
     ) -> Result<Embedding, EmbeddingError> {
         let len = rows_len(num_embeddings, embedding_dim)?;
-        let mut layer = Embedding::configured(Vec::new(), num_embeddings, embedding_dim, &options)?;
+        let empty = AlignedTable::zeroed(0)?;
+        let mut layer = Embedding::configured(empty, num_embeddings, embedding_dim, &options)?;
         let seed = options.seed.unwrap_or_else(rand::random);
-        let mut weight = crate::memory::zeroed_table(len);
+        let mut weight = AlignedTable::zeroed(len)?;
         weight
             .par_chunks_mut(INIT_BLOCK)
             .enumerate()
@@ -161,7 +163,8 @@ impl Embedding {
     }
 
     /// Wraps an existing table (`weight.len() / embedding_dim` rows), as
-    /// `nn.Embedding.from_pretrained(weight, freeze)`.
+    /// `nn.Embedding.from_pretrained(weight, freeze)`. The values are copied
+    /// once into the layer's line-aligned table ([`AlignedTable`]).
     ///
     /// # Errors
     /// A shape error for `weight`.
@@ -190,6 +193,9 @@ impl Embedding {
         options: EmbeddingOptions,
     ) -> Result<Embedding, EmbeddingError> {
         let rows = table_rows(weight.len(), embedding_dim, Operand::Table)?;
+        // The layer keeps its table line-aligned (see `AlignedTable`): one
+        // copy here, and `weight` is freed.
+        let weight = AlignedTable::from_slice(&weight)?;
         let mut layer = Embedding::configured(weight, rows, embedding_dim, &options)?;
         layer.frozen = freeze;
         Ok(layer)
@@ -197,7 +203,7 @@ impl Embedding {
 
     /// The layer with its options checked and normalised.
     fn configured(
-        weight: Vec<f32>,
+        weight: AlignedTable,
         num_embeddings: usize,
         embedding_dim: usize,
         options: &EmbeddingOptions,
@@ -280,9 +286,10 @@ impl Embedding {
         &mut self.weight
     }
 
-    /// The table, taken out of the layer.
+    /// The table, as a `Vec` (a copy: the layer keeps its table in an
+    /// [`AlignedTable`]).
     pub fn into_weight(self) -> Vec<f32> {
-        self.weight
+        self.weight.to_vec()
     }
 
     /// Row `id`.

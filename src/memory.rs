@@ -69,9 +69,174 @@ fn madvise_hugepage(_addr: usize, _len: usize) -> bool {
     false
 }
 
+/// The alignment of an [`AlignedTable`] of less than [`HUGE_PAGE`] bytes: a
+/// cache line, so a row of `16·k` floats spans exactly `k` lines.
+pub const LINE: usize = 64;
+
+/// A zero-initialised, heap-allocated `[f32]` whose first value starts a
+/// cache line (a 2 MiB page, from [`HUGE_PAGE`] bytes on, advised for
+/// transparent huge pages before it is first touched). It dereferences to
+/// `[f32]`; the layers keep their tables in one.
+///
+/// Why not a `Vec<f32>`: an allocator aligns a `Vec<f32>` to 16 bytes
+/// (glibc's large blocks start 16 bytes into a page), so a 512-byte row
+/// spans nine cache lines instead of eight, and every random row read moves
+/// a line more. Measured on recsys (a bag sum on two threads, eight
+/// alternating runs, same process): 3.15 ms on a line-aligned table against
+/// 3.50 ms on the same table 16 bytes off. A `Vec` cannot be handed a
+/// pointer of another alignment (it frees with the layout of `f32`), so
+/// this type owns its allocation.
+pub struct AlignedTable {
+    ptr: core::ptr::NonNull<f32>,
+    len: usize,
+}
+
+// SAFETY: an `AlignedTable` owns its values exclusively, like a `Vec<f32>`;
+// `f32` is `Send` and `Sync`, so moving or sharing the owner is sound.
+#[allow(unsafe_code)]
+unsafe impl Send for AlignedTable {}
+// SAFETY: as above; `&AlignedTable` only hands out `&[f32]`.
+#[allow(unsafe_code)]
+unsafe impl Sync for AlignedTable {}
+
+impl AlignedTable {
+    /// The layout of a table of `len` values, or `None` if it is too large.
+    fn layout(len: usize) -> Option<core::alloc::Layout> {
+        let bytes = len.checked_mul(core::mem::size_of::<f32>())?;
+        let align = if bytes >= HUGE_PAGE { HUGE_PAGE } else { LINE };
+        core::alloc::Layout::from_size_align(bytes, align).ok()
+    }
+
+    /// `len` zeros.
+    ///
+    /// # Errors
+    /// [`EmbeddingError::SizeOverflow`](crate::EmbeddingError::SizeOverflow)
+    /// (count `len`, dim 4) if `len` floats do not fit the address space.
+    /// Running out of memory aborts, as it does for a `Vec`.
+    #[allow(unsafe_code)]
+    pub fn zeroed(len: usize) -> Result<AlignedTable, crate::EmbeddingError> {
+        let layout = AlignedTable::layout(len).ok_or(crate::EmbeddingError::SizeOverflow {
+            count: len,
+            dim: core::mem::size_of::<f32>(),
+        })?;
+        if len == 0 {
+            return Ok(AlignedTable {
+                ptr: core::ptr::NonNull::dangling(),
+                len: 0,
+            });
+        }
+        // SAFETY: `layout` has a non-zero size (len > 0) and a power-of-two
+        // alignment (`Layout::from_size_align` checked both).
+        let raw = unsafe { std::alloc::alloc(layout) }.cast::<f32>();
+        let Some(ptr) = core::ptr::NonNull::new(raw) else {
+            std::alloc::handle_alloc_error(layout)
+        };
+        // Advise before the first touch (the zeros below), so the kernel
+        // backs the pages with huge ones as they fault in.
+        let bytes = layout.size();
+        let first = (raw as usize).next_multiple_of(HUGE_PAGE);
+        let end = raw as usize + bytes;
+        if end >= first + HUGE_PAGE {
+            madvise_hugepage(first, (end - first) / HUGE_PAGE * HUGE_PAGE);
+        }
+        // SAFETY: `raw` is valid for writes of `len` `f32`s (the allocation
+        // above) and aligned for `f32`; writing zero bytes makes them all
+        // initialised `0.0`s.
+        unsafe { core::ptr::write_bytes(raw, 0, len) };
+        Ok(AlignedTable { ptr, len })
+    }
+
+    /// A copy of `values` in an aligned table.
+    ///
+    /// # Errors
+    /// As [`zeroed`](Self::zeroed).
+    pub fn from_slice(values: &[f32]) -> Result<AlignedTable, crate::EmbeddingError> {
+        let mut table = AlignedTable::zeroed(values.len())?;
+        table.copy_from_slice(values);
+        Ok(table)
+    }
+}
+
+impl core::ops::Deref for AlignedTable {
+    type Target = [f32];
+
+    #[allow(unsafe_code)]
+    fn deref(&self) -> &[f32] {
+        // SAFETY: `ptr` points to `len` initialised `f32`s owned by `self`
+        // (or is dangling and aligned with `len == 0`), and `&self` keeps
+        // them alive and unaliased by any `&mut` for the borrow's length.
+        unsafe { core::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl core::ops::DerefMut for AlignedTable {
+    #[allow(unsafe_code)]
+    fn deref_mut(&mut self) -> &mut [f32] {
+        // SAFETY: as in `deref`, and `&mut self` makes the borrow unique.
+        unsafe { core::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AlignedTable {
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        if self.len == 0 {
+            return;
+        }
+        let layout = AlignedTable::layout(self.len).expect("the layout it was allocated with");
+        // SAFETY: `ptr` came from `alloc` with this same layout (`layout`
+        // depends on `len` only, which never changes) and is freed once.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr().cast(), layout) };
+    }
+}
+
+impl Clone for AlignedTable {
+    fn clone(&self) -> AlignedTable {
+        AlignedTable::from_slice(self).expect("a table of the same size as one that exists")
+    }
+}
+
+impl core::fmt::Debug for AlignedTable {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("AlignedTable")
+            .field("len", &self.len)
+            .field("align", &(self.ptr.as_ptr() as usize & (HUGE_PAGE - 1)))
+            .finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn aligned_tables_start_a_line_or_a_huge_page_and_hold_zeros() {
+        for len in [
+            0,
+            1,
+            15,
+            16,
+            1000,
+            HUGE_PAGE / 4 - 1,
+            HUGE_PAGE / 4,
+            HUGE_PAGE / 4 + 3,
+        ] {
+            let mut t = AlignedTable::zeroed(len).unwrap();
+            assert_eq!(t.len(), len);
+            assert!(t.iter().all(|x| x.to_bits() == 0), "len {len}");
+            let align = match len {
+                0 => 1, // empty: a dangling pointer, never read
+                _ if len * 4 >= HUGE_PAGE => HUGE_PAGE,
+                _ => LINE,
+            };
+            assert_eq!(t.as_ptr() as usize % align, 0, "len {len}");
+            t.iter_mut().enumerate().for_each(|(i, x)| *x = i as f32);
+            let copy = t.clone();
+            assert_eq!(&copy[..], &t[..]);
+            assert_eq!(copy.as_ptr() as usize % align, 0);
+        }
+        assert!(AlignedTable::zeroed(usize::MAX / 2).is_err());
+    }
 
     #[test]
     fn zeroed_tables_are_zero_and_as_long_as_asked() {
