@@ -295,7 +295,7 @@ impl Workspace {
             "{}: the batch has {found} distinct ids; update DISTINCT",
             w.name
         );
-        let table = std::mem::take(&mut data.table);
+        let table = std::mem::take(&mut data.table).to_vec();
         let layer = Embedding::from_pretrained(table, w.dim, false).expect("a valid table");
         let seq_len = seq_len(w.num_ids);
         eprintln!("{}: data built in {:.1?}", w.name, start.elapsed());

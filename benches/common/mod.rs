@@ -56,7 +56,7 @@ pub const WORKLOADS: [Workload; 5] = [
 /// The data of one workload: table, ids, and an output-gradient buffer.
 pub struct Data {
     pub w: Workload,
-    pub table: Vec<f32>,
+    pub table: Buffer,
     pub ids: Vec<i64>,
     pub grad_output: Vec<f32>,
 }
@@ -95,8 +95,8 @@ impl Workload {
     }
 
     /// Builds the table (values in [-1, 1)), the ids (uniform) and a gradient.
-    /// With `huge_pages`, the table lives in transparent huge pages, as
-    /// `embedding_kernels::memory::zeroed_table` allocates it.
+    /// With `huge_pages`, the table is an `AlignedTable` (line-aligned, in
+    /// transparent huge pages), as the crate's layers allocate theirs.
     pub fn data(&self, huge_pages: bool) -> Data {
         let mut rng = StdRng::seed_from_u64(0x5eed_0000 + self.num_embeddings as u64);
         let mut table = table_buffer(self.num_embeddings * self.dim, huge_pages);
@@ -116,13 +116,48 @@ impl Workload {
     }
 }
 
-/// A zeroed buffer for a table (or a table's gradient) of `len` floats: in
-/// transparent huge pages when `huge_pages`, else a plain `vec!`.
-pub fn table_buffer(len: usize, huge_pages: bool) -> Vec<f32> {
+/// A table or gradient buffer: the crate's line-aligned `AlignedTable` in
+/// transparent huge pages, or a plain `vec!` (16-byte aligned, 4 KiB pages).
+pub enum Buffer {
+    Aligned(embedding_kernels::memory::AlignedTable),
+    Plain(Vec<f32>),
+}
+
+impl Default for Buffer {
+    fn default() -> Buffer {
+        Buffer::Plain(Vec::new())
+    }
+}
+
+impl std::ops::Deref for Buffer {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        match self {
+            Buffer::Aligned(t) => t,
+            Buffer::Plain(v) => v,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Buffer {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        match self {
+            Buffer::Aligned(t) => t,
+            Buffer::Plain(v) => v,
+        }
+    }
+}
+
+/// A zeroed buffer for a table (or a table's gradient) of `len` floats: an
+/// `AlignedTable` (line-aligned, huge pages) when `huge_pages`, as the
+/// layers allocate theirs, else a plain `vec!`.
+pub fn table_buffer(len: usize, huge_pages: bool) -> Buffer {
     if huge_pages {
-        embedding_kernels::memory::zeroed_table(len)
+        Buffer::Aligned(
+            embedding_kernels::memory::AlignedTable::zeroed(len).expect("a table that fits"),
+        )
     } else {
-        vec![0.0; len]
+        Buffer::Plain(vec![0.0; len])
     }
 }
 
@@ -153,7 +188,7 @@ pub mod candle_peer {
         pub fn new(d: &super::Data) -> candle_core::Result<Candle> {
             let dev = Device::Cpu;
             let w = d.w;
-            let table = Tensor::from_slice(&d.table, (w.num_embeddings, w.dim), &dev)?;
+            let table = Tensor::from_slice(&d.table[..], (w.num_embeddings, w.dim), &dev)?;
             let ids = Tensor::from_slice(&d.ids, w.num_ids, &dev)?;
             let grad_output = Tensor::from_slice(&d.grad_output, (w.num_ids, w.dim), &dev)?;
             let zeros = Tensor::zeros((w.num_embeddings, w.dim), candle_core::DType::F32, &dev)?;

@@ -18,7 +18,7 @@
 //! of the layer gets; memcpy and memset take the faster of one thread and
 //! the whole pool.
 
-use super::common::{table_buffer, Data};
+use super::common::{table_buffer, Buffer, Data};
 use super::{measure, timed, Budget, Stats};
 use clap::ValueEnum;
 use embedding_kernels::positions::{embed_positions, sinusoidal_positions};
@@ -122,8 +122,8 @@ struct Setup<'a> {
     pool: &'a ThreadPool,
     layer: Embedding,
     out: Vec<f32>,
-    grad: Vec<f32>,
-    baseline_grad: Vec<f32>,
+    grad: Buffer,
+    baseline_grad: Buffer,
     dst: Vec<f32>,
     positions: Vec<f32>,
     seq_len: usize,
@@ -303,13 +303,12 @@ pub fn run(
     pool: &ThreadPool,
 ) -> Vec<LayerRow> {
     let w = data.w;
-    let mut weight = table_buffer(w.num_embeddings * w.dim, huge_pages);
-    weight.copy_from_slice(&data.table);
     let seq = seq_len(w.num_ids);
     let s = RefCell::new(Setup {
         data,
         pool,
-        layer: Embedding::from_pretrained(weight, w.dim, false).expect("a valid table"),
+        layer: Embedding::from_pretrained(data.table.to_vec(), w.dim, false)
+            .expect("a valid table"),
         out: vec![0.0; w.num_ids * w.dim],
         grad: table_buffer(w.num_embeddings * w.dim, huge_pages),
         baseline_grad: table_buffer(w.num_embeddings * w.dim, huge_pages),
@@ -319,8 +318,7 @@ pub fn run(
         adagrad: RowWiseAdagrad::new(0.01),
         last: None,
         bag_layers: [Mode::Sum, Mode::Mean, Mode::Max].map(|mode| {
-            let mut weight = table_buffer(w.num_embeddings * w.dim, huge_pages);
-            weight.copy_from_slice(&data.table);
+            let weight = data.table.to_vec();
             let options = EmbeddingBagOptions {
                 mode,
                 ..EmbeddingBagOptions::default()

@@ -32,7 +32,7 @@ mod layer;
 use candle_core::Tensor;
 use clap::{Parser, ValueEnum};
 use common::candle_peer::Candle;
-use common::{table_buffer, Data, Workload, WORKLOADS};
+use common::{table_buffer, Buffer, Data, Workload, WORKLOADS};
 use embedding_kernels::kernels::scalar;
 use embedding_kernels::{gather_scaled_with, gather_with, scatter_add_with, Parallelism};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -265,7 +265,7 @@ struct Inputs<'a> {
 /// Everything a call writes.
 struct Outputs {
     out: Vec<f32>,
-    grad: Vec<f32>,
+    grad: Buffer,
     candle: Option<Tensor>,
 }
 

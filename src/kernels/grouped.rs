@@ -613,7 +613,13 @@ pub(crate) fn dense_from<S: Source>(
     }
     let rows = grad_table.len() / dim;
     let streaming = core::mem::size_of_val(grad_table) >= STREAM_MIN_BYTES;
-    let tasks = plan(groups, dim, Space::Rows(Some(rows)), true, SWEEP_TASK_FLOATS);
+    let tasks = plan(
+        groups,
+        dim,
+        Space::Rows(Some(rows)),
+        true,
+        SWEEP_TASK_FLOATS,
+    );
     let parts = carve(&tasks, grad_table, dim, dim);
     let none = tasks.iter().map(|_| Default::default()).collect();
     run(split, &tasks, parts, none, |t, part, _| {
