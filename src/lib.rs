@@ -28,6 +28,17 @@
 //! # Ok::<(), embedding_kernels::EmbeddingError>(())
 //! ```
 //!
+//! # Layers
+//!
+//! On the kernels sit the layers a PyTorch user knows, with PyTorch's
+//! argument names and numbers: [`Embedding`] (`nn.Embedding`: `padding_idx`,
+//! `max_norm`, `norm_type`, `scale_grad_by_freq`, `sparse`, dense and sparse
+//! backward, fused [`Sgd`] / [`Adagrad`] / [`RowWiseAdagrad`] steps),
+//! [`EmbeddingBag`] (`nn.EmbeddingBag`: sum, mean and max over offsets, with
+//! `per_sample_weights` and `include_last_offset`), and [`InputEmbedding`]
+//! (token plus sinusoidal or learned positions, one fused pass). [`Vocab`]
+//! turns text into ids; [`io`] reads and writes tables as safetensors.
+//!
 //! # What the crate promises
 //!
 //! * **Checks before writes.** Shapes and every id are checked before a

@@ -37,7 +37,7 @@
 //! 5. **Threads.** Blocks of whole bags, about `TASK_BYTES` of output each;
 //!    blocks are disjoint, so the result cannot depend on the thread count.
 //! 6. **Backward** (sum and mean) is the grouped backward of
-//!    [`grouped`](super::grouped) with each position's gradient row taken
+//!    [`grouped`] with each position's gradient row taken
 //!    from its bag's row, times its weight (or `1/len`): dense (each row
 //!    written once), coalesced sparse, or fused into an optimiser. Max's
 //!    backward adds each output column's gradient to the row that won it,
