@@ -4,6 +4,8 @@
 //! serializer, and files we write are read back with its own parser, so
 //! neither half is only checked against the other.
 
+mod common;
+use common::bits;
 use std::collections::HashMap;
 use std::fs;
 use std::path::Path;
@@ -38,10 +40,6 @@ fn tricky_values() -> Vec<f32> {
     .into_iter()
     .map(f32::from_bits)
     .collect()
-}
-
-fn bits(values: &[f32]) -> Vec<u32> {
-    values.iter().map(|x| x.to_bits()).collect()
 }
 
 /// `n` values whose bits differ from table to table (`seed`).

@@ -21,70 +21,14 @@ use embedding_kernels::positions::{
 };
 use embedding_kernels::{reference, EmbeddingError, Index, Operand, Parallelism};
 use proptest::prelude::*;
-use rayon::{ThreadPool, ThreadPoolBuilder};
+
+mod common;
+use common::{bits, convert as to_ids, pools, SplitMix as Rng};
 use std::fmt::Debug;
-use std::sync::OnceLock;
 
 // ---------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------
-
-/// Local pools of 1, 2, 3 and 8 threads; the global pool is never touched.
-fn pools() -> &'static [ThreadPool] {
-    static POOLS: OnceLock<Vec<ThreadPool>> = OnceLock::new();
-    POOLS.get_or_init(|| {
-        [1usize, 2, 3, 8]
-            .into_iter()
-            .map(|threads| {
-                ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .expect("a local rayon pool")
-            })
-            .collect()
-    })
-}
-
-fn bits(values: &[f32]) -> Vec<u32> {
-    values.iter().map(|v| v.to_bits()).collect()
-}
-
-/// SplitMix64: cheap, deterministic test data from one seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A value in `[-1, 1)`.
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-
-    /// A value of any magnitude from 2^-12 to 2^12 (and now and then `-0.0`),
-    /// so that the order of a sum shows in its bits.
-    fn wild(&mut self) -> f32 {
-        let r = self.next();
-        if r.is_multiple_of(89) {
-            return -0.0;
-        }
-        let exponent = ((r >> 8) % 25) as i32 - 12;
-        self.unit() * 2f32.powi(exponent)
-    }
-
-    fn wilds(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.wild()).collect()
-    }
-
-    fn units(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.unit()).collect()
-    }
-}
 
 /// Runs `run` on the calling thread with `Serial`, then on every pool with
 /// `Rayon` (always split) and `Auto`, and checks each result against `want`.
@@ -106,12 +50,6 @@ fn on_every_path<T: PartialEq + Debug + Send>(
         }
     }
     Ok(())
-}
-
-fn to_ids<I: TryFrom<u64>>(ids: &[u64]) -> Vec<I> {
-    ids.iter()
-        .map(|&id| I::try_from(id).ok().expect("test ids fit every id type"))
-        .collect()
 }
 
 // ---------------------------------------------------------------------------

@@ -48,6 +48,30 @@ impl SplitMix {
     pub fn values(&mut self, n: usize) -> Vec<f32> {
         (0..n).map(|_| self.value()).collect()
     }
+
+    /// A value in `[-1, 1)`.
+    pub fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+
+    /// A value of any magnitude from 2^-12 to 2^12 (and now and then `-0.0`),
+    /// so that the order of a sum shows in its bits.
+    pub fn wild(&mut self) -> f32 {
+        let r = self.next();
+        if r.is_multiple_of(89) {
+            return -0.0;
+        }
+        let exponent = ((r >> 8) % 25) as i32 - 12;
+        self.unit() * 2f32.powi(exponent)
+    }
+
+    pub fn wilds(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.wild()).collect()
+    }
+
+    pub fn units(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.unit()).collect()
+    }
 }
 
 /// How the ids of a case are drawn.
