@@ -30,7 +30,7 @@
 
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
-use crate::kernels::gather::gather_with;
+use crate::kernels::gather::{gather_valid, gather_with};
 use crate::kernels::grouped::{
     self, dense_backward_with, sparse_backward_with, Groups, SparseGrad, Target,
 };
@@ -374,10 +374,15 @@ impl Embedding {
         let len = rows_len(ids.len(), self.embedding_dim)?;
         check_len(Operand::Output, len, out.len())?;
         let valid = ValidIds::new(ids, self.num_embeddings)?;
-        if let Some(max_norm) = self.max_norm {
-            self.renorm(valid, max_norm);
-        }
-        gather_with(self.parallelism, &self.weight, self.embedding_dim, ids, out)
+        self.renorm_rows(valid);
+        gather_valid(
+            self.parallelism,
+            &self.weight,
+            self.embedding_dim,
+            valid,
+            out,
+        );
+        Ok(())
     }
 
     /// A read-only lookup, for a layer without `max_norm` (inference, or
@@ -399,13 +404,21 @@ impl Embedding {
         gather_with(self.parallelism, &self.weight, self.embedding_dim, ids, out)
     }
 
-    /// `embedding_renorm_`: scales each distinct row of `ids` whose norm
-    /// exceeds `max_norm` by `max_norm / (norm + 1e-7)`.
-    fn renorm<I: Index>(&mut self, ids: ValidIds<'_, I>, max_norm: f32) {
+    /// `embedding_renorm_`, when `max_norm` is set: scales each distinct row
+    /// of `ids` whose norm exceeds `max_norm` by `max_norm / (norm + 1e-7)`.
+    /// [`forward_into`](Self::forward_into) runs it before its lookup, and so
+    /// do the fused kernels that read the table themselves
+    /// ([`InputEmbedding`](crate::input::InputEmbedding),
+    /// [`EmbeddingBag`](crate::EmbeddingBag)).
+    pub(crate) fn renorm_rows<I: Index>(&mut self, ids: ValidIds<'_, I>) {
+        debug_assert_eq!(ids.num_embeddings(), self.num_embeddings);
+        let Some(max_norm) = self.max_norm else {
+            return;
+        };
         let dim = self.embedding_dim;
         let par = self
             .parallelism
-            .splits(ids.len() * dim * 4, PARALLEL_MIN_BYTES);
+            .splits(ids.len().saturating_mul(dim * 4), PARALLEL_MIN_BYTES);
         let groups = Groups::new(ids, None);
         let (p, max_norm) = (self.norm_type, f64::from(max_norm));
         grouped::for_each_row(par, &groups, &mut self.weight, dim, |row| {
@@ -415,17 +428,6 @@ impl Embedding {
                 row.iter_mut().for_each(|x| *x *= scale);
             }
         });
-    }
-
-    /// Applies `max_norm` to the rows of `ids` exactly as
-    /// [`forward_into`](Self::forward_into) does before its lookup (nothing
-    /// when `max_norm` is unset): the hook of fused forward kernels that read
-    /// the table themselves ([`InputEmbedding`](crate::input::InputEmbedding)).
-    pub(crate) fn renorm_rows<I: Index>(&mut self, ids: ValidIds<'_, I>) {
-        debug_assert_eq!(ids.num_embeddings(), self.num_embeddings);
-        if let Some(max_norm) = self.max_norm {
-            self.renorm(ids, max_norm);
-        }
     }
 
     /// The gradient of the table for `grad_output` (`ids.len() ×
@@ -535,7 +537,7 @@ impl Embedding {
             rows_len(ids.len(), dim)?,
             grad_output.len(),
         )?;
-        ValidIds::new(ids, self.num_embeddings)?;
+        let valid = ValidIds::new(ids, self.num_embeddings)?;
         if self.frozen {
             return Ok(());
         }
@@ -549,11 +551,12 @@ impl Embedding {
         grouped::fused_update(
             self.parallelism,
             grad_output,
-            ids,
+            valid,
             self.scale_grad_by_freq,
             target,
             &rule,
-        )
+        );
+        Ok(())
     }
 
     /// Applies a coalesced gradient (from [`backward_sparse`](Self::backward_sparse))

@@ -19,10 +19,10 @@
 
 use crate::embedding::{Embedding, EmbeddingOptions, Gradient};
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{Index, ValidIds};
+use crate::index::Index;
 use crate::kernels::bag::{
-    bag_backward_with, bag_forward_with, bag_fused_update, bag_max_backward,
-    bag_sparse_backward_with, Bags, Mode, Pooling,
+    bag_backward_with, bag_fused_update, bag_max_backward, bag_sparse_backward_with,
+    check_backward_call, check_forward, forward_valid, Bags, Mode, Pooling,
 };
 use crate::kernels::grouped::{SparseGrad, Target};
 use crate::kernels::Parallelism;
@@ -280,31 +280,15 @@ impl EmbeddingBag {
     ) -> Result<(), EmbeddingError> {
         let pooling = self.pooling(per_sample_weights);
         let dim = self.embedding_dim();
-        // A dry run of every check before `max_norm` may change the table.
-        crate::kernels::bag::check_only(
-            self.table.weight(),
-            dim,
-            ids,
-            bags,
-            &pooling,
-            out,
-            max_indices,
-        )?;
-        if self.table.max_norm().is_some() {
-            let valid = ValidIds::new(ids, self.table.num_embeddings())?;
-            self.table.renorm_rows(valid);
-        }
+        // Every check before `max_norm` may change the table; the kernel
+        // then runs on the checked ids.
+        let weight = self.table.weight();
+        let valid = check_forward(weight, dim, ids, bags, &pooling, out, max_indices)?;
+        self.table.renorm_rows(valid);
         let par = self.table.parallelism();
-        bag_forward_with(
-            par,
-            self.table.weight(),
-            dim,
-            ids,
-            bags,
-            &pooling,
-            out,
-            max_indices,
-        )
+        let weight = self.table.weight();
+        forward_valid(par, weight, dim, valid, bags, &pooling, out, max_indices);
+        Ok(())
     }
 
     /// The gradient of the table for `grad_output` (`bags × embedding_dim`):
@@ -337,14 +321,7 @@ impl EmbeddingBag {
         if self.mode != Mode::Max {
             let pooling = self.pooling(per_sample_weights);
             let weight = self.table.weight();
-            crate::kernels::bag::check_backward_only(
-                grad_output,
-                dim,
-                ids,
-                bags,
-                &pooling,
-                weight,
-            )?;
+            check_backward_call(grad_output, dim, ids, bags, &pooling, weight.len())?;
         }
         let mut dense = crate::memory::zeroed_table(self.table.weight().len());
         self.backward_dense_into(
@@ -443,14 +420,8 @@ impl EmbeddingBag {
     ) -> Result<(), EmbeddingError> {
         let dim = self.embedding_dim();
         let pooling = self.pooling(per_sample_weights);
-        crate::kernels::bag::check_backward_only(
-            grad_output,
-            dim,
-            ids,
-            bags,
-            &pooling,
-            self.table.weight(),
-        )?;
+        let weight_len = self.table.weight().len();
+        let ids = check_backward_call(grad_output, dim, ids, bags, &pooling, weight_len)?;
         if self.table.is_frozen() {
             return Ok(());
         }
@@ -464,7 +435,8 @@ impl EmbeddingBag {
             state,
             padding_idx,
         };
-        bag_fused_update(par, grad_output, ids, bags, &pooling, target, &rule)
+        bag_fused_update(par, grad_output, ids, bags, &pooling, target, &rule);
+        Ok(())
     }
 
     /// Saves the table as tensor `name` of a safetensors file.

@@ -223,7 +223,7 @@ pub fn bag_forward<I: Index>(
     // the arithmetic below is independent of the kernel.
     let mut probe_out = vec![0.0; out.len()];
     let mut probe_max = vec![0; max_indices.len()];
-    crate::kernels::bag::check_only(table, dim, ids, bags, pooling, &probe_out, &probe_max)?;
+    crate::kernels::bag::check_forward(table, dim, ids, bags, pooling, &probe_out, &probe_max)?;
     let rows = table.len().checked_div(dim).unwrap_or(0);
     let gathered = matmul(&one_hot(ids, rows)?, table, ids.len(), rows, dim);
     if pooling.mode == Mode::Max {
@@ -273,7 +273,7 @@ pub fn bag_backward<I: Index>(
     pooling: &Pooling<'_>,
     grad_table: &mut [f32],
 ) -> Result<(), EmbeddingError> {
-    crate::kernels::bag::check_backward_only(grad_bags, dim, ids, bags, pooling, grad_table)?;
+    crate::kernels::bag::check_backward_call(grad_bags, dim, ids, bags, pooling, grad_table.len())?;
     let rows = grad_table.len().checked_div(dim).unwrap_or(0);
     let m = bag_matrix(ids, bags, pooling)?;
     let mut per_id = vec![0.0; ids.len() * dim];

@@ -231,38 +231,27 @@ fn check_arguments<I: Index>(
     Ok(rows)
 }
 
-/// The forward's checks alone (for the reference, so both report the same
-/// error for the same call).
-pub(crate) fn check_only<I: Index>(
-    table: &[f32],
-    dim: usize,
-    ids: &[I],
-    bags: &Bags,
-    pooling: &Pooling<'_>,
-    out: &[f32],
-    max_indices: &[i64],
-) -> Result<(), EmbeddingError> {
-    check_forward(table, dim, ids, bags, pooling, out, max_indices).map(|_| ())
-}
-
-/// The backward's checks alone (for the reference).
-pub(crate) fn check_backward_only<I: Index>(
+/// Every check of a sum or mean backward, in order (max mode is refused:
+/// its backward takes the forward's `max_indices`): the checked ids, for
+/// the kernels, the layer and the reference.
+pub(crate) fn check_backward_call<'a, I: Index>(
     grad_bags: &[f32],
     dim: usize,
-    ids: &[I],
+    ids: &'a [I],
     bags: &Bags,
     pooling: &Pooling<'_>,
-    grad_table: &[f32],
-) -> Result<(), EmbeddingError> {
-    check_backward(grad_table.len(), dim, ids, bags, pooling, grad_bags)?;
+    grad_table_len: usize,
+) -> Result<ValidIds<'a, I>, EmbeddingError> {
+    let ids = check_backward(grad_table_len, dim, ids, bags, pooling, grad_bags)?;
     if pooling.mode == Mode::Max {
         return Err(EmbeddingError::MaxNeedsIndices);
     }
-    Ok(())
+    Ok(ids)
 }
 
-/// Every check of the forward, in order, before any write.
-fn check_forward<'a, I: Index>(
+/// Every check of the forward, in order, before any write: the checked
+/// ids, for the kernel, the layer and the reference.
+pub(crate) fn check_forward<'a, I: Index>(
     table: &[f32],
     dim: usize,
     ids: &'a [I],
@@ -331,9 +320,26 @@ pub fn bag_forward_with<I: Index>(
     max_indices: &mut [i64],
 ) -> Result<(), EmbeddingError> {
     let ids = check_forward(table, dim, ids, bags, pooling, out, max_indices)?;
+    forward_valid(par, table, dim, ids, bags, pooling, out, max_indices);
+    Ok(())
+}
+
+/// The forward after [`check_forward`]: it cannot fail.
+// `bag_forward_with`'s arguments, with the ids checked.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn forward_valid<I: Index>(
+    par: Parallelism,
+    table: &[f32],
+    dim: usize,
+    ids: ValidIds<'_, I>,
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    out: &mut [f32],
+    max_indices: &mut [i64],
+) {
     let is_max = pooling.mode == Mode::Max;
     if dim == 0 || bags.is_empty() {
-        return Ok(());
+        return;
     }
     let max_indices = if is_max { max_indices } else { &mut [][..] };
     let body = |first_bag: usize, out: &mut [f32], max_indices: &mut [i64]| {
@@ -351,12 +357,10 @@ pub fn bag_forward_with<I: Index>(
         block.run(out, max_indices);
     };
     let bags_per_task = (TASK_BYTES / (dim * 4)).max(1);
-    if !par.splits(
-        core::mem::size_of_val(table).min(ids.len() * dim * 4),
-        PARALLEL_MIN_BYTES,
-    ) {
+    let read = ids.len().saturating_mul(dim * 4);
+    if !par.splits(core::mem::size_of_val(table).min(read), PARALLEL_MIN_BYTES) {
         body(0, out, max_indices);
-        return Ok(());
+        return;
     }
     let chunk = bags_per_task * dim;
     if is_max {
@@ -369,7 +373,6 @@ pub fn bag_forward_with<I: Index>(
             .enumerate()
             .for_each(|(task, o)| body(task * bags_per_task, o, &mut []));
     }
-    Ok(())
 }
 
 /// One task of the forward: `count` bags from `first_bag`.
@@ -696,23 +699,19 @@ pub fn bag_sparse_backward_with<I: Index>(
     grouped::SparseGrad::new(groups.rows, values, num_embeddings, dim)
 }
 
-/// The fused backward + update of a sum or mean bag batch (the caller has
-/// checked the target's shapes): each touched row's gradient is summed and
-/// handed to `rule` at once.
+/// The fused backward + update of a sum or mean bag batch, after
+/// [`check_backward_call`]: each touched row's gradient is summed and handed
+/// to `rule` at once.
 pub(crate) fn bag_fused_update<I: Index, R: grouped_rule::Rule>(
     par: Parallelism,
     grad_bags: &[f32],
-    ids: &[I],
+    ids: ValidIds<'_, I>,
     bags: &Bags,
     pooling: &Pooling<'_>,
     target: grouped::Target<'_>,
     rule: &R,
-) -> Result<(), EmbeddingError> {
+) {
     let dim = target.dim;
-    let ids = check_backward(target.weight.len(), dim, ids, bags, pooling, grad_bags)?;
-    if pooling.mode == Mode::Max {
-        return Err(EmbeddingError::MaxNeedsIndices);
-    }
     let split = par.splits(core::mem::size_of_val(grad_bags), PARALLEL_MIN_BYTES);
     let (groups, source) = grouped_bags(ids, bags, pooling, grad_bags, dim);
     grouped::apply_groups(
@@ -723,7 +722,6 @@ pub(crate) fn bag_fused_update<I: Index, R: grouped_rule::Rule>(
         target,
         rule,
     );
-    Ok(())
 }
 
 /// The optimiser rule trait, named for this module.

@@ -111,6 +111,18 @@ pub fn gather_scaled_with<I: Index>(
     Ok(())
 }
 
+/// [`gather_with`] on ids already checked against `table` (the layer checks
+/// them once, renormalises, then looks up).
+pub(crate) fn gather_valid<I: Index>(
+    par: Parallelism,
+    table: &[f32],
+    dim: usize,
+    ids: ValidIds<'_, I>,
+    out: &mut [f32],
+) {
+    drive(par, table, dim, ids, out, CopyRow);
+}
+
 /// The front door: every check, in the crate's order, before any write.
 pub(crate) fn check<'a, I: Index>(
     table: &[f32],

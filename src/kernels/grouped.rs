@@ -842,23 +842,20 @@ pub(crate) struct Target<'a> {
 /// The fused sparse update: groups `ids`, sums each touched row's gradient
 /// (position order, divided by the count with `scale_grad_by_freq`), and
 /// applies `rule` to the row straight away. No gradient is materialised.
-/// The caller has checked `target` and `grad_output`; this checks the ids.
+/// The caller has checked `target`, `grad_output` and the ids.
 pub(crate) fn fused_update<I: Index, R: RowRule>(
     par: Parallelism,
     grad_output: &[f32],
-    ids: &[I],
+    ids: ValidIds<'_, I>,
     scale_grad_by_freq: bool,
     target: Target<'_>,
     rule: &R,
-) -> Result<(), EmbeddingError> {
-    let rows = target.weight.len() / target.dim.max(1);
-    let ids = ValidIds::new(ids, rows)?;
+) {
     let split = par.splits(core::mem::size_of_val(grad_output), PARALLEL_MIN_BYTES);
     let groups = Groups::new(ids, target.padding_idx);
     let dim = target.dim;
     let source = PerPosition { grad_output, dim };
     apply_groups(split, &groups, &source, scale_grad_by_freq, target, rule);
-    Ok(())
 }
 
 /// Applies a coalesced gradient with `rule` (its padding row, if it holds
