@@ -388,14 +388,10 @@ impl EmbeddingBag {
         let dim = self.embedding_dim();
         let rows = self.table.num_embeddings();
         if self.mode == Mode::Max {
+            // The dense gradient, then its winning rows.
             let indices = max_indices.ok_or(EmbeddingError::MaxNeedsIndices)?;
-            check_len(
-                Operand::GradOutput,
-                rows_len(bags.len(), dim)?,
-                grad_output.len(),
-            )?;
             let mut dense = crate::memory::zeroed_table(self.table.weight().len());
-            bag_max_backward(grad_output, dim, indices, &mut dense)?;
+            self.backward_dense_into(grad_output, ids, bags, None, Some(indices), &mut dense)?;
             return max_sparse(&dense, indices, rows, dim);
         }
         let pooling = self.pooling(per_sample_weights);
