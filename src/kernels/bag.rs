@@ -694,9 +694,14 @@ pub fn bag_sparse_backward_with<I: Index>(
         return Err(EmbeddingError::MaxNeedsIndices);
     }
     let split = par.splits(core::mem::size_of_val(grad_bags), PARALLEL_MIN_BYTES);
-    let (groups, source) = grouped_bags(ids, bags, pooling, grad_bags, dim);
+    let (mut groups, source) = grouped_bags(ids, bags, pooling, grad_bags, dim);
     let values = grouped::coalesce_from(split, &groups, &source, dim, pooling.scale_grad_by_freq);
-    grouped::SparseGrad::new(groups.rows, values, num_embeddings, dim)
+    grouped::SparseGrad::new(
+        core::mem::take(&mut groups.rows),
+        values,
+        num_embeddings,
+        dim,
+    )
 }
 
 /// The fused backward + update of a sum or mean bag batch, after

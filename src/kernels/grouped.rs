@@ -52,7 +52,7 @@
 //!    far ahead). Prefetching only each group's first row left most rows of
 //!    narrow's many small groups to miss: its dense backward took 26 ms.
 
-use super::{prefetch_ahead, row, Parallelism, PARALLEL_MIN_BYTES};
+use super::{prefetch_ahead, row, spare, Parallelism, PARALLEL_MIN_BYTES};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::optim::RowRule;
@@ -108,6 +108,21 @@ impl Groups {
         ids: ValidIds<'_, I>,
         keep: impl Fn(usize, usize) -> bool,
     ) -> Groups {
+        let bits = usize::BITS - ids.num_embeddings().saturating_sub(1).leading_zeros();
+        #[cfg(target_pointer_width = "64")]
+        if bits <= 32 && u32::try_from(ids.len()).is_ok() {
+            return Groups::new_packed(ids, keep, bits);
+        }
+        Groups::new_wide(ids, keep, bits)
+    }
+
+    /// [`Groups::new_kept`] for any row and position, `bits` the width of
+    /// the largest row.
+    fn new_wide<I: Index>(
+        ids: ValidIds<'_, I>,
+        keep: impl Fn(usize, usize) -> bool,
+        bits: u32,
+    ) -> Groups {
         // Trick 1: a stable LSD radix sort of the kept positions by row,
         // RADIX_BITS of the row per pass. The positions go in ascending, and
         // a stable sort keeps them so within each row.
@@ -119,7 +134,6 @@ impl Groups {
                 positions.push(p);
             }
         }
-        let bits = usize::BITS - ids.num_embeddings().saturating_sub(1).leading_zeros();
         let (mut rows_to, mut positions_to) = (vec![0; rows.len()], vec![0; rows.len()]);
         let mut shift = 0;
         while shift < bits {
@@ -149,10 +163,81 @@ impl Groups {
         }
         let mut groups = Groups {
             positions,
-            ..Groups::default()
+            rows: Vec::new(),
+            starts: Vec::new(),
         };
         groups.find_runs(rows.into_iter());
         groups
+    }
+
+    /// [`Groups::new_kept`] when rows and positions fit 32 bits each (and
+    /// `usize` has 64): one key per position, `row << 32 | position`, so
+    /// each pass moves one array instead of two, and one read of the keys
+    /// counts the digits of every pass. The vectors come from (and go back
+    /// to) the thread's [`spare`] ones.
+    #[cfg(target_pointer_width = "64")]
+    fn new_packed<I: Index>(
+        ids: ValidIds<'_, I>,
+        keep: impl Fn(usize, usize) -> bool,
+        bits: u32,
+    ) -> Groups {
+        const MAX_PASSES: usize = 32usize.div_ceil(RADIX_BITS as usize);
+        let passes = bits.div_ceil(RADIX_BITS) as usize;
+        let digit =
+            |key: usize, pass: usize| (key >> (32 + pass * RADIX_BITS as usize)) & (RADIX - 1);
+        let mut keys = spare::take(ids.len());
+        keys.extend(
+            ids.rows()
+                .enumerate()
+                .filter(|&(p, r)| keep(p, r))
+                .map(|(p, r)| r << 32 | p),
+        );
+        let mut counts = [[0usize; RADIX]; MAX_PASSES];
+        for &key in &keys {
+            for (pass, count) in counts[..passes].iter_mut().enumerate() {
+                count[digit(key, pass)] += 1;
+            }
+        }
+        let mut to = spare::take(keys.len());
+        to.resize(keys.len(), 0);
+        for (pass, count) in counts[..passes].iter_mut().enumerate() {
+            if count.contains(&keys.len()) {
+                continue; // every key has this digit: nothing would move
+            }
+            let mut sum = 0;
+            for c in count.iter_mut() {
+                (*c, sum) = (sum, sum + *c);
+            }
+            for &key in &keys {
+                let at = &mut count[digit(key, pass)];
+                to[*at] = key;
+                *at += 1;
+            }
+            core::mem::swap(&mut keys, &mut to);
+        }
+        spare::give(to);
+        let mut groups = Groups {
+            rows: spare::take(keys.len()),
+            starts: spare::take(keys.len() + 1),
+            positions: keys,
+        };
+        groups.find_runs_packed();
+        groups
+    }
+
+    /// The packed keys of [`Groups::new_packed`], sorted, in `positions`:
+    /// fills `rows` and `starts` and leaves the positions alone.
+    #[cfg(target_pointer_width = "64")]
+    fn find_runs_packed(&mut self) {
+        for (i, key) in self.positions.iter_mut().enumerate() {
+            let r = *key >> 32;
+            if self.rows.last() != Some(&r) {
+                self.rows.push(r);
+                self.starts.push(i);
+            }
+            *key &= u32::MAX as usize;
+        }
+        self.starts.push(self.positions.len());
     }
 
     /// Fills `rows` and `starts` from the row of every sorted position.
@@ -197,6 +282,16 @@ impl Groups {
     #[inline]
     pub(crate) fn positions(&self, g: usize) -> &[usize] {
         &self.positions[self.starts[g]..self.starts[g + 1]]
+    }
+}
+
+impl Drop for Groups {
+    /// Hands the vectors to the thread's [`spare`] ones for the next
+    /// grouping.
+    fn drop(&mut self) {
+        spare::give(core::mem::take(&mut self.rows));
+        spare::give(core::mem::take(&mut self.starts));
+        spare::give(core::mem::take(&mut self.positions));
     }
 }
 
@@ -785,11 +880,11 @@ pub fn sparse_backward_with<I: Index>(
     check_padding(padding_idx, num_embeddings)?;
     let ids = ValidIds::new(ids, num_embeddings)?;
     let split = par.splits(core::mem::size_of_val(grad_output), PARALLEL_MIN_BYTES);
-    let groups = Groups::new(ids, padding_idx);
+    let mut groups = Groups::new(ids, padding_idx);
     let source = PerPosition { grad_output, dim };
     let values = coalesce_from(split, &groups, &source, dim, scale_grad_by_freq);
     Ok(SparseGrad {
-        indices: groups.rows,
+        indices: core::mem::take(&mut groups.rows),
         values,
         num_embeddings,
         embedding_dim: dim,
@@ -967,6 +1062,26 @@ mod tests {
 
     fn groups_of(rows: usize, ids: &[usize]) -> Groups {
         Groups::new(ValidIds::new(ids, rows).unwrap(), None)
+    }
+
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn the_packed_sort_groups_as_the_wide_one_does() {
+        let mut seed = 0x9e37;
+        for case in 0..200 {
+            let rows = 1 + mix(&mut seed) as usize % (1 << (case % 24));
+            let n = mix(&mut seed) as usize % 3000;
+            let ids: Vec<usize> = (0..n).map(|_| mix(&mut seed) as usize % rows).collect();
+            let ids = ValidIds::new(&ids, rows).unwrap();
+            let skip = mix(&mut seed) as usize % rows;
+            let keep = |p: usize, r: usize| r != skip && p % 7 != 3;
+            let bits = usize::BITS - (rows - 1).leading_zeros();
+            let packed = Groups::new_packed(ids, keep, bits);
+            let wide = Groups::new_wide(ids, keep, bits);
+            assert_eq!(packed.rows, wide.rows, "rows {rows} n {n}");
+            assert_eq!(packed.starts, wide.starts, "rows {rows} n {n}");
+            assert_eq!(packed.positions, wide.positions, "rows {rows} n {n}");
+        }
     }
 
     #[test]

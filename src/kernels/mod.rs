@@ -12,6 +12,7 @@ pub mod positions;
 pub(crate) mod row;
 pub mod scalar;
 pub mod scatter;
+mod spare;
 
 /// How a kernel may use threads.
 ///
