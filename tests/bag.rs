@@ -82,9 +82,13 @@ struct Case {
 type Range = std::ops::RangeInclusive<usize>;
 
 /// The widths with a special role: 1, around one `f32x8` (7, 8, 9), around
-/// the forward's 32-column register block (31, 32, 33) and two of them (64,
-/// 65), and the grouped backward's 16-float cache lines (16, 48).
-const DIMS: [usize; 11] = [1, 7, 8, 9, 16, 31, 32, 33, 48, 64, 65];
+/// the forward sum's 64-column register block (64, 65, 72: a block and a
+/// tail of one value or one `f32x8`; 127, 128, 129, 136: two blocks, less
+/// or more), 31, 32, 33, and the grouped backward's 16-float cache lines
+/// (16, 48).
+const DIMS: [usize; 16] = [
+    1, 7, 8, 9, 16, 31, 32, 33, 48, 64, 65, 72, 127, 128, 129, 136,
+];
 
 fn case(rows: Range, dim: Range, n: Range, max_offsets: usize) -> impl Strategy<Value = Case> {
     let pattern = prop_oneof![
