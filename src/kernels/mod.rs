@@ -5,6 +5,7 @@
 //! body that is shared by its serial and its parallel driver. The `_with`
 //! forms take a [`Parallelism`]; the plain forms use [`Parallelism::Auto`].
 
+mod avx;
 pub mod bag;
 pub mod gather;
 pub mod grouped;
