@@ -1,6 +1,7 @@
-//! Bag sums in 256-bit registers, for CPUs that have AVX, chosen at run
-//! time ([`available`]); the loops themselves are in `bag.rs`
-//! (`Block::avx_sum`), compiled with AVX enabled.
+//! Bag sums and maxima in 256-bit registers, for CPUs that have AVX, chosen
+//! at run time ([`available`]); the loops themselves are in `bag.rs`
+//! (`Block::avx_sum`, `Block::avx_max`), compiled with AVX enabled, and use
+//! the operations here.
 //!
 //! A default x86-64 build may only use SSE2, so `wide::f32x8` is two
 //! 128-bit halves there and a block of 64 columns already fills the sixteen
@@ -20,7 +21,10 @@
 //! `bag.rs` runs both).
 
 #[cfg(target_arch = "x86_64")]
-use core::arch::x86_64::{__m256, _mm256_add_ps, _mm256_mul_ps, _mm256_set1_ps};
+use core::arch::x86_64::{
+    __m256, _mm256_add_ps, _mm256_blendv_ps, _mm256_cmp_ps, _mm256_mul_ps, _mm256_set1_ps,
+    _CMP_GT_OQ,
+};
 
 #[cfg(target_arch = "x86_64")]
 use super::row::LANES;
@@ -79,4 +83,21 @@ pub(crate) fn mul(a: __m256, b: __m256) -> __m256 {
 #[inline]
 pub(crate) fn splat(x: f32) -> __m256 {
     _mm256_set1_ps(x)
+}
+
+/// All ones in the lanes where `a > b` (ordered: false if either is NaN),
+/// zeros elsewhere.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+#[inline]
+pub(crate) fn greater(a: __m256, b: __m256) -> __m256 {
+    _mm256_cmp_ps::<_CMP_GT_OQ>(a, b)
+}
+
+/// `if_true` in the lanes where `mask` is set, `if_false` elsewhere.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+#[inline]
+pub(crate) fn select(mask: __m256, if_true: __m256, if_false: __m256) -> __m256 {
+    _mm256_blendv_ps(if_false, if_true, mask)
 }
