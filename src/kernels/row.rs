@@ -204,6 +204,19 @@ pub(crate) fn keep_max(best: &mut [f32], at: &mut [f32], src: &[f32], here: f32)
 #[allow(unsafe_code)]
 pub(crate) fn stream(dst: &mut [f32], src: Option<&[f32]>) {
     #[cfg(target_arch = "x86_64")]
+    if super::avx::available() {
+        // SAFETY: AVX is present, which is all `avx::stream` needs.
+        unsafe { super::avx::stream(dst, src) };
+        return;
+    }
+    stream_sse(dst, src);
+}
+
+/// [`stream`] with 16-byte stores, for any x86-64 CPU.
+#[inline(always)]
+#[allow(unsafe_code)]
+fn stream_sse(dst: &mut [f32], src: Option<&[f32]>) {
+    #[cfg(target_arch = "x86_64")]
     {
         use core::arch::x86_64::{__m128, _mm_stream_ps};
         let (head, body, tail) = bytemuck::pod_align_to_mut::<f32, __m128>(dst);
@@ -268,6 +281,35 @@ mod tests {
         let a = (0..len).map(|i| i as f32 * 0.37 - 3.0).collect();
         let b = (0..len).map(|i| 1.0 / (i as f32 + 0.5)).collect();
         (a, b)
+    }
+
+    #[test]
+    fn both_streams_write_the_row_or_zeros_at_any_alignment() {
+        let src: Vec<f32> = (0..80).map(|i| i as f32 - 40.5).collect();
+        for start in 0..8 {
+            for len in 0..=70 {
+                let from = &src[..len];
+                let mut sse = vec![f32::NAN; start + len];
+                stream_sse(&mut sse[start..], Some(from));
+                let mut ours = vec![f32::NAN; start + len];
+                stream(&mut ours[start..], Some(from));
+                stream_fence();
+                assert_eq!(&sse[start..], from, "start {start} len {len}");
+                assert_eq!(&ours[start..], from, "start {start} len {len}");
+                assert!(
+                    sse[..start].iter().all(|x| x.is_nan()),
+                    "nothing before the row"
+                );
+                stream_sse(&mut sse[start..], None);
+                stream(&mut ours[start..], None);
+                stream_fence();
+                assert!(sse[start..].iter().chain(&ours[start..]).all(|&x| x == 0.0));
+                assert!(
+                    ours[..start].iter().all(|x| x.is_nan()),
+                    "nothing before the row"
+                );
+            }
+        }
     }
 
     #[test]
