@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""PyTorch's CPU kernels on the report's workloads, timed the report's way.
+
+The issues quote PyTorch figures; this script measures them on the machine
+at hand, so they can be set beside `cargo run --release --example report`
+from the same session. It needs PyTorch (`pip install torch`); the crate
+itself never does.
+
+    python3 benches/pytorch_peer.py                 # every row, cold and warm
+    python3 benches/pytorch_peer.py --workloads recsys --ops bag_sum --json
+
+Each row is timed two ways:
+
+* cold: as the report does it. The op and a memcpy of the same bytes run
+  round-robin (the first case rotating each repetition), so every call
+  starts after the other case has swept the caches, and the memcpy gives the
+  row's same-run yardstick. The figure to compare with the report.
+* warm: the op alone, back to back, as criterion and a plain timing loop do;
+  whatever the last call left in the caches helps the next.
+
+Medians throughout. The memcpy is the faster of a one-thread copy (numpy)
+and PyTorch's own (which uses the pool), like the report's.
+"""
+
+import argparse
+import json
+import math
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+WORKLOADS = {
+    # name: (num_embeddings, embedding_dim, num_ids), as benches/common/mod.rs
+    "tiny": (1_000, 64, 4_096),
+    "minilm": (30_522, 384, 8_192),
+    "gpt2": (50_257, 768, 16_384),
+    "recsys": (1_000_000, 128, 65_536),
+    "narrow": (100_000, 16, 262_144),
+}
+BAG_SIZE = 16
+MAX_SEQ = 1024
+OPS = [
+    "forward",
+    "dense_backward",
+    "sparse_sgd",
+    "token_position",
+    "bag_sum",
+    "bag_mean",
+    "bag_max",
+    "bag_sum_fwd_bwd",
+]
+
+
+def median_ms(samples):
+    return float(np.median(samples)) * 1e3
+
+
+def measure(cases, budget_s, min_reps=5, warmup=2):
+    """Round-robin timing of `cases` (name -> (setup, call)); medians in ms."""
+    for _, (setup, call) in cases.items():
+        for _ in range(warmup):
+            setup()
+            call()
+    names = list(cases)
+    times = {n: [] for n in names}
+    start = time.perf_counter()
+    rep = 0
+    while rep < min_reps or time.perf_counter() - start < budget_s * len(names):
+        for k in range(len(names)):
+            name = names[(rep + k) % len(names)]
+            setup, call = cases[name]
+            setup()
+            t = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - t)
+        rep += 1
+    return {n: median_ms(v) for n, v in times.items()}, rep
+
+
+def warm(setup, call, budget_s, min_reps=5):
+    """The op alone, back to back (set-up untimed); median in ms."""
+    for _ in range(2):
+        setup()
+        call()
+    samples = []
+    start = time.perf_counter()
+    while len(samples) < min_reps or time.perf_counter() - start < budget_s:
+        setup()
+        t = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - t)
+    return median_ms(samples)
+
+
+def nothing():
+    pass
+
+
+def rows_for(name, op, args):
+    rows, dim, n = WORKLOADS[name]
+    gen = torch.Generator().manual_seed(0x5EED + rows)
+    weight = torch.rand(rows, dim, generator=gen) * 2 - 1
+    ids = torch.randint(0, rows, (n,), generator=gen)
+    grad_out = torch.rand(n, dim, generator=gen) * 2 - 1
+    offsets = torch.arange(0, n, BAG_SIZE)
+    grad_bags = torch.rand(n // BAG_SIZE, dim, generator=gen) * 2 - 1
+    # The yardstick: a copy of num_ids x dim floats (the rows a lookup reads),
+    # or a fill of the whole table for the ops that write a dense gradient.
+    src = np.ones(n * dim, dtype=np.float32)
+    dst = np.zeros_like(src)
+    tsrc, tdst = torch.from_numpy(src), torch.from_numpy(dst)
+    table_sized = op in ("dense_backward", "bag_sum_fwd_bwd")
+    if table_sized:
+        fill = torch.empty(rows, dim)
+        fill_np = fill.numpy()
+        yard = {
+            "memset_1": (nothing, lambda: fill_np.fill(0.0)),
+            "memset_pool": (nothing, lambda: fill.zero_()),
+        }
+    else:
+        yard = {
+            "memcpy_1": (nothing, lambda: np.copyto(dst, src)),
+            "memcpy_pool": (nothing, lambda: tdst.copy_(tsrc)),
+        }
+
+    state = {}
+    if op == "forward":
+        call = lambda: F.embedding(ids, weight)
+        setup = nothing
+    elif op == "dense_backward":
+        # The kernel under Embedding's dense backward: allocates and fills
+        # the [rows, dim] gradient.
+        def call():
+            state["g"] = torch.ops.aten.embedding_dense_backward(
+                grad_out, ids, rows, -1, False
+            )
+
+        def setup():
+            state.pop("g", None)
+
+    elif op == "sparse_sgd":
+        param = torch.nn.Parameter(weight.clone())
+        opt = torch.optim.SGD([param], lr=0.01)
+
+        def setup():
+            opt.zero_grad(set_to_none=True)
+            state["out"] = F.embedding(ids, param, sparse=True)
+
+        def call():
+            state["out"].backward(grad_out)
+            opt.step()
+
+    elif op == "token_position":
+        seq = math.gcd(n, MAX_SEQ)
+        pos = torch.rand(seq, dim, generator=gen)
+        tok = ids.view(-1, seq)
+        scale = math.sqrt(dim)
+        call = lambda: F.embedding(tok, weight) * scale + pos
+        setup = nothing
+    elif op in ("bag_sum", "bag_mean", "bag_max"):
+        mode = op.removeprefix("bag_")
+        call = lambda: F.embedding_bag(ids, weight, offsets, mode=mode)
+        setup = nothing
+    elif op == "bag_sum_fwd_bwd":
+        param = torch.nn.Parameter(weight.clone())
+
+        def setup():
+            param.grad = None
+
+        def call():
+            F.embedding_bag(ids, param, offsets, mode="sum").backward(grad_bags)
+
+    else:
+        raise ValueError(op)
+
+    cases = {"torch": (setup, call), **yard}
+    medians, reps = measure(cases, args.budget_ms / 1e3)
+    base_name = min(yard, key=lambda k: medians[k])
+    row = {
+        "workload": name,
+        "op": op,
+        "cold_ms": medians["torch"],
+        "baseline": "memset" if table_sized else "memcpy",
+        "baseline_ms": medians[base_name],
+        "reps": reps,
+    }
+    if not args.no_warm:
+        row["warm_ms"] = warm(setup, call, args.budget_ms / 1e3)
+    return row
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--workloads", default="minilm,gpt2,recsys")
+    p.add_argument("--ops", default=",".join(OPS))
+    p.add_argument("--threads", type=int, default=0, help="default: all cores")
+    p.add_argument("--budget-ms", type=float, default=500)
+    p.add_argument("--no-warm", action="store_true")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = []
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"cpu capability {torch.backends.cpu.get_cpu_capability()}"
+    )
+    print(f"{'workload':8} {'op':16} {'cold ms':>9} {'warm ms':>9} {'baseline':>8} {'ms':>8}")
+    for name in args.workloads.split(","):
+        for op in args.ops.split(","):
+            row = rows_for(name, op, args)
+            out.append(row)
+            w = row.get("warm_ms", float("nan"))
+            print(
+                f"{name:8} {op:16} {row['cold_ms']:9.2f} {w:9.2f} "
+                f"{row['baseline']:>8} {row['baseline_ms']:8.2f}",
+                flush=True,
+            )
+    if args.json:
+        print(json.dumps({"torch": torch.__version__, "rows": out}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
