@@ -19,7 +19,15 @@ Each row is timed two ways:
   whatever the last call left in the caches helps the next.
 
 Medians throughout. The memcpy is the faster of a one-thread copy (numpy)
-and PyTorch's own (which uses the pool), like the report's.
+and PyTorch's own (which uses the pool), like the report's. PyTorch runs
+on its default thread count (all cores, as the report's rayon pool).
+
+What PyTorch's figures include that the crate's do not: its ops allocate
+their outputs, and the dense gradients (`dense_backward`, the backward of
+`bag_sum_fwd_bwd`) are fresh zeroed tables on every call, while the report
+writes into buffers it is given. The `sparse_sgd` set-up runs the forward
+(untimed) just before the timed backward and step, so the touched rows are
+warm there.
 """
 
 import argparse

@@ -29,7 +29,8 @@ use core::arch::x86_64::{
 #[cfg(target_arch = "x86_64")]
 use super::row::LANES;
 
-/// Whether this CPU runs [`sum`] (AVX), asked once and cached by `std`.
+/// Whether this CPU has AVX, which everything here needs; asked once and
+/// cached by `std`.
 #[inline]
 pub(crate) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]

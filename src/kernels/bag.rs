@@ -33,7 +33,7 @@
 //!    rows at once, and the later passes find the rows in L1. On recsys
 //!    (128 columns) that took the bag sum from 57-62 % of a same-run memcpy
 //!    to 82 % (report, two alternating runs: 4.5-5.4 ms -> 3.5-4.5 ms).
-//!    Where the CPU has AVX (checked at run time, [`avx`]) the blocks are
+//!    Where the CPU has AVX (checked at run time, `kernels/avx.rs`) the blocks are
 //!    128 columns in sixteen 256-bit registers, for rows of any width: on
 //!    recsys the sum then reaches 90-113 % of the memcpy, on gpt2 130-136 %.
 //!    Without AVX, wider rows are summed a row at a time into a task-local
@@ -42,8 +42,8 @@
 //!    32-column blocks lost there. Either way the output row is written
 //!    once, at the end.
 //! 3. **Exact order.** Each bag is summed in position order, one rounded
-//!    product and one rounded sum per term (no fused multiply-add); the
-//!    first term is copied, which is `-0.0 + x` to the bit. These are the
+//!    product and one rounded sum per term (no fused multiply-add), from
+//!    `-0.0` (so the first term comes through as it is). These are the
 //!    operations of the reference's bag matrix product (sums from `-0.0`),
 //!    so `sum` matches it bit for bit on every thread count. `mean` divides the sum by the count (the reference multiplies
 //!    by `1/len`: equal up to rounding). An empty bag (or one holding only
@@ -351,6 +351,25 @@ pub fn bag_forward_with<I: Index>(
 /// Columns per register block of a bag sum: eight `f32x8` accumulators.
 const BLOCK: usize = 64;
 
+/// The column blocks of one bag's sum: blocks of `N·8` columns through
+/// `$block::<N>` for each `N` given (largest first, each as often as it
+/// fits), the last columns one at a time, then the end of the sum.
+macro_rules! sum_blocks {
+    ($self:ident, $block:ident, $bag:ident, $limit:ident, $dst:ident, $($n:literal),+) => {{
+        let (mut kept, mut c) = (0, 0);
+        $(
+            while c + $n * LANES <= $self.dim {
+                kept = $self.$block::<$n>($bag.clone(), $limit, c, $dst);
+                c += $n * LANES;
+            }
+        )+
+        if c < $self.dim {
+            kept = $self.sum_columns($bag, $limit, c, $dst);
+        }
+        $self.finish_sum(kept, $dst);
+    }};
+}
+
 /// Registers per block of a bag max with AVX: as many for the best values
 /// and as many for their positions (64 columns a pass). On recsys, three
 /// alternating report runs: 4.0-4.6 ms against 5.6-6.3 ms for the row at a
@@ -443,7 +462,8 @@ struct Block<'a, 'i, I: Index> {
     count: usize,
     /// How many positions ahead rows are prefetched.
     ahead: usize,
-    /// Whether sums run in 256-bit registers ([`avx`]).
+    /// Whether sums and maxima run in 256-bit registers ([`avx`]); true only
+    /// where `avx::available()` said so.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     avx: bool,
 }
@@ -499,10 +519,11 @@ impl<I: Index> Block<'_, '_, I> {
 
     /// Sum (or mean) of bag `bag`, written to `dst` once. Rows of up to
     /// [`BLOCKED_MAX_DIM`] columns go a block at a time (trick 2): [`BLOCK`]
-    /// columns in eight `f32x8` accumulators, then what is left eight and
-    /// one at a time, each block a pass over the bag's rows; the first pass
-    /// prefetches the rows ahead, the later ones find the bag's rows in L1.
-    /// Wider rows go through [`Block::pool_sum_rows`] and `acc`.
+    /// columns in eight `f32x8` accumulators, then what is left in blocks
+    /// of 32, 16 and 8 and one column at a time, each block a pass over the
+    /// bag's rows; the first pass prefetches the rows ahead, the later ones
+    /// find the bag's rows in L1. Wider rows go through
+    /// [`Block::pool_sum_rows`] and `acc`; with AVX, [`Block::pool_sum_avx`].
     #[inline(always)]
     fn pool_sum(&self, bag: Range<usize>, limit: usize, acc: &mut [f32], dst: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
@@ -512,20 +533,7 @@ impl<I: Index> Block<'_, '_, I> {
         if self.dim > BLOCKED_MAX_DIM {
             return self.pool_sum_rows(bag, limit, acc, dst);
         }
-        let mut kept = 0;
-        let mut c = 0;
-        while c + BLOCK <= self.dim {
-            kept = self.sum_block::<{ BLOCK / LANES }>(bag.clone(), limit, c, dst);
-            c += BLOCK;
-        }
-        while c + LANES <= self.dim {
-            kept = self.sum_block::<1>(bag.clone(), limit, c, dst);
-            c += LANES;
-        }
-        if c < self.dim {
-            kept = self.sum_columns(bag, limit, c, dst);
-        }
-        self.finish_sum(kept, dst);
+        sum_blocks!(self, sum_block, bag, limit, dst, 8, 4, 2, 1);
     }
 
     /// [`Block::pool_sum`] with AVX: blocks of 128 columns (sixteen 256-bit
@@ -534,31 +542,7 @@ impl<I: Index> Block<'_, '_, I> {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     fn pool_sum_avx(&self, bag: Range<usize>, limit: usize, dst: &mut [f32]) {
-        let (mut kept, mut c) = (0, 0);
-        while c + 16 * LANES <= self.dim {
-            kept = self.avx_block::<16>(bag.clone(), limit, c, dst);
-            c += 16 * LANES;
-        }
-        if c + 8 * LANES <= self.dim {
-            kept = self.avx_block::<8>(bag.clone(), limit, c, dst);
-            c += 8 * LANES;
-        }
-        if c + 4 * LANES <= self.dim {
-            kept = self.avx_block::<4>(bag.clone(), limit, c, dst);
-            c += 4 * LANES;
-        }
-        if c + 2 * LANES <= self.dim {
-            kept = self.avx_block::<2>(bag.clone(), limit, c, dst);
-            c += 2 * LANES;
-        }
-        if c + LANES <= self.dim {
-            kept = self.avx_block::<1>(bag.clone(), limit, c, dst);
-            c += LANES;
-        }
-        if c < self.dim {
-            kept = self.sum_columns(bag, limit, c, dst);
-        }
-        self.finish_sum(kept, dst);
+        sum_blocks!(self, avx_block, bag, limit, dst, 16, 8, 4, 2, 1);
     }
 
     /// Columns `c..c + N·8` of the bag's sum into `dst` in 256-bit
@@ -755,13 +739,14 @@ impl<I: Index> Block<'_, '_, I> {
         }
     }
 
-    /// [`Block::pool_sum`] for wide rows, a row at a time: the first kept
-    /// row is copied (or scaled) into `acc`, a scratch row that stays in L1
-    /// (`-0.0 + x` to the bit), the others added in position order.
+    /// [`Block::pool_sum`] for wide rows without AVX, a row at a time into
+    /// `acc`, a scratch row that stays in L1: `-0.0`, then every kept row
+    /// added in position order (the blocks' operations, so the same bits).
     #[inline(always)]
     fn pool_sum_rows(&self, bag: Range<usize>, limit: usize, acc: &mut [f32], dst: &mut [f32]) {
         let weights = self.pooling.per_sample_weights;
         let mut kept = 0usize;
+        acc.fill(-0.0);
         for p in bag {
             if p + self.ahead < limit {
                 self.prefetch(p + self.ahead);
@@ -770,24 +755,14 @@ impl<I: Index> Block<'_, '_, I> {
                 continue;
             }
             let src = self.row_of(p);
-            match (kept, weights) {
-                (0, None) => acc.copy_from_slice(src),
-                (0, Some(w)) => row::scale(acc, src, w[p]),
-                (_, None) => row::add(acc, src),
-                (_, Some(w)) => row::add_scaled(acc, src, w[p]),
+            match weights {
+                None => row::add(acc, src),
+                Some(w) => row::add_scaled(acc, src, w[p]),
             }
             kept += 1;
         }
-        match (kept, self.pooling.mode) {
-            (0, _) => dst.fill(0.0),
-            (n, Mode::Mean) => {
-                let n = n as f32;
-                dst.iter_mut()
-                    .zip(acc.iter())
-                    .for_each(|(d, &x)| *d = x / n);
-            }
-            _ => dst.copy_from_slice(acc),
-        }
+        dst.copy_from_slice(acc);
+        self.finish_sum(kept, dst);
     }
 
     /// Columns `c..c + N·8` of the bag's sum into `dst`, in registers;
@@ -1133,10 +1108,12 @@ pub fn bag_sparse_backward_with<I: Index>(
         return Err(EmbeddingError::MaxNeedsIndices);
     }
     let split = par.splits(core::mem::size_of_val(grad_bags), PARALLEL_MIN_BYTES);
-    let (mut groups, source) = grouped_bags(ids, bags, pooling, grad_bags, dim);
+    let (groups, source) = grouped_bags(ids, bags, pooling, grad_bags, dim);
     let values = grouped::coalesce_from(split, &groups, &source, dim, pooling.scale_grad_by_freq);
     grouped::SparseGrad::new(
-        core::mem::take(&mut groups.rows),
+        // A copy: `rows` is one of the thread's spare vectors, sized for
+        // every id; the caller's gradient gets one just large enough.
+        groups.rows.clone(),
         values,
         num_embeddings,
         dim,

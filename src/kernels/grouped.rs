@@ -880,11 +880,13 @@ pub fn sparse_backward_with<I: Index>(
     check_padding(padding_idx, num_embeddings)?;
     let ids = ValidIds::new(ids, num_embeddings)?;
     let split = par.splits(core::mem::size_of_val(grad_output), PARALLEL_MIN_BYTES);
-    let mut groups = Groups::new(ids, padding_idx);
+    let groups = Groups::new(ids, padding_idx);
     let source = PerPosition { grad_output, dim };
     let values = coalesce_from(split, &groups, &source, dim, scale_grad_by_freq);
     Ok(SparseGrad {
-        indices: core::mem::take(&mut groups.rows),
+        // A copy: `rows` is one of the thread's spare vectors, sized for
+        // every id; the caller's gradient gets one just large enough.
+        indices: groups.rows.clone(),
         values,
         num_embeddings,
         embedding_dim: dim,

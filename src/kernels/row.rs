@@ -196,10 +196,11 @@ pub(crate) fn keep_max(best: &mut [f32], at: &mut [f32], src: &[f32], here: f32)
 }
 
 /// `dst = src`, or zeros when `src` is `None`, written with non-temporal
-/// (streaming) stores wherever `dst` is 16-byte aligned, so the lines go to
-/// memory without first being read into the cache. For sweeps that write
-/// far more than the caches hold and read none of it back soon (the dense
-/// backward's table). Call [`stream_fence`] before anyone else reads `dst`.
+/// (streaming) stores wherever `dst` is aligned for them (32 bytes with
+/// AVX, chosen at run time, else 16), so the lines go to memory without
+/// first being read into the cache. For sweeps that write far more than the
+/// caches hold and read none of it back soon (the dense backward's table).
+/// Call [`stream_fence`] before anyone else reads `dst`.
 #[inline(always)]
 #[allow(unsafe_code)]
 pub(crate) fn stream(dst: &mut [f32], src: Option<&[f32]>) {
