@@ -1,5 +1,5 @@
 //! Bag sums and maxima in 256-bit registers, for CPUs that have AVX, chosen
-//! at run time ([`available`]); the loops themselves are in `bag.rs`
+//! at run time ([`Avx::detect`]); the loops themselves are in `bag.rs`
 //! (`Block::avx_sum`, `Block::avx_max`), compiled with AVX enabled, and use
 //! the operations here.
 //!
@@ -29,14 +29,22 @@ use core::arch::x86_64::{
 #[cfg(target_arch = "x86_64")]
 use super::row::LANES;
 
-/// Whether this CPU has AVX, which everything here needs; asked once and
-/// cached by `std`.
-#[inline]
-pub(crate) fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return std::arch::is_x86_feature_detected!("avx");
-    #[cfg(not(target_arch = "x86_64"))]
-    return false;
+/// Proof that this CPU has AVX, which everything here needs: only
+/// [`Avx::detect`] makes one, so code holding an `Avx` may call the AVX
+/// functions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Avx(());
+
+impl Avx {
+    /// An `Avx` where this CPU has AVX (asked once, then cached by `std`).
+    #[inline]
+    pub(crate) fn detect() -> Option<Avx> {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx") {
+            return Some(Avx(()));
+        }
+        None
+    }
 }
 
 /// A register of eight `-0.0`s, where a sum starts.
@@ -111,7 +119,7 @@ pub(crate) fn select(mask: __m256, if_true: __m256, if_false: __m256) -> __m256 
 /// round-robin test program; the whole backward 1.11-1.18 against
 /// 1.19-1.24).
 ///
-/// Only for a CPU with AVX ([`available`]).
+/// Only for a CPU with AVX ([`Avx::detect`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
 #[allow(unsafe_code)]

@@ -63,7 +63,7 @@
 //!    backward adds each output column's gradient to the row that won it,
 //!    bag by bag in order.
 
-use super::avx;
+use super::avx::{self, Avx};
 use super::grouped::{self, Groups, Source};
 use super::row::LANES;
 use super::{prefetch_ahead, row, Parallelism, PARALLEL_MIN_BYTES, TASK_BYTES};
@@ -394,12 +394,12 @@ pub(crate) fn forward_valid<I: Index>(
     out: &mut [f32],
     max_indices: &mut [i64],
 ) {
-    let avx = avx::available();
+    let avx = Avx::detect();
     forward_on(par, table, dim, ids, bags, pooling, out, max_indices, avx);
 }
 
 /// [`forward_valid`] with the sums in 256-bit registers or not (`avx` only
-/// where [`avx::available`] said so); the tests run both.
+/// where [`Avx::detect`] found it); the tests run both.
 #[allow(clippy::too_many_arguments)]
 fn forward_on<I: Index>(
     par: Parallelism,
@@ -410,7 +410,7 @@ fn forward_on<I: Index>(
     pooling: &Pooling<'_>,
     out: &mut [f32],
     max_indices: &mut [i64],
-    avx: bool,
+    avx: Option<Avx>,
 ) {
     let is_max = pooling.mode == Mode::Max;
     if dim == 0 || bags.is_empty() {
@@ -463,9 +463,9 @@ struct Block<'a, 'i, I: Index> {
     /// How many positions ahead rows are prefetched.
     ahead: usize,
     /// Whether sums and maxima run in 256-bit registers ([`avx`]); true only
-    /// where `avx::available()` said so.
+    /// where `Avx::detect` found it.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    avx: bool,
+    avx: Option<Avx>,
 }
 
 impl<I: Index> Block<'_, '_, I> {
@@ -527,7 +527,7 @@ impl<I: Index> Block<'_, '_, I> {
     #[inline(always)]
     fn pool_sum(&self, bag: Range<usize>, limit: usize, acc: &mut [f32], dst: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
-        if self.avx {
+        if self.avx.is_some() {
             return self.pool_sum_avx(bag, limit, dst);
         }
         if self.dim > BLOCKED_MAX_DIM {
@@ -559,8 +559,8 @@ impl<I: Index> Block<'_, '_, I> {
     ) -> usize {
         let (out, _) = dst[c..c + N * LANES].as_chunks_mut::<LANES>();
         let out: &mut [[f32; LANES]; N] = out.try_into().expect("N blocks of 8");
-        // SAFETY: the two need a CPU with AVX, and `self.avx` is only true
-        // when `avx::available()` found it on this one.
+        // SAFETY: the two need a CPU with AVX, and `self.avx` holds an `Avx`,
+        // which only `Avx::detect` makes, on a CPU that has it.
         unsafe {
             match self.pooling.per_sample_weights {
                 None => self.avx_sum::<N>(bag, limit, c, out),
@@ -599,7 +599,7 @@ impl<I: Index> Block<'_, '_, I> {
     /// iterator called its `next` per row, spilled all sixteen around the
     /// call and gained nothing).
     ///
-    /// Only for a CPU with AVX ([`avx::available`]).
+    /// Only for a CPU with AVX ([`Avx::detect`]).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx")]
     fn avx_sum<const N: usize>(
@@ -668,8 +668,8 @@ impl<I: Index> Block<'_, '_, I> {
         let (out, _) = dst[c..c + N * LANES].as_chunks_mut::<LANES>();
         let out: &mut [[f32; LANES]; N] = out.try_into().expect("N blocks of 8");
         let mut at = [[0.0f32; LANES]; N];
-        // SAFETY: it needs a CPU with AVX, and `self.avx` is only true when
-        // `avx::available()` found it on this one.
+        // SAFETY: it needs a CPU with AVX, and `self.avx` holds an `Avx`,
+        // which only `Avx::detect` makes, on a CPU that has it.
         let kept = unsafe { self.avx_max::<N>(bag, limit, c, out, &mut at) };
         if kept > 0 {
             for (arg, &k) in args[c..c + N * LANES].iter_mut().zip(at.as_flattened()) {
@@ -686,7 +686,7 @@ impl<I: Index> Block<'_, '_, I> {
     /// greater value replaces (an ordered compare, so a NaN neither wins nor
     /// is replaced).
     ///
-    /// Only for a CPU with AVX ([`avx::available`]).
+    /// Only for a CPU with AVX ([`Avx::detect`]).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx")]
     fn avx_max<const N: usize>(
@@ -802,17 +802,10 @@ impl<I: Index> Block<'_, '_, I> {
     ) -> ([f32x8; N], usize) {
         let mut acc = [f32x8::splat(-0.0); N];
         let mut kept = 0;
-        let first_pass = c == 0;
         for p in bag {
-            if first_pass && p + self.ahead < limit {
-                self.prefetch(p + self.ahead);
-            }
-            let r = self.ids.row(p);
-            if Some(r) == self.pooling.padding_idx {
+            let Some(src) = self.block_of::<N>(p, limit, c) else {
                 continue;
-            }
-            let at = r * self.dim + c;
-            let (src, _) = self.table[at..at + N * LANES].as_chunks::<LANES>();
+            };
             match weight(p) {
                 None => {
                     for (a, x) in acc.iter_mut().zip(src) {
@@ -871,7 +864,7 @@ impl<I: Index> Block<'_, '_, I> {
         let start = bag.start;
         let exact = bag.len() <= MAX_EXACT_POSITION;
         #[cfg(target_arch = "x86_64")]
-        if self.avx && exact && self.dim.is_multiple_of(LANES) {
+        if self.avx.is_some() && exact && self.dim.is_multiple_of(LANES) {
             let (mut kept, mut c) = (0, 0);
             while c + MAX_BLOCK * LANES <= self.dim {
                 kept = self.avx_max_block::<MAX_BLOCK>(bag.clone(), limit, c, dst, args);
@@ -1274,7 +1267,7 @@ mod tests {
                 )
                 .unwrap();
                 let mut outs = Vec::new();
-                for avx in [false, avx::available()] {
+                for avx in [None, Avx::detect()] {
                     for par in [Parallelism::Serial, Parallelism::Rayon] {
                         let mut out = vec![f32::NAN; bags.len() * dim];
                         forward_on(
@@ -1327,14 +1320,14 @@ mod tests {
                     &mut want_at,
                 )
                 .unwrap();
-                for avx in [false, avx::available()] {
+                for avx in [None, Avx::detect()] {
                     for par in [Parallelism::Serial, Parallelism::Rayon] {
                         let (mut out, mut at) = (vec![f32::NAN; size], vec![-2; size]);
                         forward_on(
                             par, &ties, dim, valid, &bags, &pooling, &mut out, &mut at, avx,
                         );
                         let what =
-                            format!("max dim {dim} rows {rows} n {n} padded {padded} avx {avx}");
+                            format!("max dim {dim} rows {rows} n {n} padded {padded} avx {avx:?}");
                         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                         assert_eq!(bits(&out), bits(&want), "{what}");
                         assert_eq!(at, want_at, "{what}");

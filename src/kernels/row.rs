@@ -205,8 +205,8 @@ pub(crate) fn keep_max(best: &mut [f32], at: &mut [f32], src: &[f32], here: f32)
 #[allow(unsafe_code)]
 pub(crate) fn stream(dst: &mut [f32], src: Option<&[f32]>) {
     #[cfg(target_arch = "x86_64")]
-    if super::avx::available() {
-        // SAFETY: AVX is present, which is all `avx::stream` needs.
+    if super::avx::Avx::detect().is_some() {
+        // SAFETY: the CPU has AVX, which is all `avx::stream` needs.
         unsafe { super::avx::stream(dst, src) };
         return;
     }
