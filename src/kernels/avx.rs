@@ -125,33 +125,11 @@ pub(crate) fn select(mask: __m256, if_true: __m256, if_false: __m256) -> __m256 
 #[allow(unsafe_code)]
 pub(crate) fn stream(dst: &mut [f32], src: Option<&[f32]>) {
     use core::arch::x86_64::_mm256_stream_ps;
-    let (head, body, tail) = bytemuck::pod_align_to_mut::<f32, __m256>(dst);
-    let (h, b, t) = match src {
-        Some(src) => {
-            let (h, rest) = src.split_at(head.len());
-            let (b, t) = rest.split_at(LANES * body.len());
-            (Some(h), Some(b), Some(t))
-        }
-        None => (None, None, None),
-    };
-    match h {
-        Some(h) => head.copy_from_slice(h),
-        None => head.fill(0.0),
-    }
-    let blocks = b.map(|b| b.as_chunks::<LANES>().0);
-    for (k, d) in body.iter_mut().enumerate() {
-        let v: __m256 = match blocks {
-            Some(blocks) => load(&blocks[k]),
-            None => _mm256_set1_ps(0.0),
-        };
+    super::row::stream_with::<__m256, LANES>(dst, src, |d, v| {
         // SAFETY: `d` is a live `&mut __m256` inside `dst`, so the pointer
         // is valid for 32 bytes and 32-byte aligned (what
         // `pod_align_to_mut` hands out), as `_mm256_stream_ps` requires; the
         // function runs only where AVX is present.
-        unsafe { _mm256_stream_ps((d as *mut __m256).cast::<f32>(), v) };
-    }
-    match t {
-        Some(t) => tail.copy_from_slice(t),
-        None => tail.fill(0.0),
-    }
+        unsafe { _mm256_stream_ps((d as *mut __m256).cast::<f32>(), v) }
+    });
 }

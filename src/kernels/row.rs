@@ -220,40 +220,54 @@ fn stream_sse(dst: &mut [f32], src: Option<&[f32]>) {
     #[cfg(target_arch = "x86_64")]
     {
         use core::arch::x86_64::{__m128, _mm_stream_ps};
-        let (head, body, tail) = bytemuck::pod_align_to_mut::<f32, __m128>(dst);
-        let (h, b, t) = match src {
-            Some(src) => {
-                debug_assert_eq!(src.len(), head.len() + 4 * body.len() + tail.len());
-                let (h, rest) = src.split_at(head.len());
-                let (b, t) = rest.split_at(4 * body.len());
-                (Some(h), Some(b), Some(t))
-            }
-            None => (None, None, None),
-        };
-        match h {
-            Some(h) => head.copy_from_slice(h),
-            None => head.fill(0.0),
-        }
-        for (k, d) in body.iter_mut().enumerate() {
-            let v: __m128 = match b {
-                Some(b) => bytemuck::cast([b[4 * k], b[4 * k + 1], b[4 * k + 2], b[4 * k + 3]]),
-                None => bytemuck::cast([0.0f32; 4]),
-            };
+        stream_with::<__m128, 4>(dst, src, |d, v| {
             // SAFETY: `d` is a live `&mut __m128` inside `dst`, so the
             // pointer is valid for 16 bytes and 16-byte aligned (what
             // `pod_align_to_mut` hands out), as `_mm_stream_ps` requires.
             // It needs SSE, which every x86-64 CPU has.
-            unsafe { _mm_stream_ps((d as *mut __m128).cast::<f32>(), v) };
-        }
-        match t {
-            Some(t) => tail.copy_from_slice(t),
-            None => tail.fill(0.0),
-        }
+            unsafe { _mm_stream_ps((d as *mut __m128).cast::<f32>(), v) }
+        });
     }
     #[cfg(not(target_arch = "x86_64"))]
     match src {
         Some(src) => dst.copy_from_slice(src),
         None => dst.fill(0.0),
+    }
+}
+
+/// The body of both streams: `dst` cut at the alignment of `V`, a register
+/// of `W` floats; the unaligned head and tail written plainly, every whole
+/// register by `store` (a streaming store), from `src` or zeros.
+#[inline(always)]
+pub(crate) fn stream_with<V: bytemuck::Pod, const W: usize>(
+    dst: &mut [f32],
+    src: Option<&[f32]>,
+    mut store: impl FnMut(&mut V, V),
+) {
+    let (head, body, tail) = bytemuck::pod_align_to_mut::<f32, V>(dst);
+    let (h, b, t) = match src {
+        Some(src) => {
+            debug_assert_eq!(src.len(), head.len() + W * body.len() + tail.len());
+            let (h, rest) = src.split_at(head.len());
+            let (b, t) = rest.split_at(W * body.len());
+            (Some(h), Some(b.as_chunks::<W>().0), Some(t))
+        }
+        None => (None, None, None),
+    };
+    match h {
+        Some(h) => head.copy_from_slice(h),
+        None => head.fill(0.0),
+    }
+    for (k, d) in body.iter_mut().enumerate() {
+        let v: V = match b {
+            Some(b) => bytemuck::pod_read_unaligned(bytemuck::cast_slice(&b[k])),
+            None => V::zeroed(),
+        };
+        store(d, v);
+    }
+    match t {
+        Some(t) => tail.copy_from_slice(t),
+        None => tail.fill(0.0),
     }
 }
 
