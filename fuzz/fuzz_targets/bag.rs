@@ -85,7 +85,7 @@ use embedding_kernels::kernels::bag::{
 };
 use embedding_kernels::{reference, EmbeddingError, Parallelism};
 use embedding_kernels_fuzz::{
-    assert_same_bits, run, Agreement, Call, Case, Id, Target, Values, Writes,
+    assert_same_bits, run, Agreement, Call, Case, Id, SplitMix64, Target, Values, Writes,
 };
 use libfuzzer_sys::fuzz_target;
 use std::sync::Mutex;
@@ -275,22 +275,15 @@ impl Spec {
 /// [`Target::call`] on a pool thread and knows nothing of it.
 static SPEC: Mutex<Option<Spec>> = Mutex::new(None);
 
-/// A small deterministic generator for offsets, weights and gradients.
-struct SplitMix64(u64);
+/// What this target draws from the shared SplitMix64 stream besides plain
+/// numbers: offsets, weights and gradients.
+trait Draws {
+    fn wrong(&mut self, len: usize) -> usize;
+    fn tame(&mut self) -> f32;
+    fn value(&mut self, specials: &[f32]) -> f32;
+}
 
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
+impl Draws for SplitMix64 {
     /// `len` moved by a nonzero amount of at most 16 either way.
     fn wrong(&mut self, len: usize) -> usize {
         let delta = self.below(32) as isize - 16;
@@ -300,7 +293,7 @@ impl SplitMix64 {
     /// A non-zero `k/8 × 2^e`, `e` in -20..=20: products of two of them
     /// and their sums never reach the subnormals.
     fn tame(&mut self) -> f32 {
-        let r = self.next();
+        let r = self.next_u64();
         let k = (r % 255) as i32 - 127;
         let k = if k == 0 { 1 } else { k };
         let e = ((r >> 8) % 41) as i32 - 20;

@@ -366,11 +366,13 @@ impl Pattern {
     }
 }
 
-/// A small deterministic generator for the bulk of a case.
-struct SplitMix64(u64);
+/// A small deterministic generator for the bulk of a case (targets draw
+/// from it too).
+pub struct SplitMix64(pub u64);
 
 impl SplitMix64 {
-    fn next(&mut self) -> u64 {
+    /// The next 64 bits of the stream.
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -378,8 +380,9 @@ impl SplitMix64 {
         z ^ (z >> 31)
     }
 
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+    /// A value in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
     }
 
     /// `len` values of kind `fill`. Each value takes 16 bits of the stream
@@ -389,7 +392,7 @@ impl SplitMix64 {
         let fresh = len.min(FRESH_FLOATS);
         let mut out = Vec::with_capacity(len);
         while out.len() < fresh {
-            let word = self.next();
+            let word = self.next_u64();
             let halves = [word as u32, (word >> 32) as u32];
             let quarters = [
                 word as u16,
@@ -605,15 +608,15 @@ impl<I: Id> Case<I> {
         let mut ids: Vec<I> = (0..h.n)
             .map(|i| {
                 let row = match &h.pattern {
-                    Pattern::Uniform => valid(rng.next(), rows),
+                    Pattern::Uniform => valid(rng.next_u64(), rows),
                     Pattern::Hot(share) => {
                         if rng.below(16) < u64::from(*share) {
                             valid(h.seed, rows)
                         } else {
-                            valid(rng.next(), rows)
+                            valid(rng.next_u64(), rows)
                         }
                     }
-                    Pattern::Few(k) => valid(rng.next(), rows.min(usize::from(*k) + 1)),
+                    Pattern::Few(k) => valid(rng.next_u64(), rows.min(usize::from(*k) + 1)),
                     Pattern::Ascending => valid(i as u64, rows),
                     Pattern::Listed(list) => return list[i % list.len()].id(rows),
                 };
