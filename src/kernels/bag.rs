@@ -9,7 +9,7 @@
 //!         blocks of 8s, then single columns):
 //!             acc = -0.0 in sixteen 256-bit registers (AVX) or eight f32x8
 //!             for p in bag b, skipping padding_idx:
-//!                 prefetch table[ids[p + ahead], block] into L2
+//!                 prefetch table[ids[p + ahead], block]
 //!                 acc += table[ids[p], block] (· weight[p])
 //!             out[b, block] = acc                  (written once)
 //!     max with AVX (rows of whole f32x8s): as the sum, 64 columns a block,
@@ -43,14 +43,15 @@
 //!    once, at the end.
 //!
 //!    Every pass prefetches its own block of the row `ahead` positions on,
-//!    into L2 (`row::prefetch_l2`), rather than the first pass fetching
-//!    whole rows into L1: those flooded L1's miss buffers and evicted the
-//!    bag being summed. A throwaway test program, medians of 77 calls each,
-//!    every call after a memcpy that sweeps the caches, all variants in one
-//!    run: minilm 0.69 ms (whole rows) -> 0.58 (blocks, `T0`) -> 0.53
-//!    (blocks, `T1`), gpt2 3.40 -> 2.70 -> 2.55; recsys (one block a row)
-//!    2.58 (`T0`) -> 2.39 (`T1`). Back to back, minilm 0.36 (`T0`) -> 0.24
-//!    ms (`T1`). The report's bag max gains too (it shares the blocks).
+//!    so the hints are spread evenly over the passes; before, the first
+//!    pass prefetched whole rows (24 hints a row on minilm, 48 on gpt2).
+//!    A throwaway test program, medians of 77 calls each in one run, the
+//!    two versions in a random order, every call after a memcpy of the
+//!    workload's size: minilm 0.79 -> 0.69 ms, gpt2 3.63 -> 3.05 ms (on
+//!    recsys a row is one block, so the hints are the same: 3.58 and 3.43
+//!    ms, noise); back to back minilm 0.43 -> 0.38, gpt2 3.12 -> 2.55. The
+//!    bag max shares the blocks. (The `T1` hint, into L2 only, measured the
+//!    same as `T0`.)
 //! 3. **Exact order.** Each bag is summed in position order, one rounded
 //!    product and one rounded sum per term (no fused multiply-add), from
 //!    `-0.0` (so the first term comes through as it is). These are the
@@ -581,7 +582,7 @@ impl<I: Index> Block<'_, '_, I> {
 
     /// The row block of position `p` at columns `c..c + N·8`, or `None` for
     /// the padding row; it first prefetches the same block of the row
-    /// `ahead` positions on into L2.
+    /// `ahead` positions on.
     #[inline(always)]
     fn block_of<const N: usize>(
         &self,
@@ -591,7 +592,7 @@ impl<I: Index> Block<'_, '_, I> {
     ) -> Option<&[[f32; LANES]; N]> {
         if p + self.ahead < limit {
             let r = self.ids.row(p + self.ahead) * self.dim + c;
-            row::prefetch_l2(&self.table[r..r + N * LANES]);
+            row::prefetch(&self.table[r..r + N * LANES]);
         }
         let r = self.ids.row(p);
         if Some(r) == self.pooling.padding_idx {

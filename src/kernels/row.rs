@@ -134,59 +134,40 @@ pub(crate) fn add_scaled(dst: &mut [f32], src: &[f32], scale: f32) {
 /// dense backward of narrow's 64-byte rows took 28 ms on one thread before,
 /// 17 ms after.)
 #[inline(always)]
+#[allow(unsafe_code)]
 pub(crate) fn prefetch(row: &[f32]) {
     #[cfg(target_arch = "x86_64")]
-    prefetch_lines::<{ core::arch::x86_64::_MM_HINT_T0 }>(row);
+    {
+        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let Some(last) = row.last() else { return };
+        let first = row.as_ptr() as usize & !63;
+        let lines = (last as *const f32 as usize - first) / 64 + 1;
+        let hint = |k: usize| {
+            // SAFETY: `_mm_prefetch` needs SSE, which every x86-64 CPU has
+            // (it is in the target's baseline features). The address lies in
+            // a line that holds part of a live slice (`k < lines`), and a
+            // prefetch never dereferences it anyway: it cannot fault and
+            // changes no memory.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>((first + 64 * k) as *const i8) };
+        };
+        // Four hints per step, not one per loop trip: a bag sum over recsys
+        // written for the test took 2.6 ms with its eight hints a row
+        // written out and 3.1 ms with a loop of one hint (same run).
+        let mut k = 0;
+        while k + 4 <= lines {
+            hint(k);
+            hint(k + 1);
+            hint(k + 2);
+            hint(k + 3);
+            k += 4;
+        }
+        while k < lines {
+            hint(k);
+            k += 1;
+        }
+    }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = row;
-}
-
-/// [`prefetch`] into the second-level cache (the `T1` hint): the line comes
-/// from memory to L2 without taking one of L1's few miss buffers or a place
-/// in L1. For rows read a few at a time, well before use: the bag sum's
-/// column blocks ran faster with it on the development machine (recsys in
-/// a loop 1.75 ms against 1.82 with `T0`, minilm 0.24 against 0.36; see
-/// `kernels::bag`).
-#[inline(always)]
-pub(crate) fn prefetch_l2(row: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    prefetch_lines::<{ core::arch::x86_64::_MM_HINT_T1 }>(row);
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = row;
-}
-
-/// The hints of [`prefetch`] and [`prefetch_l2`]: one per line of `row`,
-/// with the given `_mm_prefetch` strategy.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-#[allow(unsafe_code)]
-fn prefetch_lines<const HINT: i32>(row: &[f32]) {
-    use core::arch::x86_64::_mm_prefetch;
-    let Some(last) = row.last() else { return };
-    let first = row.as_ptr() as usize & !63;
-    let lines = (last as *const f32 as usize - first) / 64 + 1;
-    let hint = |k: usize| {
-        // SAFETY: `_mm_prefetch` needs SSE, which every x86-64 CPU has (it
-        // is in the target's baseline features). The address lies in a line
-        // that holds part of a live slice (`k < lines`), and a prefetch never
-        // dereferences it anyway: it cannot fault and changes no memory.
-        unsafe { _mm_prefetch::<HINT>((first + 64 * k) as *const i8) };
-    };
-    // Four hints per step, not one per loop trip: a bag sum over recsys
-    // written for the test took 2.6 ms with its eight hints a row written
-    // out and 3.1 ms with a loop of one hint (same run).
-    let mut k = 0;
-    while k + 4 <= lines {
-        hint(k);
-        hint(k + 1);
-        hint(k + 2);
-        hint(k + 3);
-        k += 4;
-    }
-    while k < lines {
-        hint(k);
-        k += 1;
-    }
 }
 
 /// Where `src > best` (strictly; a NaN never wins), `best = src` and
