@@ -22,8 +22,8 @@
 
 #[cfg(target_arch = "x86_64")]
 use core::arch::x86_64::{
-    __m256, _mm256_add_ps, _mm256_blendv_ps, _mm256_cmp_ps, _mm256_mul_ps, _mm256_set1_ps,
-    _CMP_GT_OQ,
+    __m256, _mm256_add_ps, _mm256_blendv_ps, _mm256_cmp_ps, _mm256_div_ps, _mm256_mul_ps,
+    _mm256_set1_ps, _CMP_GT_OQ,
 };
 
 #[cfg(target_arch = "x86_64")]
@@ -84,6 +84,14 @@ pub(crate) fn add(a: __m256, b: __m256) -> __m256 {
 #[inline]
 pub(crate) fn mul(a: __m256, b: __m256) -> __m256 {
     _mm256_mul_ps(a, b)
+}
+
+/// `a / b`, lane by lane, each rounded (as a scalar division would be).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+#[inline]
+pub(crate) fn div(a: __m256, b: __m256) -> __m256 {
+    _mm256_div_ps(a, b)
 }
 
 /// Eight copies of `x`.

@@ -170,6 +170,37 @@ pub(crate) fn prefetch(row: &[f32]) {
     let _ = row;
 }
 
+/// [`prefetch`] for a block of `N` groups of eight `f32`s, with its hints
+/// counted at compile time: `N·32` bytes take `N/2` lines (rounded up)
+/// from the block's first line, plus one when the block straddles one more.
+/// A block from a line-aligned table gets exactly its lines. Panics if the
+/// block is not `N·8` long.
+#[inline(always)]
+#[allow(unsafe_code)]
+pub(crate) fn prefetch_block<const N: usize>(block: &[f32]) {
+    assert_eq!(block.len(), N * LANES);
+    #[cfg(target_arch = "x86_64")]
+    {
+        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let start = block.as_ptr() as usize;
+        let first = start & !63;
+        let lines = (N * LANES * 4).div_ceil(64);
+        let hint = |line: usize| {
+            // SAFETY: as in `prefetch_lines`: SSE is baseline on x86-64, and
+            // every hinted line holds part of `block` (the first `lines`
+            // lines from `first` start at or before its end, and the extra
+            // one is taken only when the block reaches into it).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(line as *const i8) };
+        };
+        for k in 0..lines {
+            hint(first + 64 * k);
+        }
+        if first + 64 * lines < start + N * LANES * 4 {
+            hint(first + 64 * lines);
+        }
+    }
+}
+
 /// Where `src > best` (strictly; a NaN never wins), `best = src` and
 /// `at = here`: one step of a running arg-max. The three rows must have the
 /// same length.
