@@ -618,7 +618,7 @@ impl<I: Index> Block<'_, '_, I> {
         };
         let prefetch = |p: usize| {
             let at = ids[(p + ahead).min(last)].key() as usize * dim + c;
-            row::prefetch_block::<N>(&table[at..at + N * LANES]);
+            row::prefetch_block::<N>(table, at);
         };
         match self.pooling.padding_idx {
             None => {

@@ -170,35 +170,34 @@ pub(crate) fn prefetch(row: &[f32]) {
     let _ = row;
 }
 
-/// [`prefetch`] for a block of `N` groups of eight `f32`s, with its hints
-/// counted at compile time: `N·32` bytes take `N/2` lines (rounded up)
-/// from the block's first line, plus one when the block straddles one more.
-/// A block from a line-aligned table gets exactly its lines. Panics if the
-/// block is not `N·8` long.
+/// [`prefetch`] for the block `table[at..at + N·8]`, its hints counted at
+/// compile time: one every 64 bytes from the block's start (`N/2` of them,
+/// at least one) and one at its last value, which on a line-aligned table
+/// repeats the line before (a hint that finds its line already asked for
+/// costs one instruction) and otherwise reaches the line the block
+/// straddles into. Neither the range nor the hints are checked: a hint is
+/// only an address, and a wrong one costs a wasted fetch, never a fault.
 #[inline(always)]
 #[allow(unsafe_code)]
-pub(crate) fn prefetch_block<const N: usize>(block: &[f32]) {
-    assert_eq!(block.len(), N * LANES);
+pub(crate) fn prefetch_block<const N: usize>(table: &[f32], at: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let start = block.as_ptr() as usize;
-        let first = start & !63;
-        let lines = (N * LANES * 4).div_ceil(64);
-        let hint = |line: usize| {
-            // SAFETY: as in `prefetch_lines`: SSE is baseline on x86-64, and
-            // every hinted line holds part of `block` (the first `lines`
-            // lines from `first` start at or before its end, and the extra
-            // one is taken only when the block reaches into it).
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(line as *const i8) };
+        let start = table.as_ptr().wrapping_add(at);
+        let hint = |p: *const f32| {
+            // SAFETY: `_mm_prefetch` needs SSE, which every x86-64 CPU has;
+            // a prefetch never dereferences its address, so no address can
+            // fault or break memory safety (the pointer arithmetic above is
+            // `wrapping_add`, defined for any offset).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) };
         };
-        for k in 0..lines {
-            hint(first + 64 * k);
+        for k in 0..(N * LANES * 4).div_ceil(64) {
+            hint(start.wrapping_add(16 * k));
         }
-        if first + 64 * lines < start + N * LANES * 4 {
-            hint(first + 64 * lines);
-        }
+        hint(start.wrapping_add(N * LANES - 1));
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (table, at);
 }
 
 /// Where `src > best` (strictly; a NaN never wins), `best = src` and
