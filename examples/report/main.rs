@@ -631,7 +631,7 @@ fn targets(rows: &[Row], layer_rows: &[layer::LayerRow]) -> Vec<Target> {
             false,
         ),
         (
-            "recsys bag_sum_warm <= 2.1 ms (PyTorch 2.15 quoted by the issue; a loop, so warm)",
+            "recsys bag_sum_warm <= 2.1 ms (PyTorch 2.15 quoted by the issue, checked warm)",
             op("recsys", layer::LayerOp::BagSumWarm).map(|r| r.stats.median_us / 1e3),
             2.1,
             "ms",

@@ -172,8 +172,8 @@ pub(crate) fn prefetch(row: &[f32]) {
 
 /// [`prefetch`] for the block `table[at..at + N·8]`, its hints counted at
 /// compile time: one every 64 bytes from the block's start (`N/2` of them,
-/// at least one) and one at its last value, which on a line-aligned table
-/// repeats the line before (a hint that finds its line already asked for
+/// at least one) and one at its last value, which for a block that starts
+/// on a line repeats the line before (a hint that finds its line already asked for
 /// costs one instruction) and otherwise reaches the line the block
 /// straddles into. Neither the range nor the hints are checked: a hint is
 /// only an address, and a wrong one costs a wasted fetch, never a fault.
