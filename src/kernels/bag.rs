@@ -30,8 +30,8 @@
 //!    output.** A sum over rows of up to 128 columns runs a block of 64
 //!    columns at a time in eight `f32x8` accumulators, one pass over the
 //!    bag per block, each pass prefetching its own block of the rows ahead
-//!    (the rows of a bag of a few dozen stay in L1 or L2 between passes). On recsys
-//!    (128 columns) that took the bag sum from 57-62 % of a same-run memcpy
+//!    (a bag of a few dozen rows stays in L1 or L2 between passes). On
+//!    recsys (128 columns) that took the bag sum from 57-62 % of a same-run memcpy
 //!    to 82 % (report, two alternating runs: 4.5-5.4 ms -> 3.5-4.5 ms).
 //!    Where the CPU has AVX (checked at run time, `kernels/avx.rs`) the blocks are
 //!    128 columns in sixteen 256-bit registers, for rows of any width: on
@@ -609,7 +609,7 @@ impl<I: Index> Block<'_, '_, I> {
         c: usize,
         mut f: impl FnMut(usize, &[[f32; LANES]; N]),
     ) -> usize {
-        let (ids, table, dim) = (self.ids.as_slice(), self.table, self.dim);
+        let (table, dim) = (self.table, self.dim);
         // `limit` is 0 for a task of bags that hold no id; then no loop below
         // runs and `last` is never read.
         let (ahead, last) = (self.ahead, limit.saturating_sub(1));
@@ -619,7 +619,7 @@ impl<I: Index> Block<'_, '_, I> {
             block.try_into().expect("N blocks of 8")
         };
         let prefetch = |p: usize| {
-            let at = ids[(p + ahead).min(last)].key() as usize * dim + c;
+            let at = self.ids.row((p + ahead).min(last)) * dim + c;
             row::prefetch_block::<N>(table, at);
         };
         match self.pooling.padding_idx {
