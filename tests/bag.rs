@@ -1551,91 +1551,93 @@ fn padding_is_left_out_of_the_bag_and_of_the_count() {
 /// included) keep the earlier id, and the padding row never takes part.
 #[test]
 fn max_nan_and_tie_rules() {
-    // 45 columns: a 32-column block (four vectors), then 13 (a vector and
-    // a tail of 5). NaN columns in each part.
-    let dim = 45;
-    let nan_cols = [3, 31, 33, 40, 44];
-    let nan = f32::from_bits(0x7fc0_1234);
-    let fill = |v: f32| vec![v; dim];
-    let mut first_nan = fill(1.0);
-    for &j in &nan_cols {
-        first_nan[j] = nan;
-    }
-    let table: Vec<f32> = [
-        first_nan,               // 0: NaN in some columns, 1 elsewhere
-        fill(5.0),               // 1
-        fill(5.0),               // 2: ties with 1
-        fill(-0.0),              // 3
-        fill(0.0),               // 4: ties with 3
-        fill(f32::NEG_INFINITY), // 5
-        fill(100.0),             // 6: the padding row
-    ]
-    .concat();
-    let ids = [
-        0u64, 1, // NaN first: NaN where it is, 5 (row 1) elsewhere
-        1, 0, // NaN later: never wins
-        1, 2, // tie: row 1
-        2, 1, // tie: row 2
-        3, 4, // -0.0 then +0.0: -0.0, row 3
-        4, 3, // +0.0, row 4
-        5, // -inf alone
-        5, 3, // -0.0 beats -inf
-        6, 0, 1, // padding skipped: row 0's NaN is the first kept
-        1, 6, // padding skipped: 5
-    ];
-    let bags =
-        Bags::from_offsets(&[0u32, 2, 4, 6, 8, 10, 12, 13, 15, 18], ids.len(), false).unwrap();
-    let pooling = Pooling {
-        mode: Mode::Max,
-        per_sample_weights: None,
-        padding_idx: Some(6),
-        scale_grad_by_freq: false,
-    };
-    let n = bags.len() * dim;
-    let mut want = Vec::new();
-    let mut want_indices = Vec::new();
-    let row = |r: usize| table[r * dim..(r + 1) * dim].to_vec();
-    let whole = |r: usize| (row(r), vec![r as i64; dim]);
-    let nan_first = {
-        let (mut v, mut i) = whole(1);
+    // 45 columns take the row at a time path (not whole vectors); 48, 136
+    // and 264 the AVX blocks where the CPU has them (blocks of 32 and 16;
+    // 128 and 8; 128, 128 and 8). NaN columns in each block.
+    for dim in [45, 48, 136, 264] {
+        let nan_cols = [3, 31, 33, dim - 5, dim - 1];
+        let nan = f32::from_bits(0x7fc0_1234);
+        let fill = |v: f32| vec![v; dim];
+        let mut first_nan = fill(1.0);
         for &j in &nan_cols {
-            (v[j], i[j]) = (nan, 0);
+            first_nan[j] = nan;
         }
-        (v, i)
-    };
-    for (v, i) in [
-        nan_first.clone(),
-        whole(1),
-        whole(1),
-        whole(2),
-        whole(3),
-        whole(4),
-        whole(5),
-        whole(3),
-        nan_first,
-        whole(1),
-    ] {
-        want.extend(v);
-        want_indices.extend(i);
-    }
-    let mut reference_out = vec![f32::NAN; n];
-    let mut reference_indices = vec![INDEX_CANARY; n];
-    reference::bag_forward(
-        &table,
-        dim,
-        &ids,
-        &bags,
-        &pooling,
-        &mut reference_out,
-        &mut reference_indices,
-    )
-    .unwrap();
-    assert_eq!(bits(&reference_out), bits(&want), "reference");
-    assert_eq!(reference_indices, want_indices, "reference");
-    let runs = forward_on_every_path(&table, dim, &ids, &bags, &pooling, n);
-    for (path, (out, indices)) in runs {
-        assert_eq!(bits(&out), bits(&want), "{path}");
-        assert_eq!(indices, want_indices, "{path}");
+        let table: Vec<f32> = [
+            first_nan,               // 0: NaN in some columns, 1 elsewhere
+            fill(5.0),               // 1
+            fill(5.0),               // 2: ties with 1
+            fill(-0.0),              // 3
+            fill(0.0),               // 4: ties with 3
+            fill(f32::NEG_INFINITY), // 5
+            fill(100.0),             // 6: the padding row
+        ]
+        .concat();
+        let ids = [
+            0u64, 1, // NaN first: NaN where it is, 5 (row 1) elsewhere
+            1, 0, // NaN later: never wins
+            1, 2, // tie: row 1
+            2, 1, // tie: row 2
+            3, 4, // -0.0 then +0.0: -0.0, row 3
+            4, 3, // +0.0, row 4
+            5, // -inf alone
+            5, 3, // -0.0 beats -inf
+            6, 0, 1, // padding skipped: row 0's NaN is the first kept
+            1, 6, // padding skipped: 5
+        ];
+        let bags =
+            Bags::from_offsets(&[0u32, 2, 4, 6, 8, 10, 12, 13, 15, 18], ids.len(), false).unwrap();
+        let pooling = Pooling {
+            mode: Mode::Max,
+            per_sample_weights: None,
+            padding_idx: Some(6),
+            scale_grad_by_freq: false,
+        };
+        let n = bags.len() * dim;
+        let mut want = Vec::new();
+        let mut want_indices = Vec::new();
+        let row = |r: usize| table[r * dim..(r + 1) * dim].to_vec();
+        let whole = |r: usize| (row(r), vec![r as i64; dim]);
+        let nan_first = {
+            let (mut v, mut i) = whole(1);
+            for &j in &nan_cols {
+                (v[j], i[j]) = (nan, 0);
+            }
+            (v, i)
+        };
+        for (v, i) in [
+            nan_first.clone(),
+            whole(1),
+            whole(1),
+            whole(2),
+            whole(3),
+            whole(4),
+            whole(5),
+            whole(3),
+            nan_first,
+            whole(1),
+        ] {
+            want.extend(v);
+            want_indices.extend(i);
+        }
+        let mut reference_out = vec![f32::NAN; n];
+        let mut reference_indices = vec![INDEX_CANARY; n];
+        reference::bag_forward(
+            &table,
+            dim,
+            &ids,
+            &bags,
+            &pooling,
+            &mut reference_out,
+            &mut reference_indices,
+        )
+        .unwrap();
+        assert_eq!(bits(&reference_out), bits(&want), "reference");
+        assert_eq!(reference_indices, want_indices, "reference");
+        let runs = forward_on_every_path(&table, dim, &ids, &bags, &pooling, n);
+        for (path, (out, indices)) in runs {
+            assert_eq!(bits(&out), bits(&want), "{path}");
+            assert_eq!(indices, want_indices, "{path}");
+        }
     }
 }
 
