@@ -495,10 +495,10 @@ impl<I: Index> Block<'_, '_, I> {
             self.prefetch(p);
         }
         // Scratch rows, in L1: max's best values and where they came from,
-        // the sum of a wide row.
+        // the sum of a wide row without AVX (with it, every width is blocks).
         let (mut acc, mut at) = match self.pooling.mode {
             Mode::Max => (vec![0.0f32; dim], vec![0.0f32; dim]),
-            _ if dim > BLOCKED_MAX_DIM => (vec![0.0f32; dim], Vec::new()),
+            _ if dim > BLOCKED_MAX_DIM && self.avx.is_none() => (vec![0.0f32; dim], Vec::new()),
             _ => (Vec::new(), Vec::new()),
         };
         for k in 0..self.count {

@@ -134,22 +134,13 @@ pub(crate) fn add_scaled(dst: &mut [f32], src: &[f32], scale: f32) {
 /// dense backward of narrow's 64-byte rows took 28 ms on one thread before,
 /// 17 ms after.)
 #[inline(always)]
-#[allow(unsafe_code)]
 pub(crate) fn prefetch(row: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
         let Some(last) = row.last() else { return };
         let first = row.as_ptr() as usize & !63;
         let lines = (last as *const f32 as usize - first) / 64 + 1;
-        let hint = |k: usize| {
-            // SAFETY: `_mm_prefetch` needs SSE, which every x86-64 CPU has
-            // (it is in the target's baseline features). The address lies in
-            // a line that holds part of a live slice (`k < lines`), and a
-            // prefetch never dereferences it anyway: it cannot fault and
-            // changes no memory.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>((first + 64 * k) as *const i8) };
-        };
+        let hint = |k: usize| hint(first + 64 * k);
         // Four hints per step, not one per loop trip: a bag sum over recsys
         // written for the test took 2.6 ms with its eight hints a row
         // written out and 3.1 ms with a loop of one hint (same run).
@@ -173,31 +164,37 @@ pub(crate) fn prefetch(row: &[f32]) {
 /// [`prefetch`] for the block `table[at..at + N·8]`, its hints counted at
 /// compile time: one every 64 bytes from the block's start (`N/2` of them,
 /// at least one) and one at its last value, which for a block that starts
-/// on a line repeats the line before (a hint that finds its line already asked for
-/// costs one instruction) and otherwise reaches the line the block
+/// on a line repeats the line before (a hint whose line is already asked
+/// for costs one instruction) and otherwise reaches the line the block
 /// straddles into. Neither the range nor the hints are checked: a hint is
 /// only an address, and a wrong one costs a wasted fetch, never a fault.
 #[inline(always)]
-#[allow(unsafe_code)]
 pub(crate) fn prefetch_block<const N: usize>(table: &[f32], at: usize) {
     #[cfg(target_arch = "x86_64")]
     {
-        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let start = table.as_ptr().wrapping_add(at);
-        let hint = |p: *const f32| {
-            // SAFETY: `_mm_prefetch` needs SSE, which every x86-64 CPU has;
-            // a prefetch never dereferences its address, so no address can
-            // fault or break memory safety (the pointer arithmetic above is
-            // `wrapping_add`, defined for any offset).
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) };
-        };
+        // `wrapping_add`: defined for any offset, and only an address.
+        let start = table.as_ptr().wrapping_add(at) as usize;
         for k in 0..(N * LANES * 4).div_ceil(64) {
-            hint(start.wrapping_add(16 * k));
+            hint(start + 64 * k);
         }
-        hint(start.wrapping_add(N * LANES - 1));
+        hint(start + (N * LANES - 1) * 4);
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (table, at);
+}
+
+/// One `T0` prefetch of the line holding `addr`: the single hint of
+/// [`prefetch`] and [`prefetch_block`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(unsafe_code)]
+fn hint(addr: usize) {
+    use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    // SAFETY: `_mm_prefetch` needs SSE, which every x86-64 CPU has (it is
+    // in the target's baseline features). A prefetch never dereferences its
+    // address: any address, in a live slice or not, cannot fault and changes
+    // no memory.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(addr as *const i8) };
 }
 
 /// Where `src > best` (strictly; a NaN never wins), `best = src` and
