@@ -313,24 +313,28 @@ impl<I: Index> Data<I> {
     }
 
     fn reference_forward(&self, mode: Mode, weighted: bool) -> (Vec<f32>, Vec<i64>) {
-        let mut out = vec![f32::NAN; self.out_len()];
-        let mut max_indices = vec![INDEX_CANARY; self.out_len()];
-        reference::bag_forward(
-            &self.table,
-            self.dim,
-            &self.ids,
-            &self.bags,
-            &self.pooling(mode, weighted),
-            &mut out,
-            &mut max_indices,
-        )
-        .unwrap();
-        (out, max_indices)
+        let pooling = self.pooling(mode, weighted);
+        reference_forward(&self.table, self.dim, &self.ids, &self.bags, &pooling)
     }
 }
 
 /// One forward's output and max indices.
 type Forward = (Vec<f32>, Vec<i64>);
+
+/// The reference's forward into NaN and index canaries.
+fn reference_forward<I: Index>(
+    table: &[f32],
+    dim: usize,
+    ids: &[I],
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+) -> Forward {
+    let n = bags.len() * dim;
+    let mut out = vec![f32::NAN; n];
+    let mut indices = vec![INDEX_CANARY; n];
+    reference::bag_forward(table, dim, ids, bags, pooling, &mut out, &mut indices).unwrap();
+    (out, indices)
+}
 
 /// `bag_forward_with` on every path of [`every_path`], each into NaN and
 /// index canaries: `(path, (out, max_indices))` per run.
@@ -1445,18 +1449,7 @@ fn empty_and_all_padding_bags_are_positive_zeros() {
                     scale_grad_by_freq: false,
                 };
                 let n = bags.len() * dim;
-                let mut want = vec![f32::NAN; n];
-                let mut want_indices = vec![INDEX_CANARY; n];
-                reference::bag_forward(
-                    &table,
-                    dim,
-                    &ids,
-                    &bags,
-                    &pooling,
-                    &mut want,
-                    &mut want_indices,
-                )
-                .unwrap();
+                let (want, want_indices) = reference_forward(&table, dim, &ids, &bags, &pooling);
                 let runs = forward_on_every_path(&table, dim, &ids, &bags, &pooling, n);
                 for (path, (out, indices)) in runs {
                     let what = format!("dim {dim} {mode} {padding_idx:?} {path}");
@@ -1478,6 +1471,9 @@ fn empty_and_all_padding_bags_are_positive_zeros() {
                     }
                     if mode != Mode::Mean {
                         assert_eq!(bits(&out), bits(&want), "{what}");
+                    }
+                    if mode == Mode::Max {
+                        assert_eq!(indices, want_indices, "{what}");
                     }
                 }
             }
@@ -1619,18 +1615,8 @@ fn max_nan_and_tie_rules() {
             want.extend(v);
             want_indices.extend(i);
         }
-        let mut reference_out = vec![f32::NAN; n];
-        let mut reference_indices = vec![INDEX_CANARY; n];
-        reference::bag_forward(
-            &table,
-            dim,
-            &ids,
-            &bags,
-            &pooling,
-            &mut reference_out,
-            &mut reference_indices,
-        )
-        .unwrap();
+        let (reference_out, reference_indices) =
+            reference_forward(&table, dim, &ids, &bags, &pooling);
         assert_eq!(bits(&reference_out), bits(&want), "reference");
         assert_eq!(reference_indices, want_indices, "reference");
         let runs = forward_on_every_path(&table, dim, &ids, &bags, &pooling, n);
