@@ -14,7 +14,7 @@
 //!   yardstick (no kernel can move its bytes faster than a plain copy);
 //! * `reference`: the one-hot oracle, `tiny` only (its one-hot matrix is
 //!   `num_ids × num_embeddings` f32s: 16 MB for tiny, 262 GB for recsys);
-//! * `scalar`: the plain loops of `kernels::scalar`;
+//! * `scalar`: the plain loops of `reference::loops`;
 //! * `simd_1t`: the crate's kernels with `Parallelism::Serial`;
 //! * `simd_rayon`: the crate's kernels with `Parallelism::Rayon`, on rayon's
 //!   default global pool (one thread per CPU);
@@ -51,7 +51,7 @@ use criterion::measurement::WallTime;
 use criterion::{
     criterion_group, criterion_main, Bencher, BenchmarkGroup, BenchmarkId, Criterion, Throughput,
 };
-use embedding_kernels::kernels::scalar;
+use embedding_kernels::reference::loops;
 use embedding_kernels::{
     gather_scaled_with, gather_with, reference, scatter_add_with, EmbeddingError, Parallelism,
 };
@@ -77,7 +77,7 @@ const GATHER: [(&str, Forward); 4] = [
         reference::gather(&d.table, d.w.dim, &d.ids, out)
     }),
     ("scalar", |d, _, out| {
-        scalar::gather(&d.table, d.w.dim, &d.ids, out)
+        loops::gather(&d.table, d.w.dim, &d.ids, out)
     }),
     ("simd_1t", |d, _, out| {
         gather_with(Parallelism::Serial, &d.table, d.w.dim, &d.ids, out)
@@ -92,7 +92,7 @@ const GATHER_SCALED: [(&str, Forward); 4] = [
         reference::gather_scaled(&d.table, d.w.dim, &d.ids, s, out)
     }),
     ("scalar", |d, s, out| {
-        scalar::gather_scaled(&d.table, d.w.dim, &d.ids, s, out)
+        loops::gather_scaled(&d.table, d.w.dim, &d.ids, s, out)
     }),
     ("simd_1t", |d, s, out| {
         gather_scaled_with(Parallelism::Serial, &d.table, d.w.dim, &d.ids, s, out)
@@ -107,7 +107,7 @@ const SCATTER_ADD: [(&str, Backward); 4] = [
         reference::scatter_add(&d.grad_output, d.w.dim, &d.ids, grad)
     }),
     ("scalar", |d, grad| {
-        scalar::scatter_add(&d.grad_output, d.w.dim, &d.ids, grad)
+        loops::scatter_add(&d.grad_output, d.w.dim, &d.ids, grad)
     }),
     ("simd_1t", |d, grad| {
         scatter_add_with(Parallelism::Serial, &d.grad_output, d.w.dim, &d.ids, grad)

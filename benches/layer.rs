@@ -175,9 +175,9 @@ use common::candle_layer::TokenPosition;
 use common::candle_peer::Candle;
 use common::{Data, Workload, WORKLOADS};
 use criterion::{criterion_group, criterion_main, Bencher, BenchmarkId, Criterion, Throughput};
-use embedding_kernels::kernels;
+use embedding_kernels::embed_positions;
 use embedding_kernels::memory::zeroed_table;
-use embedding_kernels::positions::{embed_positions, sinusoidal_positions};
+use embedding_kernels::positions::sinusoidal_positions;
 use embedding_kernels::{
     gather_scaled, scatter_add, Adagrad, Bags, Embedding, EmbeddingBag, EmbeddingBagOptions,
     EmbeddingError, Mode, RowWiseAdagrad, Sgd,
@@ -784,12 +784,20 @@ fn candle_bag(ws: &Workspace) -> CandleBag {
     let mut ours = vec![0.0; bags.len() * dim];
     let mut max_indices = vec![0; ours.len()];
     for mode in [Mode::Sum, Mode::Mean, Mode::Max] {
-        let pooling = kernels::bag::Pooling {
+        let pooling = embedding_kernels::Pooling {
             mode,
-            ..kernels::bag::Pooling::default()
+            ..embedding_kernels::Pooling::default()
         };
-        kernels::bag::bag_forward(table, dim, ids, bags, &pooling, &mut ours, &mut max_indices)
-            .expect("bag_forward");
+        embedding_kernels::bag_forward(
+            table,
+            dim,
+            ids,
+            bags,
+            &pooling,
+            &mut ours,
+            &mut max_indices,
+        )
+        .expect("bag_forward");
         let theirs: Vec<f32> = peer
             .forward(mode)
             .and_then(|t| t.flatten_all()?.to_vec1())

@@ -8,7 +8,8 @@
 //! tour checks its own claims (`assert!`), so a broken crate makes it exit
 //! with an error instead of printing something wrong.
 
-use embedding_kernels::positions::{embed_positions, sinusoidal_positions};
+use embedding_kernels::embed_positions;
+use embedding_kernels::positions::sinusoidal_positions;
 use embedding_kernels::reference::{matmul, one_hot};
 use embedding_kernels::vocab::{PAD, PAD_TOKEN};
 use embedding_kernels::{Embedding, EmbeddingError, EmbeddingOptions, Vocab};

@@ -30,14 +30,15 @@
 
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
-use crate::kernels::gather::{gather_valid, gather_with};
-use crate::kernels::grouped::{
-    self, dense_backward_with, sparse_backward_with, Groups, SparseGrad, Target,
+use crate::kernels::{
+    self, dense_backward_with, gather_valid, gather_with, sparse_backward_with, Groups, Target,
+    PARALLEL_MIN_BYTES,
 };
-use crate::kernels::{Parallelism, PARALLEL_MIN_BYTES};
 use crate::memory::AlignedTable;
 use crate::optim::{Sgd, SparseOptimizer};
+use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
+use crate::sparse_grad::SparseGrad;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
@@ -421,7 +422,7 @@ impl Embedding {
             .splits(ids.len().saturating_mul(dim * 4), PARALLEL_MIN_BYTES);
         let groups = Groups::new(ids, None);
         let (p, max_norm) = (self.norm_type, f64::from(max_norm));
-        grouped::for_each_row(par, &groups, &mut self.weight, dim, |row| {
+        kernels::for_each_row(par, &groups, &mut self.weight, dim, |row| {
             let norm = p_norm(row, p);
             if norm > max_norm {
                 let scale = (max_norm / (norm + 1e-7)) as f32;
@@ -548,7 +549,7 @@ impl Embedding {
             state,
             padding_idx: self.padding_idx,
         };
-        grouped::fused_update(
+        kernels::fused_update(
             self.parallelism,
             grad_output,
             valid,
@@ -589,7 +590,7 @@ impl Embedding {
             state,
             padding_idx: self.padding_idx,
         };
-        grouped::apply_sparse(self.parallelism, grad, target, &rule);
+        kernels::apply_sparse(self.parallelism, grad, target, &rule);
         Ok(())
     }
 

@@ -1,5 +1,5 @@
 //! The bag layer: PyTorch's `nn.EmbeddingBag`, argument for argument, on the
-//! bag kernels of [`kernels::bag`](crate::kernels::bag).
+//! bag kernels ([`bag_forward`](crate::bag_forward) and its backward).
 //!
 //! | PyTorch | here |
 //! | --- | --- |
@@ -17,17 +17,19 @@
 //! mean), `sparse` and `include_last_offset`. An empty bag gives zeros in
 //! every mode, and max mode's indices are -1 for it.
 
+use crate::bags::Bags;
 use crate::embedding::{Embedding, EmbeddingOptions, Gradient};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::Index;
-use crate::kernels::bag::{
+use crate::kernels::{
     bag_backward_with, bag_fused_update, bag_max_backward, bag_sparse_backward_with,
-    check_backward_call, check_forward, forward_valid, Bags, Mode, Pooling,
+    check_backward_call, check_forward, forward_valid, Target,
 };
-use crate::kernels::grouped::{SparseGrad, Target};
-use crate::kernels::Parallelism;
 use crate::optim::SparseOptimizer;
+use crate::parallel::Parallelism;
+use crate::pooling::{Mode, Pooling};
 use crate::shape::{check_len, rows_len};
+use crate::sparse_grad::SparseGrad;
 
 /// The options of `nn.EmbeddingBag`, with PyTorch's names and defaults.
 #[derive(Clone, Debug, PartialEq)]

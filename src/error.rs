@@ -201,7 +201,7 @@ pub enum EmbeddingError {
     #[error("per_sample_weights are only supported for mode sum, not {mode}")]
     PerSampleWeightsNeedSum {
         /// The mode of the call.
-        mode: crate::kernels::bag::Mode,
+        mode: crate::pooling::Mode,
     },
 
     /// A max bag's backward needs the `max_indices` of its forward

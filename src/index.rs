@@ -71,7 +71,7 @@ impl_signed!(i32, i64);
 /// valid row. Only [`ValidIds::new`] makes one, so a kernel that takes this
 /// type cannot be handed an unchecked id.
 #[derive(Clone, Copy, Debug)]
-pub struct ValidIds<'a, I: Index> {
+pub(crate) struct ValidIds<'a, I: Index> {
     ids: &'a [I],
     num_embeddings: usize,
 }
@@ -85,7 +85,7 @@ impl<'a, I: Index> ValidIds<'a, I> {
     /// # Errors
     /// [`EmbeddingError::IndexOutOfRange`] for the first id that is negative
     /// or not below `num_embeddings`, with its position and value.
-    pub fn new(ids: &'a [I], num_embeddings: usize) -> Result<Self, EmbeddingError> {
+    pub(crate) fn new(ids: &'a [I], num_embeddings: usize) -> Result<Self, EmbeddingError> {
         let bound = num_embeddings as u64;
         for (block_no, block) in ids.chunks(CHECK_BLOCK).enumerate() {
             // A fold with `|` rather than `any`: no early exit inside the
@@ -110,27 +110,21 @@ impl<'a, I: Index> ValidIds<'a, I> {
         })
     }
 
-    /// The checked ids.
-    #[inline]
-    pub fn as_slice(&self) -> &'a [I] {
-        self.ids
-    }
-
     /// How many ids there are.
     #[inline]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.ids.len()
     }
 
     /// Whether there are no ids.
     #[inline]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.ids.is_empty()
     }
 
     /// The row count the ids were checked against.
     #[inline]
-    pub fn num_embeddings(&self) -> usize {
+    pub(crate) fn num_embeddings(&self) -> usize {
         self.num_embeddings
     }
 
@@ -139,7 +133,7 @@ impl<'a, I: Index> ValidIds<'a, I> {
     /// # Panics
     /// If `position >= self.len()`, like slice indexing.
     #[inline(always)]
-    pub fn row(&self, position: usize) -> usize {
+    pub(crate) fn row(&self, position: usize) -> usize {
         // The key is below `num_embeddings`, itself a `usize`, so the cast
         // loses nothing.
         self.ids[position].key() as usize
@@ -147,13 +141,13 @@ impl<'a, I: Index> ValidIds<'a, I> {
 
     /// The rows of all ids, in order.
     #[inline]
-    pub fn rows(&self) -> impl ExactSizeIterator<Item = usize> + '_ {
+    pub(crate) fn rows(&self) -> impl ExactSizeIterator<Item = usize> + '_ {
         self.ids.iter().map(|&id| id.key() as usize)
     }
 
     /// The ids of `range`, still checked.
     #[inline]
-    pub fn slice(&self, range: core::ops::Range<usize>) -> ValidIds<'a, I> {
+    pub(crate) fn slice(&self, range: core::ops::Range<usize>) -> ValidIds<'a, I> {
         ValidIds {
             ids: &self.ids[range],
             num_embeddings: self.num_embeddings,

@@ -56,7 +56,7 @@
 //! 5. **Checks first.** Every call checks the shape, `T ≤ max_len`, the
 //!    buffer lengths and every id before it changes anything, the tables
 //!    included (`max_norm` renormalises in place). Errors are as in
-//!    [`embed_positions`](crate::positions::embed_positions), except that a
+//!    [`embed_positions`](crate::embed_positions), except that a
 //!    shape error names the caller's `[batch, seq_len]`.
 //! 6. **Threads.** The fused kernels run with the layer's own
 //!    [`Parallelism`] ([`Parallelism::Auto`] unless
@@ -85,10 +85,11 @@
 use crate::embedding::{check_shape, Embedded, Embedding, EmbeddingOptions};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
-use crate::kernels::positions::{embed_positions_backward_with, embed_positions_with};
-use crate::kernels::scatter::{scatter_add_scaled_with, scatter_add_with};
-use crate::kernels::Parallelism;
+use crate::kernels::{
+    embed_positions_backward_with, embed_positions_with, scatter_add_scaled_with, scatter_add_with,
+};
 use crate::optim::Sgd;
+use crate::parallel::Parallelism;
 use crate::positions::try_sinusoidal_positions;
 use crate::shape::{check_len, rows_len, table_rows};
 

@@ -72,31 +72,42 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod bags;
 pub mod embedding;
 pub mod embedding_bag;
 pub mod error;
-pub mod index;
+mod index;
 pub mod input;
 pub mod io;
-pub mod kernels;
+mod kernels;
 pub mod memory;
 pub mod optim;
+mod parallel;
+mod pooling;
 pub mod positions;
 pub mod reference;
 mod shape;
+mod sparse_grad;
 pub mod vocab;
 
+pub use bags::Bags;
 pub use embedding::{Embedded, Embedding, EmbeddingOptions, Gradient};
 pub use embedding_bag::{BagOutput, EmbeddingBag, EmbeddingBagOptions};
 pub use error::{EmbeddingError, Operand};
-pub use index::{Index, ValidIds};
+pub use index::Index;
 pub use input::{InputEmbedding, InputGrads, Positions};
-pub use kernels::bag::{Bags, Mode};
-pub use kernels::gather::{gather, gather_scaled, gather_scaled_with, gather_with};
-pub use kernels::grouped::SparseGrad;
-pub use kernels::scatter::{scatter_add, scatter_add_with};
-pub use kernels::Parallelism;
+pub use kernels::{
+    bag_backward, bag_backward_with, bag_forward, bag_forward_with, bag_max_backward,
+    bag_max_backward_with, bag_sparse_backward, bag_sparse_backward_with, dense_backward,
+    dense_backward_with, embed_positions, embed_positions_backward, embed_positions_backward_with,
+    embed_positions_with, gather, gather_scaled, gather_scaled_with, gather_with, scatter_add,
+    scatter_add_scaled, scatter_add_scaled_with, scatter_add_with, sparse_backward,
+    sparse_backward_with,
+};
 pub use optim::{Adagrad, RowWiseAdagrad, Sgd, SparseOptimizer};
+pub use parallel::Parallelism;
+pub use pooling::{Mode, Pooling};
+pub use sparse_grad::SparseGrad;
 pub use vocab::Vocab;
 
 /// The README's examples, compiled and run as doctests.

@@ -4,7 +4,7 @@
 //! the two tables (backward).
 //!
 //! ```
-//! use embedding_kernels::positions::{embed_positions, sinusoidal_positions};
+//! use embedding_kernels::{embed_positions, positions::sinusoidal_positions};
 //!
 //! let (vocab, dim, max_len) = (100, 8, 16);
 //! let table = vec![0.01f32; vocab * dim];
@@ -20,10 +20,6 @@
 
 use crate::error::EmbeddingError;
 use crate::shape::rows_len;
-
-pub use crate::kernels::positions::{
-    embed_positions, embed_positions_backward, embed_positions_backward_with, embed_positions_with,
-};
 
 /// The sinusoidal position table of *Attention Is All You Need* (Vaswani et
 /// al., 2017, section 3.5): `max_len × dim` values, row-major, with

@@ -28,7 +28,7 @@
 //! "empty" bag) in the reference, and `inf × 0` is NaN where the reference
 //! skips the term. The comparison is only exact for non-zero weights.
 
-use embedding_kernels::kernels::bag::{
+use embedding_kernels::{
     bag_backward_with, bag_forward, bag_forward_with, bag_max_backward, bag_sparse_backward_with,
     Bags, Mode, Pooling,
 };

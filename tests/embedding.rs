@@ -4,7 +4,7 @@
 mod common;
 
 use common::{bits, convert, draw_ids, pools, Pattern, SplitMix};
-use embedding_kernels::kernels::grouped::{dense_backward_with, sparse_backward_with};
+use embedding_kernels::{dense_backward_with, sparse_backward_with};
 use embedding_kernels::{
     reference, Adagrad, Embedding, EmbeddingError, EmbeddingOptions, Gradient, Operand,
     Parallelism, RowWiseAdagrad, Sgd, SparseGrad,

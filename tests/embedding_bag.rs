@@ -5,7 +5,7 @@
 mod common;
 
 use common::{bits, pools, SplitMix};
-use embedding_kernels::kernels::bag::Pooling;
+use embedding_kernels::Pooling;
 use embedding_kernels::{
     reference, Bags, EmbeddingBag, EmbeddingBagOptions, EmbeddingError, Gradient, Mode,
     Parallelism, RowWiseAdagrad, Sgd,

@@ -1,7 +1,7 @@
 //! Every kernel, id type and thread count against the one-hot reference, bit
 //! for bit, plus the error paths with NaN canaries.
 
-use embedding_kernels::kernels::scalar;
+use embedding_kernels::reference::loops;
 use embedding_kernels::{
     gather, gather_scaled, gather_scaled_with, gather_with, reference, scatter_add,
     scatter_add_with, EmbeddingError, Index, Operand, Parallelism,
@@ -78,7 +78,7 @@ fn check_gather<I: Index + TryFrom<u64>>(c: &Case) -> Result<(), TestCaseError> 
     })?;
     let mut plain = vec![f32::NAN; n];
     gather(&table, c.dim, &ids, &mut plain).unwrap();
-    scalar::gather(&table, c.dim, &ids, &mut want).unwrap();
+    loops::gather(&table, c.dim, &ids, &mut want).unwrap();
     prop_assert_eq!(bits(&plain), bits(&want));
     Ok(())
 }
@@ -99,7 +99,7 @@ fn check_gather_scaled<I: Index + TryFrom<u64>>(c: &Case) -> Result<(), TestCase
     let mut plain = vec![f32::NAN; n];
     gather_scaled(&table, c.dim, &ids, scale, &mut plain).unwrap();
     prop_assert_eq!(bits(&plain), bits(&want));
-    scalar::gather_scaled(&table, c.dim, &ids, scale, &mut plain).unwrap();
+    loops::gather_scaled(&table, c.dim, &ids, scale, &mut plain).unwrap();
     prop_assert_eq!(bits(&plain), bits(&want));
     Ok(())
 }
@@ -121,7 +121,7 @@ fn check_scatter_add<I: Index + TryFrom<u64>>(c: &Case) -> Result<(), TestCaseEr
     scatter_add(&grad_output, c.dim, &ids, &mut plain).unwrap();
     prop_assert_eq!(bits(&plain), bits(&want));
     let mut plain = start;
-    scalar::scatter_add(&grad_output, c.dim, &ids, &mut plain).unwrap();
+    loops::scatter_add(&grad_output, c.dim, &ids, &mut plain).unwrap();
     prop_assert_eq!(bits(&plain), bits(&want));
     Ok(())
 }
@@ -166,7 +166,7 @@ fn check_bad_id<I: Index + TryFrom<u64>>(
         Err(want.clone())
     );
     prop_assert_eq!(
-        scalar::gather(&table, c.dim, &ids, &mut out),
+        loops::gather(&table, c.dim, &ids, &mut out),
         Err(want.clone())
     );
     let mut grad = grad_start.clone();
@@ -175,7 +175,7 @@ fn check_bad_id<I: Index + TryFrom<u64>>(
         Err(want.clone())
     );
     prop_assert_eq!(
-        scalar::scatter_add(&grad_output, c.dim, &ids, &mut grad),
+        loops::scatter_add(&grad_output, c.dim, &ids, &mut grad),
         Err(want.clone())
     );
     for pool in pools() {

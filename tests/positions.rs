@@ -14,12 +14,12 @@
 //! count, so every comparison is bitwise. Values span 24 binades, so a sum
 //! taken in another order shows in the bits.
 
-use embedding_kernels::kernels::scatter::{scatter_add_scaled, scatter_add_scaled_with};
-use embedding_kernels::positions::{
+use embedding_kernels::positions::{sinusoidal_positions, try_sinusoidal_positions};
+use embedding_kernels::{
     embed_positions, embed_positions_backward, embed_positions_backward_with, embed_positions_with,
-    sinusoidal_positions, try_sinusoidal_positions,
 };
 use embedding_kernels::{reference, EmbeddingError, Index, Operand, Parallelism};
+use embedding_kernels::{scatter_add_scaled, scatter_add_scaled_with};
 use proptest::prelude::*;
 
 mod common;

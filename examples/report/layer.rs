@@ -22,7 +22,8 @@
 use super::common::{table_buffer, Buffer, Data};
 use super::{measure, timed, Budget, Stats};
 use clap::ValueEnum;
-use embedding_kernels::positions::{embed_positions, sinusoidal_positions};
+use embedding_kernels::embed_positions;
+use embedding_kernels::positions::sinusoidal_positions;
 use embedding_kernels::Embedded;
 use embedding_kernels::{
     gather_scaled, Bags, Embedding, EmbeddingBag, EmbeddingBagOptions, Mode, RowWiseAdagrad, Sgd,

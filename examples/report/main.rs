@@ -33,7 +33,7 @@ use candle_core::Tensor;
 use clap::{Parser, ValueEnum};
 use common::candle_peer::Candle;
 use common::{table_buffer, Buffer, Data, Workload, WORKLOADS};
-use embedding_kernels::kernels::scalar;
+use embedding_kernels::reference::loops;
 use embedding_kernels::{gather_scaled_with, gather_with, scatter_add_with, Parallelism};
 use indicatif::{ProgressBar, ProgressStyle};
 use rayon::prelude::*;
@@ -142,7 +142,7 @@ impl Kernel {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Impl {
-    /// `embedding_kernels::kernels::scalar`, the plain loop.
+    /// `embedding_kernels::reference::loops`, the plain loop.
     Scalar,
     /// The crate's kernel with `Parallelism::Serial`.
     #[value(name = "simd_1t")]
@@ -305,9 +305,9 @@ fn call(kernel: Kernel, imp: Impl, inp: &Inputs, outs: &mut Outputs) {
     };
     let checked = match imp {
         Impl::Scalar => match kernel {
-            Kernel::Gather => scalar::gather(table, dim, ids, out),
-            Kernel::GatherScaled => scalar::gather_scaled(table, dim, ids, inp.scale, out),
-            Kernel::ScatterAdd => scalar::scatter_add(grad_output, dim, ids, grad),
+            Kernel::Gather => loops::gather(table, dim, ids, out),
+            Kernel::GatherScaled => loops::gather_scaled(table, dim, ids, inp.scale, out),
+            Kernel::ScatterAdd => loops::scatter_add(grad_output, dim, ids, grad),
         },
         Impl::Simd1t => simd(Parallelism::Serial),
         Impl::SimdRayon => inp.pool.install(|| simd(Parallelism::Rayon)),
@@ -906,7 +906,7 @@ bytes moved, counted (not measured):
   memcpy of L = ids*dim floats: 2*L*4.  GB/s = 1e9 bytes/s
 roof GB/s: the faster median of a memcpy of ids*dim floats on 1 thread and split over {threads} threads,
   measured round-robin with that row; the memcpy rows pool all of a workload's memcpy samples
-vs scalar: scalar median / row median. scalar = kernels::scalar, simd_1t = Parallelism::Serial,
+vs scalar: scalar median / row median. scalar = reference::loops, simd_1t = Parallelism::Serial,
   simd_rayon = Parallelism::Rayon in the local pool, candle = candle-core index_select / index_add
 scatter_add: the gradient is zeroed before every repetition, outside the timed region; candle's
   index_add returns a new tensor, so its time includes allocating and copying the whole zeroed table

@@ -79,7 +79,7 @@
 #![no_main]
 
 use arbitrary::Unstructured;
-use embedding_kernels::kernels::bag::{
+use embedding_kernels::{
     bag_backward_with, bag_forward, bag_forward_with, bag_max_backward, bag_sparse_backward_with,
     Bags, Mode, Pooling,
 };

@@ -8,7 +8,7 @@
 //! error, the buffer is untouched and both sides report the same error.
 #![no_main]
 
-use embedding_kernels::kernels::grouped::{
+use embedding_kernels::{
     dense_backward, dense_backward_with, sparse_backward_with,
 };
 use embedding_kernels::{reference, EmbeddingError, Parallelism};

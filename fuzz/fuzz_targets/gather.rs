@@ -8,7 +8,7 @@
 //! success every element must also equal a bit copy of its table row.
 #![no_main]
 
-use embedding_kernels::kernels::scalar;
+use embedding_kernels::reference::loops;
 use embedding_kernels::{gather, gather_with, reference, EmbeddingError};
 use embedding_kernels_fuzz::{
     assert_same_bits, run, Agreement, Call, Case, Id, Target, Values, Writes,
@@ -28,7 +28,7 @@ impl Target for Gather {
         match call {
             Call::Plain => gather(table, dim, ids, out),
             Call::With(par) => gather_with(par, table, dim, ids, out),
-            Call::Scalar => scalar::gather(table, dim, ids, out),
+            Call::Scalar => loops::gather(table, dim, ids, out),
             Call::Reference => reference::gather(table, dim, ids, out),
         }
     }

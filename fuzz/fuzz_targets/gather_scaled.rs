@@ -7,7 +7,7 @@
 //! anything, NaN, ±inf, ±0 and subnormals included.
 #![no_main]
 
-use embedding_kernels::kernels::scalar;
+use embedding_kernels::reference::loops;
 use embedding_kernels::{gather_scaled, gather_scaled_with, reference, EmbeddingError};
 use embedding_kernels_fuzz::{run, Agreement, Call, Case, Id, Target, Values, Writes};
 use libfuzzer_sys::fuzz_target;
@@ -25,7 +25,7 @@ impl Target for GatherScaled {
         match call {
             Call::Plain => gather_scaled(table, dim, ids, scale, out),
             Call::With(par) => gather_scaled_with(par, table, dim, ids, scale, out),
-            Call::Scalar => scalar::gather_scaled(table, dim, ids, scale, out),
+            Call::Scalar => loops::gather_scaled(table, dim, ids, scale, out),
             Call::Reference => reference::gather_scaled(table, dim, ids, scale, out),
         }
     }

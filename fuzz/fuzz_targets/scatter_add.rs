@@ -8,7 +8,7 @@
 //! exponents make every sum order-sensitive.
 #![no_main]
 
-use embedding_kernels::kernels::scalar;
+use embedding_kernels::reference::loops;
 use embedding_kernels::{reference, scatter_add, scatter_add_with, EmbeddingError};
 use embedding_kernels_fuzz::{run, Agreement, Call, Case, Id, Target, Values, Writes};
 use libfuzzer_sys::fuzz_target;
@@ -26,7 +26,7 @@ impl Target for ScatterAdd {
         match call {
             Call::Plain => scatter_add(grad_output, dim, ids, grad),
             Call::With(par) => scatter_add_with(par, grad_output, dim, ids, grad),
-            Call::Scalar => scalar::scatter_add(grad_output, dim, ids, grad),
+            Call::Scalar => loops::scatter_add(grad_output, dim, ids, grad),
             Call::Reference => reference::scatter_add(grad_output, dim, ids, grad),
         }
     }

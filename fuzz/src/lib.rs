@@ -220,7 +220,7 @@ pub enum Call {
     Plain,
     /// The `_with` form.
     With(Parallelism),
-    /// `kernels::scalar`, the plain-loop baseline.
+    /// `reference::loops`, the plain-loop baseline.
     Scalar,
     /// The one-hot `reference`.
     Reference,

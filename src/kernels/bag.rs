@@ -77,164 +77,20 @@
 use super::avx::{self, Avx};
 use super::grouped::{self, Groups, Source};
 use super::row::LANES;
-use super::{prefetch_ahead, row, Parallelism, PARALLEL_MIN_BYTES, TASK_BYTES};
+use super::{prefetch_ahead, row, PARALLEL_MIN_BYTES, TASK_BYTES};
+use crate::bags::Bags;
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
+use crate::parallel::Parallelism;
+use crate::pooling::{Mode, Pooling};
 use crate::shape::{check_len, rows_len, table_rows};
+use crate::sparse_grad::SparseGrad;
 use core::ops::Range;
 use rayon::prelude::*;
 use wide::f32x8;
 
 /// Bag sizes up to which the max's winner position is exact in an `f32`.
 const MAX_EXACT_POSITION: usize = 1 << 24;
-
-/// How `nn.EmbeddingBag` pools each bag.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Mode {
-    /// The sum of the bag's rows (times their per-sample weights, if any).
-    Sum,
-    /// The sum divided by the number of rows (PyTorch's default).
-    #[default]
-    Mean,
-    /// The largest value of each column, with the id it came from.
-    Max,
-}
-
-impl core::fmt::Display for Mode {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(match self {
-            Mode::Sum => "sum",
-            Mode::Mean => "mean",
-            Mode::Max => "max",
-        })
-    }
-}
-
-/// Checked bag boundaries over `num_ids` ids: bag `b` holds positions
-/// `starts[b]..starts[b + 1]`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Bags {
-    starts: Vec<usize>,
-    num_ids: usize,
-}
-
-impl Bags {
-    /// Bags from PyTorch's `offsets` (the first position of each bag) over
-    /// `num_ids` ids. With `include_last_offset`, the last offset ends the
-    /// last bag (so there are `offsets.len() - 1` bags, and ids past it
-    /// belong to none); without, the last bag runs to the end of the ids.
-    ///
-    /// # Errors
-    /// [`EmbeddingError::OffsetsStart`] unless the first offset is 0,
-    /// [`EmbeddingError::OffsetOutOfRange`] for an offset that is negative
-    /// or past `num_ids`, [`EmbeddingError::OffsetsDecrease`] for one below
-    /// the offset before it, [`EmbeddingError::NoOffsets`] for an empty
-    /// `offsets` with `include_last_offset`.
-    pub fn from_offsets<O: Index>(
-        offsets: &[O],
-        num_ids: usize,
-        include_last_offset: bool,
-    ) -> Result<Bags, EmbeddingError> {
-        if include_last_offset && offsets.is_empty() {
-            return Err(EmbeddingError::NoOffsets);
-        }
-        let mut starts = Vec::with_capacity(offsets.len() + 1);
-        for (position, &o) in offsets.iter().enumerate() {
-            let value = o.to_i128();
-            if value < 0 || value > num_ids as i128 {
-                return Err(EmbeddingError::OffsetOutOfRange {
-                    position,
-                    value,
-                    num_ids,
-                });
-            }
-            let value = value as usize;
-            if position == 0 && value != 0 {
-                return Err(EmbeddingError::OffsetsStart {
-                    first: value as i128,
-                });
-            }
-            if let Some(&previous) = starts.last() {
-                if value < previous {
-                    return Err(EmbeddingError::OffsetsDecrease {
-                        position,
-                        value: value as i128,
-                        previous: previous as i128,
-                    });
-                }
-            }
-            starts.push(value);
-        }
-        if !include_last_offset {
-            starts.push(num_ids);
-        }
-        if starts.len() == 1 && !include_last_offset {
-            // No offsets: no bags (the sentinel alone).
-            starts.clear();
-            starts.push(0);
-        }
-        Ok(Bags { starts, num_ids })
-    }
-
-    /// `num_bags` bags of `bag_size` ids each, in order: a 2-D input of
-    /// shape `[num_bags, bag_size]`.
-    ///
-    /// # Errors
-    /// [`EmbeddingError::SizeOverflow`] if the product overflows.
-    pub fn fixed(num_bags: usize, bag_size: usize) -> Result<Bags, EmbeddingError> {
-        let num_ids = rows_len(num_bags, bag_size)?;
-        Ok(Bags {
-            starts: (0..=num_bags).map(|b| b * bag_size).collect(),
-            num_ids,
-        })
-    }
-
-    /// How many bags.
-    pub fn len(&self) -> usize {
-        self.starts.len() - 1
-    }
-
-    /// Whether there are no bags.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The positions of bag `b`.
-    pub fn bag(&self, b: usize) -> Range<usize> {
-        self.starts[b]..self.starts[b + 1]
-    }
-
-    /// The number of ids the bags were made for.
-    pub fn num_ids(&self) -> usize {
-        self.num_ids
-    }
-
-    /// The bag of every position (`usize::MAX` for a position past the last
-    /// bag), in one of the thread's spare vectors.
-    fn bag_of(&self) -> Vec<usize> {
-        let mut of = super::spare::take(self.num_ids);
-        of.resize(self.num_ids, usize::MAX);
-        for b in 0..self.len() {
-            of[self.bag(b)].fill(b);
-        }
-        of
-    }
-}
-
-/// What to pool and how: PyTorch's `mode`, `per_sample_weights` and
-/// `padding_idx` (already a row number).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Pooling<'a> {
-    /// Sum, mean or max.
-    pub mode: Mode,
-    /// One weight per id, multiplying its row (sum mode only).
-    pub per_sample_weights: Option<&'a [f32]>,
-    /// A row left out of every bag (and of mean's count).
-    pub padding_idx: Option<usize>,
-    /// Backward only: divide each row's gradient by how many times its id
-    /// occurs in the batch (sum and mean).
-    pub scale_grad_by_freq: bool,
-}
 
 /// The argument checks every bag call shares, in the crate's order: table,
 /// bags against the ids, `per_sample_weights` (mode, then length), the
@@ -488,8 +344,8 @@ struct Block<'a, 'i, I: Index> {
 impl<I: Index> Block<'_, '_, I> {
     fn run(&self, out: &mut [f32], max_indices: &mut [i64]) {
         let dim = self.dim;
-        let first = self.bags.starts[self.first_bag];
-        let limit = self.bags.starts[self.first_bag + self.count];
+        let first = self.bags.starts()[self.first_bag];
+        let limit = self.bags.starts()[self.first_bag + self.count];
         // Warm the first rows: a block starts cold.
         for p in first..limit.min(first + self.ahead) {
             self.prefetch(p);
@@ -1047,7 +903,7 @@ fn bag_source<'a, I: Index>(
     PerBag {
         grad_bags,
         dim,
-        bag_of: bags.bag_of(),
+        bag_of: bag_of(bags),
         factor,
     }
 }
@@ -1064,6 +920,17 @@ impl PerBag<'_> {
     fn keeps(&self, p: usize, r: usize, padding_idx: Option<usize>) -> bool {
         self.bag_of[p] != usize::MAX && Some(r) != padding_idx
     }
+}
+
+/// The bag of every position (`usize::MAX` for a position past the last
+/// bag), in one of the thread's spare vectors.
+fn bag_of(bags: &Bags) -> Vec<usize> {
+    let mut of = super::spare::take(bags.num_ids());
+    of.resize(bags.num_ids(), usize::MAX);
+    for b in 0..bags.len() {
+        of[bags.bag(b)].fill(b);
+    }
+    of
 }
 
 /// The grouped form of a sum or mean bag batch: its groups and its source.
@@ -1097,6 +964,30 @@ fn check_backward<'a, I: Index>(
     )?;
     check_arguments(rows * dim, dim, ids, bags, pooling)?;
     ValidIds::new(ids, rows)
+}
+
+/// The dense gradient of a sum or mean bag forward, **overwriting**
+/// `grad_table`: [`bag_backward_with`] with [`Parallelism::Auto`].
+///
+/// # Errors
+/// As [`bag_backward_with`].
+pub fn bag_backward<I: Index>(
+    grad_bags: &[f32],
+    dim: usize,
+    ids: &[I],
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    grad_table: &mut [f32],
+) -> Result<(), EmbeddingError> {
+    bag_backward_with(
+        Parallelism::Auto,
+        grad_bags,
+        dim,
+        ids,
+        bags,
+        pooling,
+        grad_table,
+    )
 }
 
 /// The dense gradient of a sum or mean bag forward, **overwriting**
@@ -1149,6 +1040,30 @@ pub fn bag_backward_with<I: Index>(
     Ok(())
 }
 
+/// The coalesced sparse gradient of a sum or mean bag forward:
+/// [`bag_sparse_backward_with`] with [`Parallelism::Auto`].
+///
+/// # Errors
+/// As [`bag_backward_with`].
+pub fn bag_sparse_backward<I: Index>(
+    grad_bags: &[f32],
+    dim: usize,
+    ids: &[I],
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    num_embeddings: usize,
+) -> Result<SparseGrad, EmbeddingError> {
+    bag_sparse_backward_with(
+        Parallelism::Auto,
+        grad_bags,
+        dim,
+        ids,
+        bags,
+        pooling,
+        num_embeddings,
+    )
+}
+
 /// The coalesced sparse gradient of a sum or mean bag forward into a table
 /// of `num_embeddings` rows: the distinct ids (less `padding_idx`), ascending,
 /// with the rows [`bag_backward_with`] would give them.
@@ -1163,7 +1078,7 @@ pub fn bag_sparse_backward_with<I: Index>(
     bags: &Bags,
     pooling: &Pooling<'_>,
     num_embeddings: usize,
-) -> Result<grouped::SparseGrad, EmbeddingError> {
+) -> Result<SparseGrad, EmbeddingError> {
     let len = rows_len(num_embeddings, dim)?;
     let ids = check_backward(len, dim, ids, bags, pooling, grad_bags)?;
     if pooling.mode == Mode::Max {
@@ -1172,14 +1087,14 @@ pub fn bag_sparse_backward_with<I: Index>(
     let split = par.splits(core::mem::size_of_val(grad_bags), PARALLEL_MIN_BYTES);
     let (groups, source) = grouped_bags(ids, bags, pooling, grad_bags, dim);
     let values = grouped::coalesce_from(split, &groups, &source, dim, pooling.scale_grad_by_freq);
-    grouped::SparseGrad::new(
-        // A copy: `rows` is one of the thread's spare vectors, sized for
-        // every id; the caller's gradient gets one just large enough.
+    // A copy: `rows` is one of the thread's spare vectors, sized for every
+    // id; the caller's gradient gets one just large enough.
+    Ok(SparseGrad::from_parts(
         groups.rows.clone(),
         values,
         num_embeddings,
         dim,
-    )
+    ))
 }
 
 /// The fused backward + update of a sum or mean bag batch, after
@@ -1227,6 +1142,24 @@ pub fn bag_max_backward(
     max_indices: &[i64],
     grad_table: &mut [f32],
 ) -> Result<(), EmbeddingError> {
+    bag_max_backward_with(Parallelism::Auto, grad_bags, dim, max_indices, grad_table)
+}
+
+/// [`bag_max_backward`] with an explicit [`Parallelism`]. The additions run
+/// in bag order on the calling thread whatever `par` says (each column of a
+/// row may take gradients from many bags, and their order fixes the bits);
+/// `par` is taken so that every kernel has the same two forms.
+///
+/// # Errors
+/// As [`bag_max_backward`].
+pub fn bag_max_backward_with(
+    par: Parallelism,
+    grad_bags: &[f32],
+    dim: usize,
+    max_indices: &[i64],
+    grad_table: &mut [f32],
+) -> Result<(), EmbeddingError> {
+    let _ = par;
     let rows = table_rows(grad_table.len(), dim, Operand::GradTable)?;
     check_len(Operand::MaxIndices, grad_bags.len(), max_indices.len())?;
     if dim == 0 {

@@ -31,9 +31,10 @@
 //!    2 MiB of output, [`Parallelism::Auto`] (the default) keeps the call on
 //!    the calling thread.
 
-use super::{prefetch_ahead, row, Parallelism, PARALLEL_MIN_BYTES, TASK_BYTES};
+use super::{prefetch_ahead, row, PARALLEL_MIN_BYTES, TASK_BYTES};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
+use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
 use rayon::prelude::*;
 

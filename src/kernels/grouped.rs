@@ -52,11 +52,13 @@
 //!    far ahead). Prefetching only each group's first row left most rows of
 //!    narrow's many small groups to miss: its dense backward took 26 ms.
 
-use super::{prefetch_ahead, row, spare, Parallelism, PARALLEL_MIN_BYTES};
+use super::{prefetch_ahead, row, spare, PARALLEL_MIN_BYTES};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::optim::RowRule;
+use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
+use crate::sparse_grad::SparseGrad;
 use core::ops::Range;
 use rayon::prelude::*;
 
@@ -251,6 +253,17 @@ impl Groups {
             len = i + 1;
         }
         self.starts.push(len);
+    }
+
+    /// The rows of a coalesced gradient as groups of one position each
+    /// (position `k` is values row `k`), so the fused updates can apply it.
+    fn of_sparse(grad: &SparseGrad) -> Groups {
+        let k = grad.indices().len();
+        Groups {
+            rows: grad.indices().to_vec(),
+            starts: (0..=k).collect(),
+            positions: (0..k).collect(),
+        }
     }
 
     /// How many distinct rows.
@@ -751,107 +764,28 @@ pub(crate) fn dense_from<S: Source>(
     });
 }
 
-/// A coalesced sparse gradient: the distinct rows a batch touched, ascending,
-/// and each one's summed gradient row. Its size depends on the batch, never
-/// on `num_embeddings`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SparseGrad {
-    indices: Vec<usize>,
-    values: Vec<f32>,
+/// The coalesced gradient of an embedding lookup: [`sparse_backward_with`]
+/// with [`Parallelism::Auto`].
+///
+/// # Errors
+/// As [`sparse_backward_with`].
+pub fn sparse_backward<I: Index>(
+    grad_output: &[f32],
+    dim: usize,
+    ids: &[I],
     num_embeddings: usize,
-    embedding_dim: usize,
-}
-
-impl SparseGrad {
-    /// Wraps coalesced rows: `indices` strictly ascending and below
-    /// `num_embeddings`, `values` holding `indices.len() × embedding_dim`
-    /// values.
-    ///
-    /// # Errors
-    /// [`EmbeddingError::LengthMismatch`] for `values`, or
-    /// [`EmbeddingError::IndexOutOfRange`] for the first index that is out of
-    /// range or not above the one before it.
-    pub fn new(
-        indices: Vec<usize>,
-        values: Vec<f32>,
-        num_embeddings: usize,
-        embedding_dim: usize,
-    ) -> Result<SparseGrad, EmbeddingError> {
-        check_len(
-            Operand::GradTable,
-            rows_len(indices.len(), embedding_dim)?,
-            values.len(),
-        )?;
-        for (position, &i) in indices.iter().enumerate() {
-            let ascending = position == 0 || indices[position - 1] < i;
-            if i >= num_embeddings || !ascending {
-                return Err(EmbeddingError::IndexOutOfRange {
-                    position,
-                    index: i as i128,
-                    num_embeddings,
-                });
-            }
-        }
-        Ok(SparseGrad {
-            indices,
-            values,
-            num_embeddings,
-            embedding_dim,
-        })
-    }
-
-    /// The touched rows, strictly ascending.
-    pub fn indices(&self) -> &[usize] {
-        &self.indices
-    }
-
-    /// The summed gradient rows, `indices().len() × embedding_dim`, row `k`
-    /// belonging to `indices()[k]`.
-    pub fn values(&self) -> &[f32] {
-        &self.values
-    }
-
-    /// The gradient row of the `k`-th touched row.
-    pub fn row(&self, k: usize) -> &[f32] {
-        &self.values[k * self.embedding_dim..(k + 1) * self.embedding_dim]
-    }
-
-    /// The row count of the table this gradient is for.
-    pub fn num_embeddings(&self) -> usize {
-        self.num_embeddings
-    }
-
-    /// The row width.
-    pub fn embedding_dim(&self) -> usize {
-        self.embedding_dim
-    }
-
-    /// How many rows were touched.
-    pub fn nnz_rows(&self) -> usize {
-        self.indices.len()
-    }
-
-    /// The dense `num_embeddings × embedding_dim` gradient: these rows, and
-    /// zeros elsewhere.
-    pub fn to_dense(&self) -> Vec<f32> {
-        let dim = self.embedding_dim;
-        let mut dense = vec![0.0; self.num_embeddings * dim];
-        for (k, &r) in self.indices.iter().enumerate() {
-            dense[r * dim..(r + 1) * dim].copy_from_slice(self.row(k));
-        }
-        dense
-    }
-
-    /// Its rows as groups of one position each (position `k` is values row
-    /// `k`), so the fused updates can apply it.
-    fn groups(&self) -> Groups {
-        let k = self.indices.len();
-        Groups {
-            rows: self.indices.clone(),
-            starts: (0..=k).collect(),
-            positions: (0..k).collect(),
-        }
-    }
+    padding_idx: Option<usize>,
+    scale_grad_by_freq: bool,
+) -> Result<SparseGrad, EmbeddingError> {
+    sparse_backward_with(
+        Parallelism::Auto,
+        grad_output,
+        dim,
+        ids,
+        num_embeddings,
+        padding_idx,
+        scale_grad_by_freq,
+    )
 }
 
 /// The coalesced gradient of an embedding lookup into a table of
@@ -883,14 +817,14 @@ pub fn sparse_backward_with<I: Index>(
     let groups = Groups::new(ids, padding_idx);
     let source = PerPosition { grad_output, dim };
     let values = coalesce_from(split, &groups, &source, dim, scale_grad_by_freq);
-    Ok(SparseGrad {
-        // A copy: `rows` is one of the thread's spare vectors, sized for
-        // every id; the caller's gradient gets one just large enough.
-        indices: groups.rows.clone(),
+    // A copy: `rows` is one of the thread's spare vectors, sized for every
+    // id; the caller's gradient gets one just large enough.
+    Ok(SparseGrad::from_parts(
+        groups.rows.clone(),
         values,
         num_embeddings,
-        embedding_dim: dim,
-    })
+        dim,
+    ))
 }
 
 /// The summed rows of every group, in group order, for any [`Source`].
@@ -964,7 +898,7 @@ pub(crate) fn apply_sparse<R: RowRule>(
     rule: &R,
 ) {
     let split = par.splits(core::mem::size_of_val(grad.values()), PARALLEL_MIN_BYTES);
-    let mut groups = grad.groups();
+    let mut groups = Groups::of_sparse(grad);
     if let Some(skip) = target.padding_idx {
         if let Ok(k) = groups.rows.binary_search(&skip) {
             groups.rows.remove(k);

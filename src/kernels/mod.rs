@@ -1,59 +1,50 @@
-//! The hand-written kernels, one file per operation.
+//! The hand-written kernels, one file (or folder) per operation.
+//!
+//! | operation | functions | file |
+//! | --- | --- | --- |
+//! | lookup | [`gather`], [`gather_scaled`] | `gather.rs` |
+//! | scatter-add | [`scatter_add`], [`scatter_add_scaled`] | `scatter.rs` |
+//! | token + position lookup, and its backward | [`embed_positions`], [`embed_positions_backward`] | `positions.rs` |
+//! | dense and sparse backward, fused updates | [`dense_backward`], [`sparse_backward`] | `grouped.rs` |
+//! | bags: forward and backward | [`bag_forward`], [`bag_backward`], [`bag_sparse_backward`], [`bag_max_backward`] | `bag.rs` |
 //!
 //! Every public kernel is a free function over slices that checks its
-//! arguments first (see [`error`](crate::error) for the order) and then runs a
-//! body that is shared by its serial and its parallel driver. The `_with`
-//! forms take a [`Parallelism`]; the plain forms use [`Parallelism::Auto`].
+//! arguments first (see [`error`](crate::error) for the order) and then runs
+//! a body shared by its serial and its parallel driver. Each comes in two
+//! forms: the plain one uses [`Parallelism::Auto`](crate::Parallelism), the
+//! `_with` one takes a [`Parallelism`](crate::Parallelism) first.
 
 mod avx;
-pub mod bag;
-pub mod gather;
-pub mod grouped;
-pub mod positions;
+mod bag;
+mod gather;
+mod grouped;
+mod positions;
 pub(crate) mod row;
-pub mod scalar;
-pub mod scatter;
+mod scatter;
 mod spare;
 
-/// How a kernel may use threads.
-///
-/// Parallelism is a value the caller passes, never a global setting: the
-/// kernels run on whatever rayon pool the call is made from (wrap it in
-/// `pool.install(..)` to choose one) and never build or configure a pool.
-/// Whatever the choice, the results are the same bits.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Parallelism {
-    /// Run on the calling thread only.
-    Serial,
-    /// Split across the current rayon pool whenever it has more than one
-    /// thread, however small the call.
-    Rayon,
-    /// Split across the current rayon pool when the call is large enough to
-    /// pay for the hand-off (measured: 2 MiB of output for the gathers, 8 MiB
-    /// of output gradient for `scatter_add`); otherwise run on the calling
-    /// thread. What the plain functions use.
-    #[default]
-    Auto,
-}
+pub use bag::{
+    bag_backward, bag_backward_with, bag_forward, bag_forward_with, bag_max_backward,
+    bag_max_backward_with, bag_sparse_backward, bag_sparse_backward_with,
+};
+pub use gather::{gather, gather_scaled, gather_scaled_with, gather_with};
+pub use grouped::{dense_backward, dense_backward_with, sparse_backward, sparse_backward_with};
+pub use positions::{
+    embed_positions, embed_positions_backward, embed_positions_backward_with, embed_positions_with,
+};
+pub(crate) use scatter::check as check_scatter;
+pub use scatter::{scatter_add, scatter_add_scaled, scatter_add_scaled_with, scatter_add_with};
 
-impl Parallelism {
-    /// Whether a call of `bytes` should be split across threads, when
-    /// `Auto` splits from `auto_min_bytes` on.
-    #[inline]
-    pub(crate) fn splits(self, bytes: usize, auto_min_bytes: usize) -> bool {
-        let wanted = match self {
-            Parallelism::Serial => false,
-            Parallelism::Rayon => true,
-            Parallelism::Auto => bytes >= auto_min_bytes,
-        };
-        wanted && rayon::current_num_threads() > 1
-    }
-}
+pub(crate) use bag::{bag_fused_update, check_backward_call, check_forward, forward_valid};
+pub(crate) use gather::{check as check_gather, gather_valid};
+pub(crate) use grouped::{apply_sparse, for_each_row, fused_update, Groups, Target};
 
 /// Below this many bytes of output a gather under [`Parallelism::Auto`]
 /// stays on the calling thread. Waking a sleeping rayon pool from outside
 /// it costs 15 to 40 µs on the development machine, and in the `threshold`
 /// group of `benches/kernels.rs` the split first wins at 2 MiB (48 vs 54 µs).
+///
+/// [`Parallelism::Auto`]: crate::Parallelism::Auto
 pub(crate) const PARALLEL_MIN_BYTES: usize = 2 * 1024 * 1024;
 
 /// The same for `scatter_add`, in bytes of output gradient. Its column

@@ -73,10 +73,11 @@
 //!    call still asks for `seq_len` positions.
 
 use super::gather::{self, RowOp};
+use super::row;
 use super::scatter::{self, Scaled, Unscaled};
-use super::{row, Parallelism};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
+use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
 
 /// `out[b, t, :] = table[ids[b, t], :] * scale + positions[t, :]` for every
@@ -113,7 +114,7 @@ use crate::shape::{check_len, rows_len, table_rows};
 ///
 /// # Example
 /// ```
-/// use embedding_kernels::positions::embed_positions;
+/// use embedding_kernels::embed_positions;
 /// let table = [1.0, 2.0, 3.0, 4.0]; // 2 tokens of dim 2
 /// let positions = [0.5, 0.5, 0.25, 0.25, 0.0, 0.0]; // max_len 3
 /// let ids = [1u32, 0, 0, 0]; // 2 sequences of 2
@@ -215,7 +216,7 @@ pub fn embed_positions_with<I: Index>(
 ///
 /// # Example
 /// ```
-/// use embedding_kernels::positions::embed_positions_backward;
+/// use embedding_kernels::embed_positions_backward;
 /// let grad_output = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]; // 2 × 2 × dim 2
 /// let ids = [1u32, 0, 1, 1];
 /// let mut grad_table = [0.0f32; 4];

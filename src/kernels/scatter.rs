@@ -55,9 +55,10 @@
 //!    position rows are written by two threads: slower (they share those
 //!    lines) but never wrong, since no value belongs to two blocks.
 
-use super::{prefetch_ahead, row, Parallelism, SCATTER_PARALLEL_MIN_BYTES};
+use super::{prefetch_ahead, row, SCATTER_PARALLEL_MIN_BYTES};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
+use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
 use core::marker::PhantomData;
 use core::ops::Range;
@@ -121,7 +122,7 @@ pub fn scatter_add_with<I: Index>(
 ///
 /// # Example
 /// ```
-/// use embedding_kernels::kernels::scatter::scatter_add_scaled;
+/// use embedding_kernels::scatter_add_scaled;
 /// let mut grad = [0.0f32; 4]; // 2 rows of dim 2
 /// scatter_add_scaled(&[1.0, 2.0, 10.0, 20.0], 2, &[1u32, 1], 0.5, &mut grad)?;
 /// assert_eq!(grad, [0.0, 0.0, 5.5, 11.0]);

@@ -22,9 +22,12 @@
 //! The shape checks are the crate's own (they are a few comparisons); the
 //! ids are checked independently, by [`one_hot`] comparing signed values.
 
+pub mod loops;
+
+use crate::bags::Bags;
 use crate::error::{EmbeddingError, Operand};
 use crate::index::Index;
-use crate::kernels::bag::{Bags, Mode, Pooling};
+use crate::pooling::{Mode, Pooling};
 use crate::shape::{check_len, rows_len, table_rows};
 
 /// The `ids.len() × num_embeddings` matrix with a 1 at `(i, ids[i])` and
@@ -199,7 +202,7 @@ pub fn bag_matrix<I: Index>(
     Ok(m)
 }
 
-/// [`bag_forward`](crate::kernels::bag::bag_forward) as
+/// [`bag_forward`](crate::bag_forward) as
 /// `bag_matrix · (one_hot(ids) · table)` for sum and mean (empty bags set to
 /// `+0.0`, the zeros of the contract), and as a plain loop for max (first
 /// strictly largest value per column; -1 and zeros for an empty bag).
@@ -223,7 +226,7 @@ pub fn bag_forward<I: Index>(
     // the arithmetic below is independent of the kernel.
     let mut probe_out = vec![0.0; out.len()];
     let mut probe_max = vec![0; max_indices.len()];
-    crate::kernels::bag::check_forward(table, dim, ids, bags, pooling, &probe_out, &probe_max)?;
+    crate::kernels::check_forward(table, dim, ids, bags, pooling, &probe_out, &probe_max)?;
     let rows = table.len().checked_div(dim).unwrap_or(0);
     let gathered = matmul(&one_hot(ids, rows)?, table, ids.len(), rows, dim);
     if pooling.mode == Mode::Max {
@@ -264,7 +267,7 @@ pub fn bag_forward<I: Index>(
 /// overwriting dense backward).
 ///
 /// # Errors
-/// The same errors as [`bag_backward_with`](crate::kernels::bag::bag_backward_with).
+/// The same errors as [`bag_backward_with`](crate::bag_backward_with).
 pub fn bag_backward<I: Index>(
     grad_bags: &[f32],
     dim: usize,
@@ -273,7 +276,7 @@ pub fn bag_backward<I: Index>(
     pooling: &Pooling<'_>,
     grad_table: &mut [f32],
 ) -> Result<(), EmbeddingError> {
-    crate::kernels::bag::check_backward_call(grad_bags, dim, ids, bags, pooling, grad_table.len())?;
+    crate::kernels::check_backward_call(grad_bags, dim, ids, bags, pooling, grad_table.len())?;
     let rows = grad_table.len().checked_div(dim).unwrap_or(0);
     let m = bag_matrix(ids, bags, pooling)?;
     let mut per_id = vec![0.0; ids.len() * dim];

@@ -1,13 +1,13 @@
-//! The plain scalar loops: what a first implementation would write, and the
-//! baseline the report measures speed-ups against.
+//! The plain loops: what a first implementation would write, and the
+//! baseline the benchmarks and the report measure speed-ups against.
 //!
 //! They take the same front door as the fast kernels (same checks, same
 //! errors) and then index element by element on one thread, with no
 //! prefetch and no explicit SIMD.
 
-use super::{gather, scatter};
 use crate::error::EmbeddingError;
 use crate::index::Index;
+use crate::kernels::{check_gather, check_scatter};
 
 /// [`gather`](crate::gather) as a plain loop.
 ///
@@ -19,7 +19,7 @@ pub fn gather<I: Index>(
     ids: &[I],
     out: &mut [f32],
 ) -> Result<(), EmbeddingError> {
-    let ids = gather::check(table, dim, ids, out)?;
+    let ids = check_gather(table, dim, ids, out)?;
     for (i, row) in ids.rows().enumerate() {
         for j in 0..dim {
             out[i * dim + j] = table[row * dim + j];
@@ -39,7 +39,7 @@ pub fn gather_scaled<I: Index>(
     scale: f32,
     out: &mut [f32],
 ) -> Result<(), EmbeddingError> {
-    let ids = gather::check(table, dim, ids, out)?;
+    let ids = check_gather(table, dim, ids, out)?;
     for (i, row) in ids.rows().enumerate() {
         for j in 0..dim {
             out[i * dim + j] = table[row * dim + j] * scale;
@@ -58,7 +58,7 @@ pub fn scatter_add<I: Index>(
     ids: &[I],
     grad_table: &mut [f32],
 ) -> Result<(), EmbeddingError> {
-    let ids = scatter::check(grad_output, dim, ids, grad_table)?;
+    let ids = check_scatter(grad_output, dim, ids, grad_table)?;
     for (i, row) in ids.rows().enumerate() {
         for j in 0..dim {
             grad_table[row * dim + j] += grad_output[i * dim + j];
