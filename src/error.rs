@@ -204,6 +204,18 @@ pub enum EmbeddingError {
         mode: crate::pooling::Mode,
     },
 
+    /// A bag of mode max holds more ids than the kernels can record a winner
+    /// position for (`u32::MAX + 1`, over four billion).
+    #[error("bag {bag} holds {len} ids, more than the {max} a max bag can hold")]
+    BagTooLong {
+        /// Which bag.
+        bag: usize,
+        /// How many ids it holds.
+        len: usize,
+        /// The most a max bag may hold.
+        max: u64,
+    },
+
     /// A max bag's backward needs the `max_indices` of its forward
     /// (`bag_max_backward`), not the ids.
     #[error("the backward of mode max needs the forward's max_indices")]

@@ -87,6 +87,7 @@ mod pooling;
 pub mod positions;
 pub mod reference;
 mod shape;
+mod simd;
 mod sparse_grad;
 pub mod vocab;
 

@@ -18,17 +18,7 @@ use crate::error::{EmbeddingError, Operand};
 
 pub(crate) mod sealed {
     use crate::error::EmbeddingError;
-
-    /// An update rule applied to one row (or a column block of one row) with its
-    /// summed gradient: the optimisers of [`optim`](crate::optim).
-    pub trait RowRule: Sync {
-        /// Floats of state per row, for a row width of `dim`.
-        fn state_width(&self, dim: usize) -> usize;
-        /// Applies the update to `weight` (the row's columns), given `grad` (the
-        /// same columns' summed gradient) and the row's `state` (of
-        /// `state_width` floats, or the same columns when that is `dim`).
-        fn update(&self, weight: &mut [f32], grad: &[f32], state: &mut [f32]);
-    }
+    use crate::kernels::RowRule;
 
     /// What the layer needs of an optimiser, hidden so that the set stays
     /// closed.
@@ -46,7 +36,7 @@ pub(crate) mod sealed {
     }
 }
 
-pub(crate) use sealed::RowRule;
+use crate::kernels::RowRule;
 
 /// An optimiser that [`Embedding`](crate::Embedding) can fuse into its sparse
 /// backward: [`Sgd`], [`Adagrad`] or [`RowWiseAdagrad`].

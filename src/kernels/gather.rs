@@ -10,8 +10,9 @@
 //! 1. **Checks first.** [`ValidIds`] scans the ids once, vectorised; the loop
 //!    below only ever sees ids below the row count, so it cannot read out of
 //!    bounds and never stops half way.
-//! 2. **Rows.** Each row is copied (or scaled) by `row.rs`, eight
-//!    lanes at a time plus a scalar tail, so any `dim` works. What is done
+//! 2. **Rows.** Each row is copied (or scaled) by `simd/row.rs`, eight
+//!    lanes at a time plus a scalar tail, so any `dim` works, in 256-bit
+//!    registers where the CPU has AVX (`simd/mod.rs`). What is done
 //!    to a row is a `RowOp` type, so the fused position kernel
 //!    (`kernels/positions.rs`) reuses this driver and loop unchanged.
 //! 3. **Prefetch.** Ids are random, so the hardware prefetcher cannot guess
@@ -31,11 +32,12 @@
 //!    2 MiB of output, [`Parallelism::Auto`] (the default) keeps the call on
 //!    the calling thread.
 
-use super::{prefetch_ahead, row, PARALLEL_MIN_BYTES, TASK_BYTES};
+use super::tuning::{prefetch_ahead, PARALLEL_MIN_BYTES, TASK_BYTES};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
+use crate::simd::{prefetch, row, Body, Isa, Lanes};
 use rayon::prelude::*;
 
 /// `out[i, :] = table[ids[i], :]` for every `i`.
@@ -152,8 +154,8 @@ pub(crate) trait RowOp: Copy + Send + Sync {
     fn at(self, first: usize) -> Self;
 
     /// Writes the next output row, `dst`, from the table row `src` (both
-    /// `dim` long).
-    fn write(&mut self, dst: &mut [f32], src: &[f32]);
+    /// `dim` long), with lanes `V`.
+    fn write<V: Lanes>(&mut self, dst: &mut [f32], src: &[f32]);
 }
 
 /// `dst = src`: [`gather`].
@@ -167,8 +169,8 @@ impl RowOp for CopyRow {
     }
 
     #[inline(always)]
-    fn write(&mut self, dst: &mut [f32], src: &[f32]) {
-        row::copy(dst, src);
+    fn write<V: Lanes>(&mut self, dst: &mut [f32], src: &[f32]) {
+        row::copy::<V>(dst, src);
     }
 }
 
@@ -183,12 +185,12 @@ impl RowOp for ScaleRow {
     }
 
     #[inline(always)]
-    fn write(&mut self, dst: &mut [f32], src: &[f32]) {
-        row::scale(dst, src, self.0);
+    fn write<V: Lanes>(&mut self, dst: &mut [f32], src: &[f32]) {
+        row::scale::<V>(dst, src, self.0);
     }
 }
 
-/// Splits the work (or not) and runs [`gather_block`] on each piece, with
+/// Splits the work (or not) and runs a [`GatherBlock`] on each piece, with
 /// `op` placed at the piece's first row.
 pub(crate) fn drive<I: Index, Op: RowOp>(
     par: Parallelism,
@@ -201,43 +203,71 @@ pub(crate) fn drive<I: Index, Op: RowOp>(
     if dim == 0 || ids.is_empty() {
         return;
     }
+    let isa = Isa::detect();
     if !par.splits(core::mem::size_of_val(out), PARALLEL_MIN_BYTES) {
-        gather_block(table, dim, ids, out, op.at(0));
+        let op = op.at(0);
+        isa.run(GatherBlock {
+            table,
+            dim,
+            ids,
+            out,
+            op,
+        });
         return;
     }
     let rows_per_task = (TASK_BYTES / (dim * 4)).max(1);
     out.par_chunks_mut(rows_per_task * dim)
         .enumerate()
-        .for_each(|(task, block)| {
+        .for_each(|(task, out)| {
             let first = task * rows_per_task;
-            let ids = ids.slice(first..first + block.len() / dim);
-            gather_block(table, dim, ids, block, op.at(first));
+            let ids = ids.slice(first..first + out.len() / dim);
+            let op = op.at(first);
+            isa.run(GatherBlock {
+                table,
+                dim,
+                ids,
+                out,
+                op,
+            });
         });
 }
 
-/// The one loop body, shared by the serial and the parallel driver:
-/// `out[i, :] = op(table[ids[i], :])` for the rows of one block.
-#[inline(always)]
-fn gather_block<I: Index, Op: RowOp>(
-    table: &[f32],
+/// One piece of a gather: `out[i, :] = op(table[ids[i], :])` for its rows.
+/// The one loop body, shared by the serial and the parallel driver.
+struct GatherBlock<'a, 'i, I: Index, Op> {
+    table: &'a [f32],
     dim: usize,
-    ids: ValidIds<'_, I>,
-    out: &mut [f32],
-    mut op: Op,
-) {
-    let n = ids.len();
-    let ahead = prefetch_ahead(dim);
-    // Warm the first rows too: a parallel block starts cold.
-    for i in 0..ahead.min(n) {
-        let start = ids.row(i) * dim;
-        row::prefetch(&table[start..start + dim]);
-    }
-    for (i, dst) in out.chunks_exact_mut(dim).enumerate() {
-        if i + ahead < n {
-            let next = ids.row(i + ahead) * dim;
-            row::prefetch(&table[next..next + dim]);
+    ids: ValidIds<'i, I>,
+    out: &'a mut [f32],
+    op: Op,
+}
+
+impl<I: Index, Op: RowOp> Body for GatherBlock<'_, '_, I, Op> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<V: Lanes>(self) {
+        let GatherBlock {
+            table,
+            dim,
+            ids,
+            out,
+            mut op,
+        } = self;
+        let n = ids.len();
+        let ahead = prefetch_ahead(dim);
+        // Warm the first rows too: a parallel block starts cold.
+        for i in 0..ahead.min(n) {
+            let start = ids.row(i) * dim;
+            prefetch::row(&table[start..start + dim]);
         }
-        let start = ids.row(i) * dim;
-        op.write(dst, &table[start..start + dim]);
+        for (i, dst) in out.chunks_exact_mut(dim).enumerate() {
+            if i + ahead < n {
+                let next = ids.row(i + ahead) * dim;
+                prefetch::row(&table[next..next + dim]);
+            }
+            let start = ids.row(i) * dim;
+            op.write::<V>(dst, &table[start..start + dim]);
+        }
     }
 }

@@ -73,12 +73,12 @@
 //!    call still asks for `seq_len` positions.
 
 use super::gather::{self, RowOp};
-use super::row;
 use super::scatter::{self, Scaled, Unscaled};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
+use crate::simd::{row, Lanes};
 
 /// `out[b, t, :] = table[ids[b, t], :] * scale + positions[t, :]` for every
 /// sequence `b` and position `t`: a transformer's input embedding in one
@@ -369,14 +369,11 @@ impl<const SCALED: bool> RowOp for AddPosition<'_, SCALED> {
     }
 
     #[inline(always)]
-    fn write(&mut self, dst: &mut [f32], src: &[f32]) {
+    fn write<V: Lanes>(&mut self, dst: &mut [f32], src: &[f32]) {
         let start = self.next * self.dim;
         let position = &self.positions[start..start + self.dim];
-        if SCALED {
-            row::scale_add_rows(dst, src, self.scale, position);
-        } else {
-            row::add_rows(dst, src, position);
-        }
+        let scale = SCALED.then_some(self.scale);
+        row::scale_add_rows::<V>(dst, src, scale, position);
         self.next += 1;
         if self.next == self.seq_len {
             self.next = 0;

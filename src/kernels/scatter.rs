@@ -55,17 +55,15 @@
 //!    position rows are written by two threads: slower (they share those
 //!    lines) but never wrong, since no value belongs to two blocks.
 
-use super::{prefetch_ahead, row, SCATTER_PARALLEL_MIN_BYTES};
+use super::tuning::{prefetch_ahead, LINE_FLOATS, SCATTER_PARALLEL_MIN_BYTES};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
+use crate::simd::{prefetch, row, Body, Isa, Lanes};
 use core::marker::PhantomData;
 use core::ops::Range;
 use rayon::prelude::*;
-
-/// Floats per 64-byte cache line: column blocks are made of whole lines.
-const LINE: usize = 16;
 
 /// `grad_table[ids[i], :] += grad_output[i, :]` for every `i`, accumulating
 /// into what `grad_table` already holds.
@@ -187,7 +185,7 @@ pub(crate) fn drive<I: Index, A: AddRow>(
     if dim == 0 || ids.is_empty() {
         return;
     }
-    if dim >= 2 * LINE
+    if dim >= 2 * LINE_FLOATS
         && par.splits(
             core::mem::size_of_val(grad_output),
             SCATTER_PARALLEL_MIN_BYTES,
@@ -233,7 +231,7 @@ pub(crate) fn drive<I: Index, A: AddRow>(
 /// How a gradient row is added into its table row (trick 7).
 pub(crate) trait AddRow: Copy + Send + Sync {
     /// `dst += src`, or a variation of it.
-    fn add(self, dst: &mut [f32], src: &[f32]);
+    fn add<V: Lanes>(self, dst: &mut [f32], src: &[f32]);
 }
 
 /// `dst += src`: [`scatter_add`].
@@ -242,8 +240,8 @@ pub(crate) struct Unscaled;
 
 impl AddRow for Unscaled {
     #[inline(always)]
-    fn add(self, dst: &mut [f32], src: &[f32]) {
-        row::add(dst, src);
+    fn add<V: Lanes>(self, dst: &mut [f32], src: &[f32]) {
+        row::add::<V>(dst, src);
     }
 }
 
@@ -253,15 +251,15 @@ pub(crate) struct Scaled(pub(crate) f32);
 
 impl AddRow for Scaled {
     #[inline(always)]
-    fn add(self, dst: &mut [f32], src: &[f32]) {
-        row::add_scaled(dst, src, self.0);
+    fn add<V: Lanes>(self, dst: &mut [f32], src: &[f32]) {
+        row::add_scaled::<V>(dst, src, self.0);
     }
 }
 
 /// Where each position's gradient goes besides its table row (trick 8).
 trait PositionSink {
     /// Adds `src`, columns `cols` of the next position's gradient row.
-    fn add_next(&mut self, cols: Range<usize>, src: &[f32]);
+    fn add_next<V: Lanes>(&mut self, cols: Range<usize>, src: &[f32]);
 }
 
 /// Nowhere: the plain scatters.
@@ -269,7 +267,7 @@ struct NoPositions;
 
 impl PositionSink for NoPositions {
     #[inline(always)]
-    fn add_next(&mut self, _cols: Range<usize>, _src: &[f32]) {}
+    fn add_next<V: Lanes>(&mut self, _cols: Range<usize>, _src: &[f32]) {}
 }
 
 /// Into row `p % seq_len` of a table of position gradients, for positions
@@ -293,8 +291,8 @@ impl<R: ColumnRows> PositionRows<R> {
 
 impl<R: ColumnRows> PositionSink for PositionRows<R> {
     #[inline(always)]
-    fn add_next(&mut self, cols: Range<usize>, src: &[f32]) {
-        row::add(self.rows.columns(self.next, cols), src);
+    fn add_next<V: Lanes>(&mut self, cols: Range<usize>, src: &[f32]) {
+        row::add::<V>(self.rows.columns(self.next, cols), src);
         self.next += 1;
         if self.next == self.seq_len {
             self.next = 0;
@@ -305,12 +303,12 @@ impl<R: ColumnRows> PositionSink for PositionRows<R> {
 /// Splits columns `0..dim` into at most `threads` blocks whose borders fall
 /// on cache-line borders of a table starting at address `base`.
 fn column_blocks(dim: usize, base: usize, threads: usize) -> Vec<Range<usize>> {
-    let blocks = (dim / LINE).min(threads).max(1);
-    // Column `c` of a row starts a line when `c ≡ skew (mod LINE)`; this is
-    // the same for every row only when `dim` is a multiple of LINE, and then
-    // it is exact. Otherwise any multiple of LINE is as good as another.
-    let skew = if dim.is_multiple_of(LINE) {
-        (LINE - (base / 4) % LINE) % LINE
+    let blocks = (dim / LINE_FLOATS).min(threads).max(1);
+    // Column `c` of a row starts a line when `c ≡ skew (mod LINE_FLOATS)`; this is
+    // the same for every row only when `dim` is a multiple of LINE_FLOATS, and then
+    // it is exact. Otherwise any multiple of LINE_FLOATS is as good as another.
+    let skew = if dim.is_multiple_of(LINE_FLOATS) {
+        (LINE_FLOATS - (base / 4) % LINE_FLOATS) % LINE_FLOATS
     } else {
         0
     };
@@ -319,7 +317,7 @@ fn column_blocks(dim: usize, base: usize, threads: usize) -> Vec<Range<usize>> {
         let target = k * dim / blocks;
         // The line border at or below `target`.
         let cut = if target >= skew {
-            target - (target - skew) % LINE
+            target - (target - skew) % LINE_FLOATS
         } else {
             continue;
         };
@@ -346,19 +344,56 @@ fn accumulate<I: Index, R: ColumnRows, A: AddRow, P: PositionSink>(
     dim: usize,
     ids: ValidIds<'_, I>,
     cols: Range<usize>,
-    mut table: R,
+    table: R,
     add: A,
-    mut positions: P,
+    positions: P,
 ) {
-    let n = ids.len();
-    let ahead = prefetch_ahead(cols.len());
-    for p in 0..n {
-        if p + ahead < n {
-            row::prefetch(table.columns(ids.row(p + ahead), cols.clone()));
+    Isa::detect().run(Accumulate {
+        grad_output,
+        dim,
+        ids,
+        cols,
+        table,
+        add,
+        positions,
+    });
+}
+
+/// The arguments of [`accumulate`], run as a [`Body`].
+struct Accumulate<'a, 'i, I: Index, R, A, P> {
+    grad_output: &'a [f32],
+    dim: usize,
+    ids: ValidIds<'i, I>,
+    cols: Range<usize>,
+    table: R,
+    add: A,
+    positions: P,
+}
+
+impl<I: Index, R: ColumnRows, A: AddRow, P: PositionSink> Body for Accumulate<'_, '_, I, R, A, P> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<V: Lanes>(self) {
+        let Accumulate {
+            grad_output,
+            dim,
+            ids,
+            cols,
+            mut table,
+            add,
+            mut positions,
+        } = self;
+        let n = ids.len();
+        let ahead = prefetch_ahead(cols.len());
+        for p in 0..n {
+            if p + ahead < n {
+                prefetch::row(table.columns(ids.row(p + ahead), cols.clone()));
+            }
+            let src = &grad_output[p * dim + cols.start..p * dim + cols.end];
+            add.add::<V>(table.columns(ids.row(p), cols.clone()), src);
+            positions.add_next::<V>(cols.clone(), src);
         }
-        let src = &grad_output[p * dim + cols.start..p * dim + cols.end];
-        add.add(table.columns(ids.row(p), cols.clone()), src);
-        positions.add_next(cols.clone(), src);
     }
 }
 
@@ -447,16 +482,16 @@ mod tests {
                     assert!(blocks.windows(2).all(|w| w[0].end == w[1].start));
                     assert!(blocks.iter().all(|b| b.start < b.end));
                     assert!(blocks.len() <= threads.max(1));
-                    if dim % LINE == 0 {
+                    if dim % LINE_FLOATS == 0 {
                         for b in &blocks[1..] {
                             assert_eq!(
-                                (base / 4 + b.start) % LINE,
+                                (base / 4 + b.start) % LINE_FLOATS,
                                 0,
                                 "dim {dim} base {base} {blocks:?}"
                             );
                         }
                     }
-                    if dim >= 2 * LINE && threads >= 2 {
+                    if dim >= 2 * LINE_FLOATS && threads >= 2 {
                         assert!(
                             blocks.len() >= 2,
                             "dim {dim} base {base} threads {threads}: {blocks:?}"

@@ -1,0 +1,264 @@
+//! The bag forward's driver: tasks of whole bags across threads, each bag a
+//! column block at a time ([`sum`](super::sum) or [`max`](super::max)), and
+//! the loop over a bag's rows that both share ([`Rows::blocks`]).
+
+use super::{max, sum};
+use crate::bags::Bags;
+use crate::index::{Index, ValidIds};
+use crate::kernels::tuning::{prefetch_ahead, BAG_MAX_AHEAD_ROWS, PARALLEL_MIN_BYTES, TASK_BYTES};
+use crate::parallel::Parallelism;
+use crate::pooling::{Mode, Pooling};
+use crate::simd::{prefetch, Body, Isa, Lanes, LANES};
+use core::ops::Range;
+use rayon::prelude::*;
+
+/// The forward after [`check_forward`](super::check_forward): it cannot
+/// fail.
+// `bag_forward_with`'s arguments, with the ids checked.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn forward_valid<I: Index>(
+    par: Parallelism,
+    table: &[f32],
+    dim: usize,
+    ids: ValidIds<'_, I>,
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    out: &mut [f32],
+    max_indices: &mut [i64],
+) {
+    let isa = Isa::detect();
+    forward_on(isa, par, table, dim, ids, bags, pooling, out, max_indices);
+}
+
+/// [`forward_valid`] on a chosen instruction set; the tests run each.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn forward_on<I: Index>(
+    isa: Isa,
+    par: Parallelism,
+    table: &[f32],
+    dim: usize,
+    ids: ValidIds<'_, I>,
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    out: &mut [f32],
+    max_indices: &mut [i64],
+) {
+    let is_max = pooling.mode == Mode::Max;
+    if dim == 0 || bags.is_empty() {
+        return;
+    }
+    let rows = Rows {
+        table,
+        dim,
+        ids,
+        padding_idx: pooling.padding_idx,
+        ahead: prefetch_ahead(dim).min(BAG_MAX_AHEAD_ROWS),
+    };
+    let task = |first_bag: usize, out: &mut [f32], max_indices: &mut [i64]| {
+        isa.run(BagTask {
+            rows,
+            bags,
+            pooling,
+            first_bag,
+            out,
+            max_indices,
+        });
+    };
+    let max_indices = if is_max { max_indices } else { &mut [][..] };
+    let read = ids.len().saturating_mul(dim * 4);
+    if !par.splits(core::mem::size_of_val(table).min(read), PARALLEL_MIN_BYTES) {
+        task(0, out, max_indices);
+        return;
+    }
+    let bags_per_task = (TASK_BYTES / (dim * 4)).max(1);
+    let chunk = bags_per_task * dim;
+    if is_max {
+        out.par_chunks_mut(chunk)
+            .zip(max_indices.par_chunks_mut(chunk))
+            .enumerate()
+            .for_each(|(k, (o, m))| task(k * bags_per_task, o, m));
+    } else {
+        out.par_chunks_mut(chunk)
+            .enumerate()
+            .for_each(|(k, o)| task(k * bags_per_task, o, &mut []));
+    }
+}
+
+/// What every block of every bag reads: the table, the checked ids, the
+/// padding row and the prefetch distance.
+#[derive(Clone, Copy)]
+pub(super) struct Rows<'a, 'i, I: Index> {
+    pub(super) table: &'a [f32],
+    pub(super) dim: usize,
+    pub(super) ids: ValidIds<'i, I>,
+    pub(super) padding_idx: Option<usize>,
+    /// How many positions ahead rows are prefetched.
+    pub(super) ahead: usize,
+}
+
+/// A column block: `width` columns from `start`, read as `N` vectors. A
+/// whole block has `width == N·8`; the last `dim % 8` columns of a row are
+/// a block of one vector, zero-padded.
+#[derive(Clone, Copy)]
+pub(super) struct Cols<const N: usize> {
+    pub(super) start: usize,
+    pub(super) width: usize,
+}
+
+impl<const N: usize> Cols<N> {
+    /// The `N·8` columns from `start`.
+    #[inline(always)]
+    pub(super) fn whole(start: usize) -> Self {
+        Cols {
+            start,
+            width: N * LANES,
+        }
+    }
+
+    /// Whether the block fills its `N` vectors.
+    #[inline(always)]
+    fn is_whole(self) -> bool {
+        self.width == N * LANES
+    }
+
+    /// Writes the block's `N` vectors to its columns of `dst`, a row.
+    #[inline(always)]
+    pub(super) fn store<V: Lanes>(self, lanes: [V; N], dst: &mut [f32]) {
+        let dst = &mut dst[self.start..self.start + self.width];
+        if self.is_whole() {
+            let (out, _) = dst.as_chunks_mut::<LANES>();
+            for (o, v) in out.iter_mut().zip(lanes) {
+                v.store(o);
+            }
+        } else {
+            let mut buf = [[0.0f32; LANES]; N];
+            for (o, v) in buf.iter_mut().zip(lanes) {
+                v.store(o);
+            }
+            dst.copy_from_slice(&buf.as_flattened()[..self.width]);
+        }
+    }
+}
+
+impl Cols<1> {
+    /// The last `width` (< 8) columns of a row, from `start`.
+    #[inline(always)]
+    pub(super) fn tail(start: usize, width: usize) -> Self {
+        debug_assert!(width < LANES);
+        Cols { start, width }
+    }
+}
+
+impl<I: Index> Rows<'_, '_, I> {
+    /// Position `p`'s table row.
+    #[inline(always)]
+    fn row_of(&self, p: usize) -> &[f32] {
+        let r = self.ids.row(p) * self.dim;
+        &self.table[r..r + self.dim]
+    }
+
+    /// Calls `f(p, block)` with columns `cols` of each kept row of `bag`, in
+    /// order, and returns how many rows were kept. Before each position it
+    /// prefetches the same block of the row `ahead` positions on (from the
+    /// task's last position, `limit - 1`, at its end: a repeated hint costs
+    /// next to nothing, a branch around it more). Without `padding_idx`
+    /// every row is kept and the loop holds no test for it.
+    #[inline(always)]
+    pub(super) fn blocks<const N: usize>(
+        &self,
+        bag: Range<usize>,
+        limit: usize,
+        cols: Cols<N>,
+        mut f: impl FnMut(usize, &[[f32; LANES]; N]),
+    ) -> usize {
+        let (table, dim) = (self.table, self.dim);
+        // `limit` is 0 for a task of bags that hold no id; then no loop below
+        // runs and `last` is never read.
+        let (ahead, last) = (self.ahead, limit.saturating_sub(1));
+        let mut buf = [[0.0f32; LANES]; N];
+        let mut visit = |p: usize, r: usize| {
+            let at = r * dim + cols.start;
+            if cols.is_whole() {
+                let (block, _) = table[at..at + N * LANES].as_chunks::<LANES>();
+                f(p, block.try_into().expect("N blocks of 8"));
+            } else {
+                buf.as_flattened_mut()[..cols.width].copy_from_slice(&table[at..at + cols.width]);
+                f(p, &buf);
+            }
+        };
+        let prefetch = |p: usize| {
+            let at = self.ids.row((p + ahead).min(last)) * dim + cols.start;
+            prefetch::block::<N>(table, at);
+        };
+        match self.padding_idx {
+            None => {
+                for p in bag.clone() {
+                    prefetch(p);
+                    visit(p, self.ids.row(p));
+                }
+                bag.len()
+            }
+            Some(padding) => {
+                let mut kept = 0;
+                for p in bag {
+                    prefetch(p);
+                    let r = self.ids.row(p);
+                    if r != padding {
+                        visit(p, r);
+                        kept += 1;
+                    }
+                }
+                kept
+            }
+        }
+    }
+}
+
+/// One task of the forward: the bags from `first_bag` whose rows `out` (and
+/// `max_indices`, for max) hold.
+struct BagTask<'a, 'i, I: Index> {
+    rows: Rows<'a, 'i, I>,
+    bags: &'a Bags,
+    pooling: &'a Pooling<'a>,
+    first_bag: usize,
+    out: &'a mut [f32],
+    max_indices: &'a mut [i64],
+}
+
+impl<I: Index> Body for BagTask<'_, '_, I> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<V: Lanes>(self) {
+        let BagTask {
+            rows,
+            bags,
+            pooling,
+            first_bag,
+            out,
+            max_indices,
+        } = self;
+        let dim = rows.dim;
+        let count = out.len() / dim;
+        let first = bags.starts()[first_bag];
+        let limit = bags.starts()[first_bag + count];
+        // Warm the first rows: a task starts cold.
+        for p in first..limit.min(first + rows.ahead) {
+            prefetch::row(rows.row_of(p));
+        }
+        for (k, dst) in out.chunks_exact_mut(dim).enumerate() {
+            let bag = bags.bag(first_bag + k);
+            match pooling.mode {
+                Mode::Sum | Mode::Mean => {
+                    let weights = pooling.per_sample_weights;
+                    let mean = pooling.mode == Mode::Mean;
+                    sum::pool::<V, I>(&rows, bag, limit, weights, mean, dst);
+                }
+                Mode::Max => {
+                    let args = &mut max_indices[k * dim..(k + 1) * dim];
+                    max::pool::<V, I>(&rows, bag, limit, dst, args);
+                }
+            }
+        }
+    }
+}

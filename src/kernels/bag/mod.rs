@@ -1,0 +1,243 @@
+//! Bags: gather rows and pool them (sum, mean or max) in one pass, as
+//! PyTorch's `nn.EmbeddingBag`; and the backward of the pooling.
+//!
+//! ```text
+//! check table, bags, weights, out, max_indices, every id   (nothing written)
+//! for each task of whole bags (split across threads):
+//!     for each bag b, for each column block (128 columns with AVX, 64
+//!     without; then 32, 16, 8, then the last < 8 columns):
+//!         acc = -0.0 in registers              (max: the first kept row)
+//!         for p in bag b, skipping padding_idx:
+//!             prefetch table[ids[p + ahead], block]   (at most 16 ahead)
+//!             sum:  acc += table[ids[p], block] (· weight[p])
+//!             max:  where table[ids[p], block] > acc: acc = it, at = p
+//!         out[b, block] = acc (/ count, mean)  (written once)
+//! ```
+//!
+//! | file | what |
+//! | --- | --- |
+//! | `mod.rs` | the checks and the public forward |
+//! | `forward.rs` | the driver: tasks of bags, the column blocks, the loop over a bag's rows |
+//! | `sum.rs` | the body of a sum or mean block |
+//! | `max.rs` | the body of a max block |
+//! | `backward.rs` | the backward of each mode |
+//!
+//! 1. **Checks first.** The offsets are checked once into [`Bags`] (start at
+//!    0, never decrease, never pass the number of ids), every id by
+//!    [`ValidIds`], the buffers by length; then the loop cannot fail.
+//! 2. **Registers, not the output.** A bag is pooled one column block at a
+//!    time, the block's accumulators in registers, one pass over the bag's
+//!    rows per block (a bag of a few dozen rows stays in L1 or L2 between
+//!    passes), and each output value is written once. A block is as many
+//!    vectors as the registers hold: sixteen 256-bit registers (128
+//!    columns) with AVX, eight `f32x8` pairs (64 columns) with SSE2; max
+//!    keeps the winners' positions beside the values, so half as many
+//!    columns. The last `dim % 8` columns go through the same body, copied
+//!    into a zero-padded vector.
+//! 3. **Prefetch per block.** Every pass prefetches its own block of the row
+//!    `ahead` positions on (at most 16 rows), so the hints are spread evenly
+//!    over the passes; the count of hints per block is a constant.
+//! 4. **Exact order.** Each bag is summed in position order, one rounded
+//!    product and one rounded sum per term (no fused multiply-add), from
+//!    `-0.0` (so the first term comes through as it is). These are the
+//!    operations of the reference's bag matrix product (sums from `-0.0`),
+//!    so `sum` matches it bit for bit on every thread count and instruction
+//!    set. `mean` divides the sum by the count (the reference multiplies by
+//!    `1/len`: equal up to rounding). An empty bag (or one holding only
+//!    `padding_idx`) is `+0.0`, as in PyTorch.
+//! 5. **Max** keeps, per column, the first largest value (strictly greater
+//!    replaces, so ties keep the earlier id and a NaN never replaces; a NaN
+//!    in the first row stays), and the position it came from, as the bits
+//!    of an `f32` lane chosen with the same compare mask as the value.
+//! 6. **Threads.** Tasks of whole bags, about `TASK_BYTES` of output each;
+//!    tasks are disjoint, so the result cannot depend on the thread count.
+//! 7. **Backward** (sum and mean) is the grouped backward of
+//!    [`grouped`](super::grouped) with each position's gradient row taken
+//!    from its bag's row, times its weight (or `1/len`): dense (each row
+//!    written once), coalesced sparse, or fused into an optimiser. Max's
+//!    backward adds each output column's gradient to the row that won it,
+//!    bag by bag in order.
+
+mod backward;
+mod forward;
+mod max;
+mod sum;
+#[cfg(test)]
+mod tests;
+
+pub(crate) use backward::bag_fused_update;
+pub use backward::{
+    bag_backward, bag_backward_with, bag_max_backward, bag_max_backward_with, bag_sparse_backward,
+    bag_sparse_backward_with,
+};
+pub(crate) use forward::forward_valid;
+
+use crate::bags::Bags;
+use crate::error::{EmbeddingError, Operand};
+use crate::index::{Index, ValidIds};
+use crate::parallel::Parallelism;
+use crate::pooling::{Mode, Pooling};
+use crate::shape::{check_len, rows_len, table_rows};
+
+/// The argument checks every bag call shares, in the crate's order: table,
+/// bags against the ids, `per_sample_weights` (mode, then length), the
+/// padding row. The ids come last, after the caller's buffers. Returns the
+/// row count.
+fn check_arguments<I: Index>(
+    table_len: usize,
+    dim: usize,
+    ids: &[I],
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+) -> Result<usize, EmbeddingError> {
+    let rows = table_rows(table_len, dim, Operand::Table)?;
+    check_len(Operand::Ids, bags.num_ids(), ids.len())?;
+    if let Some(weights) = pooling.per_sample_weights {
+        if pooling.mode != Mode::Sum {
+            return Err(EmbeddingError::PerSampleWeightsNeedSum { mode: pooling.mode });
+        }
+        check_len(Operand::PerSampleWeights, ids.len(), weights.len())?;
+    }
+    if let Some(p) = pooling.padding_idx {
+        if p >= rows {
+            return Err(EmbeddingError::PaddingIdxOutOfRange {
+                padding_idx: i64::try_from(p).unwrap_or(i64::MAX),
+                num_embeddings: rows,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// Every check of a sum or mean backward, in order (max mode is refused:
+/// its backward takes the forward's `max_indices`): the checked ids, for
+/// the kernels, the layer and the reference.
+pub(crate) fn check_backward_call<'a, I: Index>(
+    grad_bags: &[f32],
+    dim: usize,
+    ids: &'a [I],
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    grad_table_len: usize,
+) -> Result<ValidIds<'a, I>, EmbeddingError> {
+    let ids = check_backward(grad_table_len, dim, ids, bags, pooling, grad_bags)?;
+    if pooling.mode == Mode::Max {
+        return Err(EmbeddingError::MaxNeedsIndices);
+    }
+    Ok(ids)
+}
+
+/// Every check of the forward, in order, before any write: the checked
+/// ids, for the kernel, the layer and the reference.
+pub(crate) fn check_forward<'a, I: Index>(
+    table: &[f32],
+    dim: usize,
+    ids: &'a [I],
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    out: &[f32],
+    max_indices: &[i64],
+) -> Result<ValidIds<'a, I>, EmbeddingError> {
+    let rows = check_arguments(table.len(), dim, ids, bags, pooling)?;
+    let out_len = rows_len(bags.len(), dim)?;
+    check_len(Operand::Output, out_len, out.len())?;
+    if pooling.mode == Mode::Max {
+        check_len(Operand::MaxIndices, out_len, max_indices.len())?;
+        check_max_bag_lengths(bags)?;
+    }
+    ValidIds::new(ids, rows)
+}
+
+/// `out[b, :]` = the pooled rows of bag `b`, for every bag; with
+/// [`Mode::Max`], also `max_indices[b, j]` = the id whose row gave
+/// `out[b, j]` (-1 for an empty bag). See the module notes for the exact
+/// arithmetic.
+///
+/// `out` holds `bags.len() × dim` values; `max_indices` as many for max mode
+/// and is ignored (may be empty) otherwise.
+///
+/// # Errors
+/// A shape error, an offsets error (made by [`Bags`]),
+/// [`EmbeddingError::PerSampleWeightsNeedSum`],
+/// [`EmbeddingError::PaddingIdxOutOfRange`] or
+/// [`EmbeddingError::IndexOutOfRange`]; then nothing is written.
+pub fn bag_forward<I: Index>(
+    table: &[f32],
+    dim: usize,
+    ids: &[I],
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    out: &mut [f32],
+    max_indices: &mut [i64],
+) -> Result<(), EmbeddingError> {
+    bag_forward_with(
+        Parallelism::Auto,
+        table,
+        dim,
+        ids,
+        bags,
+        pooling,
+        out,
+        max_indices,
+    )
+}
+
+/// [`bag_forward`] with an explicit [`Parallelism`].
+///
+/// # Errors
+/// As [`bag_forward`].
+// The arguments are `bag_forward`'s plus `par`, as for every `_with`.
+#[allow(clippy::too_many_arguments)]
+pub fn bag_forward_with<I: Index>(
+    par: Parallelism,
+    table: &[f32],
+    dim: usize,
+    ids: &[I],
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    out: &mut [f32],
+    max_indices: &mut [i64],
+) -> Result<(), EmbeddingError> {
+    let ids = check_forward(table, dim, ids, bags, pooling, out, max_indices)?;
+    forward_valid(par, table, dim, ids, bags, pooling, out, max_indices);
+    Ok(())
+}
+
+/// Checks a backward call's `grad_bags` (and mode) after the shared checks.
+pub(super) fn check_backward<'a, I: Index>(
+    table_len: usize,
+    dim: usize,
+    ids: &'a [I],
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    grad_bags: &[f32],
+) -> Result<ValidIds<'a, I>, EmbeddingError> {
+    let rows = table_rows(table_len, dim, Operand::GradTable)?;
+    check_len(
+        Operand::GradOutput,
+        rows_len(bags.len(), dim)?,
+        grad_bags.len(),
+    )?;
+    check_arguments(rows * dim, dim, ids, bags, pooling)?;
+    ValidIds::new(ids, rows)
+}
+
+/// The most ids a max bag may hold: the winner's position in its bag rides
+/// in the 32 bits of an `f32` lane (`max.rs`).
+const MAX_BAG_LEN: u64 = 1 << 32;
+
+/// Refuses a max bag longer than [`MAX_BAG_LEN`] (only possible with over
+/// four billion ids, so the scan is skipped below that).
+fn check_max_bag_lengths(bags: &Bags) -> Result<(), EmbeddingError> {
+    if bags.num_ids() as u64 <= MAX_BAG_LEN {
+        return Ok(());
+    }
+    match (0..bags.len()).find(|&b| bags.bag(b).len() as u64 > MAX_BAG_LEN) {
+        Some(bag) => Err(EmbeddingError::BagTooLong {
+            bag,
+            len: bags.bag(bag).len(),
+            max: MAX_BAG_LEN,
+        }),
+        None => Ok(()),
+    }
+}

@@ -1,0 +1,102 @@
+//! The sum (and mean) of one bag, a column block at a time in registers.
+
+use super::forward::{Cols, Rows};
+use crate::index::Index;
+use crate::simd::{Lanes, LANES};
+use core::ops::Range;
+
+/// `dst` = the sum of bag `bag`'s kept rows (times their weights), divided
+/// by their count when `mean`; zeros when it kept none. Blocks of 16
+/// vectors where the lanes have sixteen registers, then of 8, 4, 2 and 1,
+/// then the last columns.
+#[inline(always)]
+pub(super) fn pool<V: Lanes, I: Index>(
+    rows: &Rows<'_, '_, I>,
+    bag: Range<usize>,
+    limit: usize,
+    weights: Option<&[f32]>,
+    mean: bool,
+    dst: &mut [f32],
+) {
+    let dim = rows.dim;
+    let sum = Sum {
+        rows,
+        weights,
+        mean,
+        limit,
+    };
+    let (mut kept, mut c) = (0, 0);
+    if V::REGISTERS >= 16 {
+        while c + 16 * LANES <= dim {
+            kept = sum.block::<V, 16>(bag.clone(), Cols::whole(c), dst);
+            c += 16 * LANES;
+        }
+    }
+    while c + 8 * LANES <= dim {
+        kept = sum.block::<V, 8>(bag.clone(), Cols::whole(c), dst);
+        c += 8 * LANES;
+    }
+    if c + 4 * LANES <= dim {
+        kept = sum.block::<V, 4>(bag.clone(), Cols::whole(c), dst);
+        c += 4 * LANES;
+    }
+    if c + 2 * LANES <= dim {
+        kept = sum.block::<V, 2>(bag.clone(), Cols::whole(c), dst);
+        c += 2 * LANES;
+    }
+    if c + LANES <= dim {
+        kept = sum.block::<V, 1>(bag.clone(), Cols::whole(c), dst);
+        c += LANES;
+    }
+    if c < dim {
+        kept = sum.block::<V, 1>(bag, Cols::tail(c, dim - c), dst);
+    }
+    if kept == 0 {
+        dst.fill(0.0);
+    }
+}
+
+/// One bag's sum: its rows, weights and mode.
+struct Sum<'r, 'a, 'i, I: Index> {
+    rows: &'r Rows<'a, 'i, I>,
+    weights: Option<&'r [f32]>,
+    mean: bool,
+    limit: usize,
+}
+
+impl<I: Index> Sum<'_, '_, '_, I> {
+    /// Columns `cols` of the bag's sum into `dst`; returns how many rows
+    /// were kept. The sums start from `-0.0`, so the first kept term comes
+    /// through to the bit (`-0.0 + x == x`); a mean divides in the registers
+    /// before the one store. One copy of the loop per weighting, so the plain
+    /// sum's loop holds the accumulators and nothing else (with one shared
+    /// loop the compiler kept half of them on the stack).
+    #[inline(always)]
+    fn block<V: Lanes, const N: usize>(
+        &self,
+        bag: Range<usize>,
+        cols: Cols<N>,
+        dst: &mut [f32],
+    ) -> usize {
+        let mut acc = [V::splat(-0.0); N];
+        let kept = match self.weights {
+            None => self.rows.blocks::<N>(bag, self.limit, cols, |_, row| {
+                for (a, x) in acc.iter_mut().zip(row) {
+                    *a = a.add(V::load(x));
+                }
+            }),
+            Some(w) => self.rows.blocks::<N>(bag, self.limit, cols, |p, row| {
+                let w = V::splat(w[p]);
+                for (a, x) in acc.iter_mut().zip(row) {
+                    *a = a.add(V::load(x).mul(w));
+                }
+            }),
+        };
+        if self.mean && kept > 0 {
+            let n = V::splat(kept as f32);
+            acc = acc.map(|a| a.div(n));
+        }
+        cols.store(acc, dst);
+        kept
+    }
+}

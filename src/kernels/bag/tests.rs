@@ -1,0 +1,185 @@
+//! The bag forward on every instruction set against the reference.
+
+use super::forward::forward_on;
+use super::*;
+use crate::simd::Isa;
+
+fn mix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let z = (*state ^ (*state >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z ^ (z >> 31)
+}
+
+/// The sums in 256-bit registers and in `f32x8` pairs (and, past 128
+/// columns, a row at a time) give the same bits, and the sum those of
+/// the bag-matrix reference, for widths around every block edge, with
+/// and without weights and padding, on one thread and on the pool; the
+/// maxima of both paths are the reference's, values and winners.
+/// Bags that hold no id, alone or before one that does, give zeros (and
+/// -1 winners) on every path: a task whose bags are all empty ends at
+/// position 0, which the prefetch's clamp must not step below.
+#[test]
+fn empty_bags_give_zeros_on_every_path() {
+    let table: Vec<f32> = (0..4 * 384).map(|i| i as f32 - 700.0).collect();
+    let ids = [3usize, 1];
+    for (offsets, num_ids) in [(&[0usize, 0, 0][..], 0), (&[0, 0, 0, 0][..], 2)] {
+        let bags = Bags::from_offsets(offsets, num_ids, false).unwrap();
+        let valid = ValidIds::new(&ids[..num_ids], 4).unwrap();
+        for dim in [1, 8, 64, 128, 384] {
+            for mode in [Mode::Sum, Mode::Mean, Mode::Max] {
+                let pooling = Pooling {
+                    mode,
+                    ..Pooling::default()
+                };
+                let mut want = vec![f32::NAN; bags.len() * dim];
+                let mut want_at = vec![7; if mode == Mode::Max { want.len() } else { 0 }];
+                let table = &table[..4 * dim];
+                let ids = &ids[..num_ids];
+                crate::reference::bag_forward(
+                    table,
+                    dim,
+                    ids,
+                    &bags,
+                    &pooling,
+                    &mut want,
+                    &mut want_at,
+                )
+                .unwrap();
+                for isa in Isa::all() {
+                    for par in [Parallelism::Serial, Parallelism::Rayon] {
+                        let mut out = vec![f32::NAN; want.len()];
+                        let mut at = vec![7; want_at.len()];
+                        forward_on(
+                            isa, par, table, dim, valid, &bags, &pooling, &mut out, &mut at,
+                        );
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        let what = format!("{offsets:?} dim {dim} {mode:?} {par:?} {isa:?}");
+                        assert_eq!(bits(&out), bits(&want), "{what}");
+                        assert_eq!(at, want_at, "{what}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn both_sum_paths_give_the_reference_bits() {
+    let mut seed = 7;
+    let dims = [
+        1, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 40, 56, 63, 64, 65, 72, 96, 120, 127, 128, 129,
+        136, 200, 255, 256, 257, 384, 385,
+    ];
+    for (case, &dim) in dims.iter().enumerate() {
+        let rows = 1 + mix(&mut seed) as usize % 50;
+        let n = mix(&mut seed) as usize % 200;
+        let table: Vec<f32> = (0..rows * dim)
+            .map(|_| match mix(&mut seed) % 16 {
+                0 => -0.0,
+                _ => (mix(&mut seed) % 2001) as f32 / 1000.0 - 1.0,
+            })
+            .collect();
+        let ids: Vec<usize> = (0..n).map(|_| mix(&mut seed) as usize % rows).collect();
+        // No weight is 0: the reference's product skips zero
+        // coefficients, where the kernel adds `0 × x` (a `+0.0` that can
+        // turn a `-0.0` sum into `+0.0`).
+        let weights: Vec<f32> = (0..n)
+            .map(|_| [-3.0, -1.5, -1.0, 0.25, 1.0, 2.0, 3.0][mix(&mut seed) as usize % 7])
+            .collect();
+        let mut offsets = vec![0];
+        while let Some(&last) = offsets.last() {
+            let next = last + mix(&mut seed) as usize % 20;
+            if next >= n {
+                break;
+            }
+            offsets.push(next);
+        }
+        let bags = Bags::from_offsets(&offsets, n, false).unwrap();
+        let valid = ValidIds::new(&ids, rows).unwrap();
+        for (mode, weighted, padded) in [
+            (Mode::Sum, false, false),
+            (Mode::Sum, true, false),
+            (Mode::Sum, true, true),
+            (Mode::Mean, false, true),
+        ] {
+            let pooling = Pooling {
+                mode,
+                per_sample_weights: weighted.then_some(&weights[..]),
+                padding_idx: padded.then_some(case % rows),
+                ..Pooling::default()
+            };
+            let what =
+                format!("dim {dim} rows {rows} n {n} {mode:?} weighted {weighted} padded {padded}");
+            let mut want = vec![f32::NAN; bags.len() * dim];
+            crate::reference::bag_forward(&table, dim, &ids, &bags, &pooling, &mut want, &mut [])
+                .unwrap();
+            let mut outs = Vec::new();
+            for isa in Isa::all() {
+                for par in [Parallelism::Serial, Parallelism::Rayon] {
+                    let mut out = vec![f32::NAN; bags.len() * dim];
+                    forward_on(
+                        isa,
+                        par,
+                        &table,
+                        dim,
+                        valid,
+                        &bags,
+                        &pooling,
+                        &mut out,
+                        &mut [],
+                    );
+                    outs.push(out);
+                }
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            for out in &outs[1..] {
+                assert_eq!(bits(out), bits(&outs[0]), "{what}");
+            }
+            if mode == Mode::Sum {
+                assert_eq!(bits(&outs[0]), bits(&want), "{what}");
+            }
+        }
+        // Max, with ties and NaNs in the table: both paths pick the
+        // reference's winners.
+        let ties: Vec<f32> = table
+            .iter()
+            .map(|&x| match mix(&mut seed) % 32 {
+                0 => f32::NAN,
+                1..=8 => 0.5,
+                _ => x,
+            })
+            .collect();
+        for padded in [false, true] {
+            let pooling = Pooling {
+                mode: Mode::Max,
+                padding_idx: padded.then_some(case % rows),
+                ..Pooling::default()
+            };
+            let size = bags.len() * dim;
+            let (mut want, mut want_at) = (vec![f32::NAN; size], vec![-2; size]);
+            crate::reference::bag_forward(
+                &ties,
+                dim,
+                &ids,
+                &bags,
+                &pooling,
+                &mut want,
+                &mut want_at,
+            )
+            .unwrap();
+            for isa in Isa::all() {
+                for par in [Parallelism::Serial, Parallelism::Rayon] {
+                    let (mut out, mut at) = (vec![f32::NAN; size], vec![-2; size]);
+                    forward_on(
+                        isa, par, &ties, dim, valid, &bags, &pooling, &mut out, &mut at,
+                    );
+                    let what =
+                        format!("max dim {dim} rows {rows} n {n} padded {padded} {isa:?}");
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&out), bits(&want), "{what}");
+                    assert_eq!(at, want_at, "{what}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! Sparse optimiser updates fused into the backward: each touched row's
+//! gradient is summed and handed to the optimiser's [`RowRule`] at once, so
+//! no gradient is ever materialised.
+
+use super::plan::{carve, plan, run, Space, Task, TaskBody};
+use super::{sum_positions, Groups, PerPosition, Source};
+use crate::index::{Index, ValidIds};
+use crate::kernels::tuning::{prefetch_ahead, GROUP_TASK_BYTES, PARALLEL_MIN_BYTES};
+use crate::parallel::Parallelism;
+use crate::simd::{prefetch, Lanes};
+use crate::sparse_grad::SparseGrad;
+
+mod sealed {
+    /// One optimiser step on one row: what the fused updates apply. The
+    /// optimisers of [`optim`](crate::optim) implement it.
+    pub trait RowRule: Sync {
+        /// Floats of state per row: 0 (SGD), 1 (row-wise Adagrad) or `dim`
+        /// (Adagrad).
+        fn state_width(&self, dim: usize) -> usize;
+        /// Applies the update to `weight` (the row's columns), given `grad`
+        /// (the same columns' summed gradient) and the row's `state` (of
+        /// `state_width` floats, or the same columns when that is `dim`).
+        fn update(&self, weight: &mut [f32], grad: &[f32], state: &mut [f32]);
+    }
+}
+
+pub(crate) use sealed::RowRule;
+
+/// The table side of a fused update, checked: the weight, its row width, the
+/// optimiser state and which row never changes.
+pub(crate) struct Target<'a> {
+    pub(crate) weight: &'a mut [f32],
+    pub(crate) dim: usize,
+    pub(crate) state: &'a mut [f32],
+    pub(crate) padding_idx: Option<usize>,
+}
+
+/// The fused sparse update of an embedding lookup: [`update`] with the
+/// lookup's own gradient rows and `padding_idx` left out. The caller has
+/// checked `target`, `grad_output` and the ids.
+pub(crate) fn fused_update<I: Index, R: RowRule>(
+    par: Parallelism,
+    grad_output: &[f32],
+    ids: ValidIds<'_, I>,
+    scale_grad_by_freq: bool,
+    target: Target<'_>,
+    rule: &R,
+) {
+    let source = PerPosition {
+        grad_output,
+        dim: target.dim,
+    };
+    let skip = target.padding_idx;
+    let keep = |_, r| Some(r) != skip;
+    update(par, ids, keep, &source, scale_grad_by_freq, target, rule);
+}
+
+/// The fused update for any [`Source`]: groups the positions `p` (with row
+/// `r`) for which `keep(p, r)`, sums each touched row's gradient (position
+/// order, divided by the count with `divide_by_count`), and applies `rule`
+/// to the row straight away. The arguments are checked.
+pub(crate) fn update<I: Index, S: Source, R: RowRule>(
+    par: Parallelism,
+    ids: ValidIds<'_, I>,
+    keep: impl Fn(usize, usize) -> bool,
+    source: &S,
+    divide_by_count: bool,
+    target: Target<'_>,
+    rule: &R,
+) {
+    let groups = Groups::new_kept(ids, keep);
+    let split = par.splits(source.bytes(), PARALLEL_MIN_BYTES);
+    apply_groups(split, &groups, source, divide_by_count, target, rule);
+}
+
+/// Applies a coalesced gradient with `rule` (its padding row, if it holds
+/// one, is skipped). The caller has checked that `grad` fits `target`.
+pub(crate) fn apply_sparse<R: RowRule>(
+    par: Parallelism,
+    grad: &SparseGrad,
+    target: Target<'_>,
+    rule: &R,
+) {
+    let mut groups = Groups::of_sparse(grad);
+    if let Some(skip) = target.padding_idx {
+        if let Ok(k) = groups.rows.binary_search(&skip) {
+            groups.rows.remove(k);
+            groups.positions.remove(k);
+            groups.starts.pop();
+        }
+    }
+    let source = PerPosition {
+        grad_output: grad.values(),
+        dim: target.dim,
+    };
+    let split = par.splits(source.bytes(), PARALLEL_MIN_BYTES);
+    apply_groups(split, &groups, &source, false, target, rule);
+}
+
+/// The shared body of the fused updates: tasks of disjoint rows, each row's
+/// gradient summed and applied.
+fn apply_groups<S: Source, R: RowRule>(
+    split: bool,
+    groups: &Groups,
+    source: &S,
+    divide_by_count: bool,
+    target: Target<'_>,
+    rule: &R,
+) {
+    let dim = target.dim;
+    if dim == 0 || groups.len() == 0 {
+        return;
+    }
+    let width = rule.state_width(dim);
+    let split_hot = width == dim || width == 0;
+    let tasks = plan(
+        groups,
+        dim,
+        Space::Rows(None),
+        split_hot,
+        GROUP_TASK_BYTES / 4,
+    );
+    let weights = carve(&tasks, target.weight, dim, dim);
+    let states = carve(&tasks, target.state, width, dim);
+    let body = Apply {
+        groups,
+        source,
+        divide_by_count,
+        dim,
+        width,
+        rule,
+    };
+    run(split, &tasks, weights, states, &body);
+}
+
+/// One task of [`apply_groups`].
+struct Apply<'a, S, R> {
+    groups: &'a Groups,
+    source: &'a S,
+    divide_by_count: bool,
+    dim: usize,
+    /// Floats of optimiser state per row.
+    width: usize,
+    rule: &'a R,
+}
+
+impl<S: Source, R: RowRule> TaskBody for Apply<'_, S, R> {
+    #[inline(always)]
+    fn task<V: Lanes>(&self, t: &Task, weight: &mut [f32], state: &mut [f32]) {
+        let (groups, dim, width) = (self.groups, self.dim, self.width);
+        let mut sum = vec![0.0; t.cols.len()];
+        let whole = t.cols == (0..dim);
+        let ahead = prefetch_ahead(t.cols.len());
+        let mut cursor = groups.starts[t.groups.start];
+        for g in t.groups.clone() {
+            groups.prefetch_through(g, ahead, self.source, &t.cols, &mut cursor);
+            if whole && g + ahead < t.groups.end {
+                let next = groups.rows[g + ahead] - t.span.start;
+                prefetch::row(&weight[next * dim..(next + 1) * dim]);
+                prefetch::row(&state[next * width..(next + 1) * width]);
+            }
+            let r = groups.rows[g] - t.span.start;
+            let (w, s) = if whole {
+                (
+                    &mut weight[r * dim..(r + 1) * dim],
+                    &mut state[r * width..(r + 1) * width],
+                )
+            } else {
+                (&mut weight[..], &mut state[..])
+            };
+            let positions = groups.positions(g);
+            sum_positions::<V, S>(
+                self.source,
+                positions,
+                t.cols.clone(),
+                self.divide_by_count,
+                &mut sum,
+            );
+            self.rule.update(w, &sum, s);
+        }
+    }
+}

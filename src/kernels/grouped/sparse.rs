@@ -1,0 +1,126 @@
+//! The coalesced sparse gradient: the distinct rows a batch touched, each
+//! with its summed gradient row, in a [`SparseGrad`] whose size depends on
+//! the batch, never on the table.
+
+use super::plan::{carve, plan, run, Space, Task, TaskBody};
+use super::{check_padding, sum_positions, Groups, PerPosition, Source};
+use crate::error::{EmbeddingError, Operand};
+use crate::index::{Index, ValidIds};
+use crate::kernels::tuning::{prefetch_ahead, GROUP_TASK_BYTES, PARALLEL_MIN_BYTES};
+use crate::parallel::Parallelism;
+use crate::shape::{check_len, rows_len};
+use crate::simd::Lanes;
+use crate::sparse_grad::SparseGrad;
+
+/// The coalesced gradient of an embedding lookup: [`sparse_backward_with`]
+/// with [`Parallelism::Auto`].
+///
+/// # Errors
+/// As [`sparse_backward_with`].
+pub fn sparse_backward<I: Index>(
+    grad_output: &[f32],
+    dim: usize,
+    ids: &[I],
+    num_embeddings: usize,
+    padding_idx: Option<usize>,
+    scale_grad_by_freq: bool,
+) -> Result<SparseGrad, EmbeddingError> {
+    sparse_backward_with(
+        Parallelism::Auto,
+        grad_output,
+        dim,
+        ids,
+        num_embeddings,
+        padding_idx,
+        scale_grad_by_freq,
+    )
+}
+
+/// The coalesced gradient of an embedding lookup into a table of
+/// `num_embeddings` rows: the distinct ids of the batch (less
+/// `padding_idx`), ascending, with their summed gradient rows (divided by
+/// their count with `scale_grad_by_freq`). Costs `O(n + n · dim)` for `n`
+/// ids, whatever `num_embeddings` is. Bits as
+/// [`dense_backward`](crate::dense_backward)'s rows.
+///
+/// # Errors
+/// A shape error, [`EmbeddingError::PaddingIdxOutOfRange`] or
+/// [`EmbeddingError::IndexOutOfRange`].
+pub fn sparse_backward_with<I: Index>(
+    par: Parallelism,
+    grad_output: &[f32],
+    dim: usize,
+    ids: &[I],
+    num_embeddings: usize,
+    padding_idx: Option<usize>,
+    scale_grad_by_freq: bool,
+) -> Result<SparseGrad, EmbeddingError> {
+    check_len(
+        Operand::GradOutput,
+        rows_len(ids.len(), dim)?,
+        grad_output.len(),
+    )?;
+    check_padding(padding_idx, num_embeddings)?;
+    let ids = ValidIds::new(ids, num_embeddings)?;
+    let source = PerPosition { grad_output, dim };
+    let keep = |_, r| Some(r) != padding_idx;
+    Ok(coalesce(par, ids, keep, &source, dim, scale_grad_by_freq))
+}
+
+/// The coalesced gradient of any [`Source`]: the positions `p` (with row
+/// `r`) for which `keep(p, r)`, grouped by row, each group's rows summed in
+/// position order. The arguments are checked.
+pub(crate) fn coalesce<I: Index, S: Source>(
+    par: Parallelism,
+    ids: ValidIds<'_, I>,
+    keep: impl Fn(usize, usize) -> bool,
+    source: &S,
+    dim: usize,
+    divide_by_count: bool,
+) -> SparseGrad {
+    let num_embeddings = ids.num_embeddings();
+    let groups = Groups::new_kept(ids, keep);
+    let mut values = crate::memory::zeroed_table(groups.len() * dim);
+    if dim > 0 {
+        let tasks = plan(&groups, dim, Space::Groups, true, GROUP_TASK_BYTES / 4);
+        let parts = carve(&tasks, &mut values, dim, dim);
+        let none = tasks.iter().map(|_| Default::default()).collect();
+        let split = par.splits(source.bytes(), PARALLEL_MIN_BYTES);
+        let body = Coalesce {
+            groups: &groups,
+            source,
+            divide_by_count,
+        };
+        run(split, &tasks, parts, none, &body);
+    }
+    // A copy: `rows` is one of the thread's spare vectors, sized for every
+    // id; the caller's gradient gets one just large enough.
+    SparseGrad::from_parts(groups.rows.clone(), values, num_embeddings, dim)
+}
+
+/// One task of [`coalesce`]: the summed rows of its groups.
+struct Coalesce<'a, S> {
+    groups: &'a Groups,
+    source: &'a S,
+    divide_by_count: bool,
+}
+
+impl<S: Source> TaskBody for Coalesce<'_, S> {
+    #[inline(always)]
+    fn task<V: Lanes>(&self, t: &Task, part: &mut [f32], _state: &mut [f32]) {
+        let (groups, width) = (self.groups, t.cols.len());
+        let ahead = prefetch_ahead(width);
+        let mut cursor = groups.starts[t.groups.start];
+        for g in t.groups.clone() {
+            groups.prefetch_through(g, ahead, self.source, &t.cols, &mut cursor);
+            let at = (g - t.span.start) * width;
+            sum_positions::<V, S>(
+                self.source,
+                groups.positions(g),
+                t.cols.clone(),
+                self.divide_by_count,
+                &mut part[at..at + width],
+            );
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! Every size the kernels tune by, in one place and in one unit: bytes.
+//! (Counts of rows appear only where a distance is naturally a row count,
+//! and say so.) Each constant carries the measurement that chose it.
+//!
+//! Words used here and across the kernels: a **task** is one piece of a
+//! call handed to a thread; a **column block** is a range of columns summed
+//! in registers; a **line** is 64 bytes of memory ([`LINE_BYTES`]).
+
+/// One cache line, in bytes.
+pub(crate) const LINE_BYTES: usize = 64;
+
+/// One cache line, in `f32`s: column blocks that threads own are whole
+/// lines, so two threads never write one line.
+pub(crate) const LINE_FLOATS: usize = LINE_BYTES / core::mem::size_of::<f32>();
+
+/// Below this many bytes of output a gather, bag forward or grouped backward
+/// under [`Parallelism::Auto`](crate::Parallelism::Auto) stays on the
+/// calling thread. Waking a sleeping rayon pool from outside it costs 15 to
+/// 40 µs on the development machine, and in the `threshold` group of
+/// `benches/kernels.rs` the split first wins at 2 MiB (48 vs 54 µs).
+pub(crate) const PARALLEL_MIN_BYTES: usize = 2 << 20;
+
+/// The same for `scatter_add`, in bytes of output gradient. Its column
+/// blocks make every thread read every id, which only pays once the table
+/// rows come from DRAM: in the `threshold` group (a cache-resident table)
+/// one thread still wins at 4 MiB, while the report's minilm (12 MiB) and
+/// larger workloads gain from the split.
+pub(crate) const SCATTER_PARALLEL_MIN_BYTES: usize = 8 << 20;
+
+/// A gather or bag forward task's share of the output: large enough that
+/// scheduling is noise, small enough that two threads finish close together.
+pub(crate) const TASK_BYTES: usize = 16 << 10;
+
+/// A grouped-backward task's share of the work, in bytes of gradient read
+/// or written.
+pub(crate) const GROUP_TASK_BYTES: usize = 128 << 10;
+
+/// A dense sweep task's share, in bytes of table written: larger than
+/// [`GROUP_TASK_BYTES`], since most of a sweep is zeros and a task's fixed
+/// cost (its plan entry, its slice, rayon's hand-off) would otherwise be
+/// paid about 4 000 times over recsys's 488 MiB.
+pub(crate) const SWEEP_TASK_BYTES: usize = 1 << 20;
+
+/// From this many bytes of gradient table on, the dense backward writes with
+/// streaming stores, and below it the gradient is summed in place
+/// (`dense_in_cache`). Below, the table fits the caches that a streaming
+/// store would bypass, and plain stores are faster: on `tiny` (256 KiB)
+/// streaming took about twice as long as a memset and a scatter.
+pub(crate) const STREAM_MIN_BYTES: usize = 8 << 20;
+
+/// How far ahead the kernels prefetch random rows, in bytes of rows: enough
+/// misses in flight to cover a DRAM round trip, few enough that the line
+/// buffers do not overflow. On recsys (512-byte rows), 32 rows ahead ran
+/// the bag sum in 2.3 ms against 3.2 ms at 8 rows (two threads).
+const PREFETCH_BYTES: usize = 16 << 10;
+
+/// The most rows a bag prefetches ahead (the [`PREFETCH_BYTES`] rule would
+/// give recsys's 512-byte rows 32). On recsys, a test program's medians of
+/// paired rounds: 16 ahead took 0.92x the time of 32 back to back and 0.95x
+/// after a cache sweep; 8 ahead 0.95x and 0.97x.
+pub(crate) const BAG_MAX_AHEAD_ROWS: usize = 16;
+
+/// The prefetch distance, in rows, for rows of `row_floats` `f32`s: between
+/// 4 and 32 rows, about [`PREFETCH_BYTES`] ahead. Saturates, so even an
+/// absurd width (a call with nothing to do) gives a distance.
+#[inline]
+pub(crate) fn prefetch_ahead(row_floats: usize) -> usize {
+    let row_bytes = row_floats.saturating_mul(core::mem::size_of::<f32>());
+    (PREFETCH_BYTES / row_bytes.max(1)).clamp(4, 32)
+}

@@ -1,0 +1,112 @@
+//! [`Lanes`] for 256-bit AVX registers, and the one wrapper that runs a
+//! [`Body`] compiled with AVX enabled.
+//!
+//! Soundness rests on one rule: the lane type, [`Avx256`], is private to
+//! this file, and the only code that names it is [`run`], which takes an
+//! [`Avx`], a proof that the CPU has AVX. So every AVX instruction below
+//! runs on a CPU that has it, though the trait's methods are safe.
+
+#![cfg(target_arch = "x86_64")]
+#![allow(unsafe_code)]
+
+use super::{Body, Lanes, LANES};
+use core::arch::x86_64::{
+    __m256, _mm256_add_ps, _mm256_blendv_ps, _mm256_cmp_ps, _mm256_div_ps, _mm256_mul_ps,
+    _mm256_set1_ps, _mm256_stream_ps, _CMP_GT_OQ,
+};
+
+/// Proof that this CPU has AVX: only [`Avx::detect`] makes one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Avx(());
+
+impl Avx {
+    /// An `Avx` where this CPU has AVX.
+    #[inline]
+    pub(crate) fn detect() -> Option<Avx> {
+        std::arch::is_x86_feature_detected!("avx").then_some(Avx(()))
+    }
+}
+
+/// Runs `body` with 256-bit lanes, compiled with AVX enabled.
+#[inline(always)]
+pub(super) fn run<B: Body>(_proof: Avx, body: B) -> B::Output {
+    // SAFETY: `run_avx` needs a CPU with AVX, and `_proof` is an `Avx`,
+    // which only `Avx::detect` makes, after the CPU reported AVX.
+    unsafe { run_avx(body) }
+}
+
+/// The body instantiated with [`Avx256`]; everything it calls is
+/// `#[inline(always)]`, so it all compiles here, with AVX.
+#[target_feature(enable = "avx")]
+fn run_avx<B: Body>(body: B) -> B::Output {
+    body.run::<Avx256>()
+}
+
+/// One 256-bit register of eight `f32`s. Private: see the module notes.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct Avx256(__m256);
+
+// The SAFETY of every `unsafe` block below: the intrinsic needs AVX, and an
+// `Avx256` only exists inside `run_avx`, which runs only on a CPU with AVX
+// (the module notes); the intrinsics touch no memory.
+impl Lanes for Avx256 {
+    const REGISTERS: usize = 16;
+
+    #[inline(always)]
+    fn splat(x: f32) -> Self {
+        // SAFETY: see above the impl.
+        Avx256(unsafe { _mm256_set1_ps(x) })
+    }
+
+    #[inline(always)]
+    fn load(from: &[f32; LANES]) -> Self {
+        Avx256(bytemuck::cast(*from))
+    }
+
+    #[inline(always)]
+    fn store(self, to: &mut [f32; LANES]) {
+        *to = bytemuck::cast(self.0);
+    }
+
+    #[inline(always)]
+    fn add(self, other: Self) -> Self {
+        // SAFETY: see above the impl.
+        Avx256(unsafe { _mm256_add_ps(self.0, other.0) })
+    }
+
+    #[inline(always)]
+    fn mul(self, other: Self) -> Self {
+        // SAFETY: see above the impl.
+        Avx256(unsafe { _mm256_mul_ps(self.0, other.0) })
+    }
+
+    #[inline(always)]
+    fn div(self, other: Self) -> Self {
+        // SAFETY: see above the impl.
+        Avx256(unsafe { _mm256_div_ps(self.0, other.0) })
+    }
+
+    #[inline(always)]
+    fn greater(self, other: Self) -> Self {
+        // SAFETY: see above the impl.
+        Avx256(unsafe { _mm256_cmp_ps::<_CMP_GT_OQ>(self.0, other.0) })
+    }
+
+    #[inline(always)]
+    fn select(self, if_true: Self, if_false: Self) -> Self {
+        // SAFETY: see above the impl.
+        Avx256(unsafe { _mm256_blendv_ps(if_false.0, if_true.0, self.0) })
+    }
+
+    #[inline(always)]
+    fn stream(dst: &mut [f32], src: Option<&[f32]>) {
+        super::stream::with::<__m256, LANES>(dst, src, |d, v| {
+            // SAFETY: `d` is a live `&mut __m256` inside `dst`, so the
+            // pointer is valid for 32 bytes and 32-byte aligned (what
+            // `pod_align_to_mut` hands out), as `_mm256_stream_ps` requires;
+            // AVX is present (see above the impl).
+            unsafe { _mm256_stream_ps((d as *mut __m256).cast::<f32>(), v) }
+        });
+    }
+}

@@ -1,0 +1,118 @@
+//! SIMD: one lane trait, two instruction sets, chosen at run time.
+//!
+//! Every kernel body that does arithmetic on rows is written once, generic
+//! over [`Lanes`] (eight `f32` lanes and the few operations the kernels
+//! need), and runs through [`Isa::run`], which picks the registers:
+//!
+//! * **AVX** (`avx.rs`), where the CPU reports it: the body is instantiated
+//!   with a `__m256` lane type inside one function compiled with
+//!   `#[target_feature(enable = "avx")]`, so every load, add and compare in
+//!   it is a 256-bit instruction and sixteen registers hold 128 columns.
+//! * **Portable** (`portable.rs`): `wide::f32x8`, which picks its
+//!   instructions when the crate is compiled: two SSE2 halves in a default
+//!   x86-64 build, one AVX register with `-C target-cpu=native`, NEON pairs
+//!   on aarch64.
+//!
+//! `wide` decides its width at compile time, so run-time detection around
+//! `wide` code alone could never reach AVX in a default build; this module is
+//! how a default build still gets it. Both lane types do the same IEEE
+//! operation per lane (one rounded add, multiply or divide; an ordered
+//! compare; a bitwise select; never a fused multiply-add), so both give the
+//! same bits, and the tests run every kernel on both.
+//!
+//! The rest of the folder: [`row`] (whole-row operations over any lane
+//! type), [`prefetch`] (cache hints), [`stream`] (non-temporal stores).
+
+pub(crate) mod avx;
+mod portable;
+pub(crate) mod prefetch;
+pub(crate) mod row;
+pub(crate) mod stream;
+
+/// Lanes per vector: every lane type holds eight `f32`s.
+pub(crate) const LANES: usize = 8;
+
+/// Eight `f32` lanes and what the kernels do with them. Each operation is the
+/// IEEE operation of one lane, rounded as a scalar one would be.
+pub(crate) trait Lanes: Copy + Send + Sync + 'static {
+    /// How many vectors of this type the kernels keep in registers at once
+    /// (sixteen 256-bit registers for AVX; eight `f32x8`, which are sixteen
+    /// 128-bit halves, for SSE2).
+    const REGISTERS: usize;
+
+    /// Eight copies of `x`.
+    fn splat(x: f32) -> Self;
+    /// Eight lanes from memory.
+    fn load(from: &[f32; LANES]) -> Self;
+    /// The lanes to memory.
+    fn store(self, to: &mut [f32; LANES]);
+    /// `self + other`, lane by lane.
+    fn add(self, other: Self) -> Self;
+    /// `self × other`, lane by lane.
+    fn mul(self, other: Self) -> Self;
+    /// `self / other`, lane by lane.
+    fn div(self, other: Self) -> Self;
+    /// All ones where `self > other` (ordered: false if either is NaN),
+    /// zeros elsewhere.
+    fn greater(self, other: Self) -> Self;
+    /// `if_true` where `self` (a mask of [`Lanes::greater`]) is set,
+    /// `if_false` elsewhere, bit for bit.
+    fn select(self, if_true: Self, if_false: Self) -> Self;
+    /// `dst = src`, or zeros when `src` is `None`, with non-temporal stores
+    /// where `dst` is aligned for this register (see [`stream`]).
+    fn stream(dst: &mut [f32], src: Option<&[f32]>);
+}
+
+/// A kernel body that runs on any lane type: what [`Isa::run`] calls.
+pub(crate) trait Body {
+    /// What the body returns.
+    type Output;
+    /// Runs the body with lanes of type `V`. Implementations are
+    /// `#[inline(always)]`, so the body is compiled into the caller, and with
+    /// AVX that caller is compiled with AVX enabled.
+    fn run<V: Lanes>(self) -> Self::Output;
+}
+
+/// The instruction set a kernel runs with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// `wide::f32x8`, whatever the build targets.
+    Portable,
+    /// 256-bit AVX registers; holds the proof that the CPU has AVX.
+    #[cfg(target_arch = "x86_64")]
+    Avx(avx::Avx),
+}
+
+impl Isa {
+    /// The widest instruction set this CPU has (asked once, then cached by
+    /// `std`).
+    #[inline]
+    pub(crate) fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(avx) = avx::Avx::detect() {
+            return Isa::Avx(avx);
+        }
+        Isa::Portable
+    }
+
+    /// Every instruction set this CPU can run, the portable one first: what
+    /// the tests run each kernel on.
+    #[cfg(test)]
+    pub(crate) fn all() -> Vec<Isa> {
+        let mut all = vec![Isa::Portable];
+        if Isa::detect() != Isa::Portable {
+            all.push(Isa::detect());
+        }
+        all
+    }
+
+    /// Runs `body` with this instruction set's lanes.
+    #[inline(always)]
+    pub(crate) fn run<B: Body>(self, body: B) -> B::Output {
+        match self {
+            Isa::Portable => body.run::<wide::f32x8>(),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx(avx) => avx::run(avx, body),
+        }
+    }
+}

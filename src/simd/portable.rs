@@ -1,0 +1,53 @@
+//! [`Lanes`] for `wide::f32x8`: the instruction set the build targets.
+
+use super::{Lanes, LANES};
+use wide::f32x8;
+
+impl Lanes for f32x8 {
+    const REGISTERS: usize = 8;
+
+    #[inline(always)]
+    fn splat(x: f32) -> Self {
+        f32x8::splat(x)
+    }
+
+    #[inline(always)]
+    fn load(from: &[f32; LANES]) -> Self {
+        bytemuck::cast(*from)
+    }
+
+    #[inline(always)]
+    fn store(self, to: &mut [f32; LANES]) {
+        *to = bytemuck::cast(self);
+    }
+
+    #[inline(always)]
+    fn add(self, other: Self) -> Self {
+        self + other
+    }
+
+    #[inline(always)]
+    fn mul(self, other: Self) -> Self {
+        self * other
+    }
+
+    #[inline(always)]
+    fn div(self, other: Self) -> Self {
+        self / other
+    }
+
+    #[inline(always)]
+    fn greater(self, other: Self) -> Self {
+        self.simd_gt(other)
+    }
+
+    #[inline(always)]
+    fn select(self, if_true: Self, if_false: Self) -> Self {
+        self.bitselect(if_true, if_false)
+    }
+
+    #[inline(always)]
+    fn stream(dst: &mut [f32], src: Option<&[f32]>) {
+        super::stream::sse(dst, src);
+    }
+}

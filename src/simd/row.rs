@@ -1,0 +1,164 @@
+//! Whole-row operations on `f32` rows, over any [`Lanes`]: the vector body
+//! eight lanes at a time, then a scalar tail of `len % 8` values.
+//!
+//! Every value gets one IEEE operation (`a * s` or `a + b`), or two, each
+//! rounded (`a * s + b`, never a fused multiply-add), so the result is the
+//! same bits whatever the lane type and whether the value went through the
+//! vector body or the scalar tail. That is what lets the kernels promise
+//! bitwise equality with the reference and across thread counts.
+//!
+//! The rows are split with `as_chunks`, so the body has no bounds checks and
+//! sees whole `[f32; 8]` blocks, which [`Lanes::load`] turns into vectors
+//! for free.
+
+use super::{Lanes, LANES};
+
+/// `dst = src`. The two rows must have the same length.
+#[inline(always)]
+pub(crate) fn copy<V: Lanes>(dst: &mut [f32], src: &[f32]) {
+    debug_assert_eq!(dst.len(), src.len());
+    let (d_body, d_tail) = dst.as_chunks_mut::<LANES>();
+    let (s_body, s_tail) = src.as_chunks::<LANES>();
+    for (d, s) in d_body.iter_mut().zip(s_body) {
+        V::load(s).store(d);
+    }
+    d_tail.copy_from_slice(s_tail);
+}
+
+/// `dst = src * scale`. The two rows must have the same length.
+#[inline(always)]
+pub(crate) fn scale<V: Lanes>(dst: &mut [f32], src: &[f32], scale: f32) {
+    debug_assert_eq!(dst.len(), src.len());
+    let s = V::splat(scale);
+    let (d_body, d_tail) = dst.as_chunks_mut::<LANES>();
+    let (s_body, s_tail) = src.as_chunks::<LANES>();
+    for (d, x) in d_body.iter_mut().zip(s_body) {
+        V::load(x).mul(s).store(d);
+    }
+    for (d, x) in d_tail.iter_mut().zip(s_tail) {
+        *d = *x * scale;
+    }
+}
+
+/// `dst += src`. The two rows must have the same length.
+#[inline(always)]
+pub(crate) fn add<V: Lanes>(dst: &mut [f32], src: &[f32]) {
+    debug_assert_eq!(dst.len(), src.len());
+    let (d_body, d_tail) = dst.as_chunks_mut::<LANES>();
+    let (s_body, s_tail) = src.as_chunks::<LANES>();
+    for (d, x) in d_body.iter_mut().zip(s_body) {
+        V::load(d).add(V::load(x)).store(d);
+    }
+    for (d, x) in d_tail.iter_mut().zip(s_tail) {
+        *d += *x;
+    }
+}
+
+/// `dst += src * scale`: the product is rounded before it is added (no fused
+/// multiply-add), so each value has the bits of scaling `src` first and then
+/// [`add`]ing it. The two rows must have the same length.
+#[inline(always)]
+pub(crate) fn add_scaled<V: Lanes>(dst: &mut [f32], src: &[f32], scale: f32) {
+    debug_assert_eq!(dst.len(), src.len());
+    let s = V::splat(scale);
+    let (d_body, d_tail) = dst.as_chunks_mut::<LANES>();
+    let (s_body, s_tail) = src.as_chunks::<LANES>();
+    for (d, x) in d_body.iter_mut().zip(s_body) {
+        V::load(d).add(V::load(x).mul(s)).store(d);
+    }
+    for (d, x) in d_tail.iter_mut().zip(s_tail) {
+        *d += *x * scale;
+    }
+}
+
+/// `dst = a * scale + b`, or `dst = a + b` without a scale: a
+/// multiplication, rounded, then an addition, rounded (never one fused
+/// multiply-add), so each value has the bits of [`scale`] followed by
+/// [`add`]. The three rows must have the same length.
+#[inline(always)]
+pub(crate) fn scale_add_rows<V: Lanes>(dst: &mut [f32], a: &[f32], scale: Option<f32>, b: &[f32]) {
+    debug_assert_eq!(dst.len(), a.len());
+    debug_assert_eq!(dst.len(), b.len());
+    let (d_body, d_tail) = dst.as_chunks_mut::<LANES>();
+    let (a_body, a_tail) = a.as_chunks::<LANES>();
+    let (b_body, b_tail) = b.as_chunks::<LANES>();
+    let body = d_body.iter_mut().zip(a_body).zip(b_body);
+    let tail = d_tail.iter_mut().zip(a_tail).zip(b_tail);
+    match scale {
+        Some(scale) => {
+            let s = V::splat(scale);
+            for ((d, x), y) in body {
+                V::load(x).mul(s).add(V::load(y)).store(d);
+            }
+            for ((d, x), y) in tail {
+                *d = *x * scale + *y;
+            }
+        }
+        None => {
+            for ((d, x), y) in body {
+                V::load(x).add(V::load(y)).store(d);
+            }
+            for ((d, x), y) in tail {
+                *d = *x + *y;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Body, Isa};
+    use super::*;
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// Every operation on rows `a` and `b`, in the order the test checks.
+    struct All<'a>(&'a [f32], &'a [f32]);
+
+    impl Body for All<'_> {
+        type Output = Vec<Vec<f32>>;
+        fn run<V: Lanes>(self) -> Vec<Vec<f32>> {
+            let (a, b) = (self.0, self.1);
+            let mut out = vec![vec![f32::NAN; a.len()]; 3];
+            copy::<V>(&mut out[0], a);
+            scale::<V>(&mut out[1], a, 1.7);
+            scale_add_rows::<V>(&mut out[2], a, Some(1.7), b);
+            let mut plain = vec![f32::NAN; a.len()];
+            scale_add_rows::<V>(&mut plain, a, None, b);
+            let mut acc = b.to_vec();
+            add::<V>(&mut acc, a);
+            let mut acc_scaled = b.to_vec();
+            add_scaled::<V>(&mut acc_scaled, a, 1.7);
+            out.extend([plain, acc, acc_scaled]);
+            out
+        }
+    }
+
+    #[test]
+    fn every_tail_length_matches_scalar_arithmetic_on_every_isa() {
+        for len in 0..=2 * LANES + 1 {
+            let a: Vec<f32> = (0..len).map(|i| i as f32 * 0.37 - 3.0).collect();
+            let b: Vec<f32> = (0..len).map(|i| 1.0 / (i as f32 + 0.5)).collect();
+            let scaled: Vec<f32> = a.iter().map(|x| x * 1.7).collect();
+            let want = [
+                a.clone(),
+                scaled.clone(),
+                scaled.iter().zip(&b).map(|(x, y)| x + y).collect(),
+                a.iter().zip(&b).map(|(x, y)| x + y).collect(),
+                b.iter().zip(&a).map(|(x, y)| x + y).collect(),
+                b.iter()
+                    .zip(&scaled)
+                    .map(|(x, y)| x + y)
+                    .collect::<Vec<f32>>(),
+            ];
+            for isa in Isa::all() {
+                let got = isa.run(All(&a, &b));
+                for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(bits(g), bits(w), "{isa:?}, operation {k}, len {len}");
+                }
+            }
+        }
+    }
+}
