@@ -101,12 +101,21 @@ impl Lanes for Avx256 {
 
     #[inline(always)]
     fn stream(dst: &mut [f32], src: Option<&[f32]>) {
-        super::stream::with::<__m256, LANES>(dst, src, |d, v| {
-            // SAFETY: `d` is a live `&mut __m256` inside `dst`, so the
-            // pointer is valid for 32 bytes and 32-byte aligned (what
-            // `pod_align_to_mut` hands out), as `_mm256_stream_ps` requires;
-            // AVX is present (see above the impl).
-            unsafe { _mm256_stream_ps((d as *mut __m256).cast::<f32>(), v) }
-        });
+        // SAFETY: see above the impl.
+        unsafe { stream(dst, src) }
     }
+}
+
+/// [`Lanes::stream`] with 32-byte stores. A function of its own, compiled
+/// with AVX, so that the closure inside it is too (a closure is compiled
+/// apart from the function that calls it, and inherits only the target
+/// features of the function that defines it).
+#[target_feature(enable = "avx")]
+fn stream(dst: &mut [f32], src: Option<&[f32]>) {
+    super::stream::with::<__m256, LANES>(dst, src, |d, v| {
+        // SAFETY: `d` is a live `&mut __m256` inside `dst`, so the pointer is
+        // valid for 32 bytes and 32-byte aligned (what `pod_align_to_mut`
+        // hands out), as `_mm256_stream_ps` requires; AVX is enabled here.
+        unsafe { _mm256_stream_ps((d as *mut __m256).cast::<f32>(), v) }
+    });
 }

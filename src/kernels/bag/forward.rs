@@ -157,54 +157,39 @@ impl<I: Index> Rows<'_, '_, I> {
         &self.table[r..r + self.dim]
     }
 
-    /// Calls `f(p, block)` with columns `cols` of each kept row of `bag`, in
-    /// order, and returns how many rows were kept. Before each position it
-    /// prefetches the same block of the row `ahead` positions on (from the
-    /// task's last position, `limit - 1`, at its end: a repeated hint costs
-    /// next to nothing, a branch around it more). Without `padding_idx`
-    /// every row is kept and the loop holds no test for it.
+    /// Hands `f` columns `cols` of each kept row of `bag`, in order, and
+    /// returns how many rows were kept. Before each position it prefetches
+    /// the same block of the row `ahead` positions on (from the task's last
+    /// position, `limit - 1`, at its end: a repeated hint costs next to
+    /// nothing, a branch around it more). Without `padding_idx` every row is
+    /// kept and the loop holds no test for it.
     #[inline(always)]
-    pub(super) fn blocks<const N: usize>(
+    pub(super) fn blocks<const N: usize, F: Visit<N>>(
         &self,
         bag: Range<usize>,
         limit: usize,
         cols: Cols<N>,
-        mut f: impl FnMut(usize, &[[f32; LANES]; N]),
+        f: &mut F,
     ) -> usize {
-        let (table, dim) = (self.table, self.dim);
         // `limit` is 0 for a task of bags that hold no id; then no loop below
         // runs and `last` is never read.
-        let (ahead, last) = (self.ahead, limit.saturating_sub(1));
+        let last = limit.saturating_sub(1);
         let mut buf = [[0.0f32; LANES]; N];
-        let mut visit = |p: usize, r: usize| {
-            let at = r * dim + cols.start;
-            if cols.is_whole() {
-                let (block, _) = table[at..at + N * LANES].as_chunks::<LANES>();
-                f(p, block.try_into().expect("N blocks of 8"));
-            } else {
-                buf.as_flattened_mut()[..cols.width].copy_from_slice(&table[at..at + cols.width]);
-                f(p, &buf);
-            }
-        };
-        let prefetch = |p: usize| {
-            let at = self.ids.row((p + ahead).min(last)) * dim + cols.start;
-            prefetch::block::<N>(table, at);
-        };
         match self.padding_idx {
             None => {
                 for p in bag.clone() {
-                    prefetch(p);
-                    visit(p, self.ids.row(p));
+                    self.prefetch_block(p, last, cols);
+                    self.visit(p, self.ids.row(p), cols, &mut buf, f);
                 }
                 bag.len()
             }
             Some(padding) => {
                 let mut kept = 0;
                 for p in bag {
-                    prefetch(p);
+                    self.prefetch_block(p, last, cols);
                     let r = self.ids.row(p);
                     if r != padding {
-                        visit(p, r);
+                        self.visit(p, r, cols, &mut buf, f);
                         kept += 1;
                     }
                 }
@@ -212,6 +197,44 @@ impl<I: Index> Rows<'_, '_, I> {
             }
         }
     }
+
+    /// Prefetches block `cols` of the row `ahead` positions after `p` (at
+    /// most position `last`).
+    #[inline(always)]
+    fn prefetch_block<const N: usize>(&self, p: usize, last: usize, cols: Cols<N>) {
+        let at = self.ids.row((p + self.ahead).min(last)) * self.dim + cols.start;
+        prefetch::block::<N>(self.table, at);
+    }
+
+    /// Hands `f` block `cols` of row `r` (position `p`): straight from the
+    /// table when whole, else through `buf`, zero-padded.
+    #[inline(always)]
+    fn visit<const N: usize, F: Visit<N>>(
+        &self,
+        p: usize,
+        r: usize,
+        cols: Cols<N>,
+        buf: &mut [[f32; LANES]; N],
+        f: &mut F,
+    ) {
+        let at = r * self.dim + cols.start;
+        if cols.is_whole() {
+            let (block, _) = self.table[at..at + N * LANES].as_chunks::<LANES>();
+            f.visit(p, block.try_into().expect("N blocks of 8"));
+        } else {
+            buf.as_flattened_mut()[..cols.width].copy_from_slice(&self.table[at..at + cols.width]);
+            f.visit(p, buf);
+        }
+    }
+}
+
+/// What a block body does with each kept row of a bag: the sum's and the
+/// max's registers. A trait with `#[inline(always)]` methods rather than a
+/// closure: a closure is compiled as a function of its own, without the AVX
+/// of [`Isa::run`]'s wrapper, and calls each instruction it holds.
+pub(super) trait Visit<const N: usize> {
+    /// Takes block `block` of the row at position `p`.
+    fn visit(&mut self, p: usize, block: &[[f32; LANES]; N]);
 }
 
 /// One task of the forward: the bags from `first_bag` whose rows `out` (and

@@ -1,7 +1,7 @@
 //! The max of one bag, a column block at a time in registers, with the
 //! position each column's winner came from.
 
-use super::forward::{Cols, Rows};
+use super::forward::{Cols, Rows, Visit};
 use crate::index::Index;
 use crate::simd::{Lanes, LANES};
 use core::ops::Range;
@@ -74,25 +74,14 @@ impl<I: Index> Max<'_, '_, '_, I> {
         args: &mut [i64],
     ) -> usize {
         let start = bag.start;
-        let mut best = [V::splat(0.0); N];
-        let mut from = [V::splat(0.0); N];
-        let mut first = true;
-        let kept = self.rows.blocks::<N>(bag, self.limit, cols, |p, row| {
-            // The position's bits as a lane: only ever selected and stored.
-            let here = V::splat(f32::from_bits((p - start) as u32));
-            if first {
-                for ((b, f), x) in best.iter_mut().zip(&mut from).zip(row) {
-                    (*b, *f) = (V::load(x), here);
-                }
-                first = false;
-            } else {
-                for ((b, f), x) in best.iter_mut().zip(&mut from).zip(row) {
-                    let v = V::load(x);
-                    let wins = v.greater(*b);
-                    (*b, *f) = (wins.select(v, *b), wins.select(here, *f));
-                }
-            }
-        });
+        let mut max = Running {
+            best: [V::splat(0.0); N],
+            from: [V::splat(0.0); N],
+            first: true,
+            start,
+        };
+        let kept = self.rows.blocks::<N, _>(bag, self.limit, cols, &mut max);
+        let Running { best, from, .. } = max;
         if kept > 0 {
             cols.store(best, dst);
             let mut at = [[0.0f32; LANES]; N];
@@ -105,5 +94,35 @@ impl<I: Index> Max<'_, '_, '_, I> {
             }
         }
         kept
+    }
+}
+
+/// The running max of a block: the best values, the positions (in the bag,
+/// as `f32` bits) they came from, and whether a row was seen yet.
+struct Running<V, const N: usize> {
+    best: [V; N],
+    from: [V; N],
+    first: bool,
+    start: usize,
+}
+
+impl<V: Lanes, const N: usize> Visit<N> for Running<V, N> {
+    #[inline(always)]
+    fn visit(&mut self, p: usize, row: &[[f32; LANES]; N]) {
+        // The position's bits as a lane: only ever selected and stored.
+        let here = V::splat(f32::from_bits((p - self.start) as u32));
+        let lanes = self.best.iter_mut().zip(&mut self.from).zip(row);
+        if self.first {
+            for ((b, f), x) in lanes {
+                (*b, *f) = (V::load(x), here);
+            }
+            self.first = false;
+        } else {
+            for ((b, f), x) in lanes {
+                let v = V::load(x);
+                let wins = v.greater(*b);
+                (*b, *f) = (wins.select(v, *b), wins.select(here, *f));
+            }
+        }
     }
 }

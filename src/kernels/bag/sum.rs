@@ -1,6 +1,6 @@
 //! The sum (and mean) of one bag, a column block at a time in registers.
 
-use super::forward::{Cols, Rows};
+use super::forward::{Cols, Rows, Visit};
 use crate::index::Index;
 use crate::simd::{Lanes, LANES};
 use core::ops::Range;
@@ -78,25 +78,58 @@ impl<I: Index> Sum<'_, '_, '_, I> {
         cols: Cols<N>,
         dst: &mut [f32],
     ) -> usize {
-        let mut acc = [V::splat(-0.0); N];
-        let kept = match self.weights {
-            None => self.rows.blocks::<N>(bag, self.limit, cols, |_, row| {
-                for (a, x) in acc.iter_mut().zip(row) {
-                    *a = a.add(V::load(x));
-                }
-            }),
-            Some(w) => self.rows.blocks::<N>(bag, self.limit, cols, |p, row| {
-                let w = V::splat(w[p]);
-                for (a, x) in acc.iter_mut().zip(row) {
-                    *a = a.add(V::load(x).mul(w));
-                }
-            }),
+        let (mut acc, kept) = match self.weights {
+            None => {
+                let mut plain = Plain([V::splat(-0.0); N]);
+                let kept = self.rows.blocks::<N, _>(bag, self.limit, cols, &mut plain);
+                (plain.0, kept)
+            }
+            Some(weights) => {
+                let mut weighted = Weighted {
+                    acc: [V::splat(-0.0); N],
+                    weights,
+                };
+                let kept = self
+                    .rows
+                    .blocks::<N, _>(bag, self.limit, cols, &mut weighted);
+                (weighted.acc, kept)
+            }
         };
         if self.mean && kept > 0 {
             let n = V::splat(kept as f32);
-            acc = acc.map(|a| a.div(n));
+            for a in &mut acc {
+                *a = a.div(n);
+            }
         }
         cols.store(acc, dst);
         kept
+    }
+}
+
+/// `acc += row`.
+struct Plain<V, const N: usize>([V; N]);
+
+impl<V: Lanes, const N: usize> Visit<N> for Plain<V, N> {
+    #[inline(always)]
+    fn visit(&mut self, _p: usize, row: &[[f32; LANES]; N]) {
+        for (a, x) in self.0.iter_mut().zip(row) {
+            *a = a.add(V::load(x));
+        }
+    }
+}
+
+/// `acc += row × weights[p]`, the product rounded first.
+struct Weighted<'w, V, const N: usize> {
+    acc: [V; N],
+    weights: &'w [f32],
+}
+
+impl<V: Lanes, const N: usize> Visit<N> for Weighted<'_, V, N> {
+    #[inline(always)]
+    fn visit(&mut self, p: usize, row: &[[f32; LANES]; N]) {
+        let w = V::splat(self.weights[p]);
+        for (a, x) in self.acc.iter_mut().zip(row) {
+            *a = a.add(V::load(x).mul(w));
+        }
     }
 }

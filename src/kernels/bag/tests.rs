@@ -173,8 +173,7 @@ fn both_sum_paths_give_the_reference_bits() {
                     forward_on(
                         isa, par, &ties, dim, valid, &bags, &pooling, &mut out, &mut at,
                     );
-                    let what =
-                        format!("max dim {dim} rows {rows} n {n} padded {padded} {isa:?}");
+                    let what = format!("max dim {dim} rows {rows} n {n} padded {padded} {isa:?}");
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&out), bits(&want), "{what}");
                     assert_eq!(at, want_at, "{what}");

@@ -334,7 +334,11 @@ mod tests {
                                 split_hot && t.groups.len() == 1 && t.span.len() == 1,
                                 "{what}"
                             );
-                            assert_eq!(t.cols.start % LINE_FLOATS, 0, "{what}: blocks of whole lines");
+                            assert_eq!(
+                                t.cols.start % LINE_FLOATS,
+                                0,
+                                "{what}: blocks of whole lines"
+                            );
                         }
                         let continues = k > 0 && tasks[k - 1].span == t.span && t.cols.start > 0;
                         if continues {
