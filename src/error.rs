@@ -1,4 +1,6 @@
-//! The one error type of the crate.
+//! The error of every kernel and layer call: [`EmbeddingError`]. (Reading
+//! and writing files has its own, [`FileError`](crate::io::FileError), which
+//! wraps this one.)
 //!
 //! Every public entry point checks its arguments before it writes a single
 //! value, and reports the first problem it finds as one of these variants.

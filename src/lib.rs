@@ -1,10 +1,62 @@
-//! Fast, bounds-checked, deterministic embedding-layer kernels for CPUs.
+//! Fast, bounds-checked, deterministic embedding layers for CPUs.
 //!
 //! An embedding layer is a table `weight[num_embeddings, embedding_dim]`
-//! (row-major, one flat `&[f32]`). Its forward pass gathers rows,
+//! (row-major, one flat `[f32]`). Its forward pass gathers rows,
 //! `out[i, :] = weight[ids[i], :]`, which is exactly `one_hot(ids) · weight`;
 //! its backward pass scatter-adds the output gradient back,
 //! `grad[ids[i], :] += grad_out[i, :]`, which is `one_hot(ids)ᵀ · grad_out`.
+//!
+//! # The layers
+//!
+//! Most users start here: the layers a PyTorch user knows, with PyTorch's
+//! argument names and numbers.
+//!
+//! * [`Embedding`] is `nn.Embedding`: `padding_idx`, `max_norm`,
+//!   `norm_type`, `scale_grad_by_freq`, `sparse`; dense and sparse
+//!   backward; sparse optimiser steps fused into the backward ([`Sgd`],
+//!   [`Adagrad`], [`RowWiseAdagrad`]).
+//! * [`EmbeddingBag`] is `nn.EmbeddingBag`: sum, mean and max over
+//!   `offsets`, with `per_sample_weights` and `include_last_offset`.
+//! * [`InputEmbedding`] is a transformer's input: token plus sinusoidal or
+//!   learned positions, in one fused pass.
+//! * [`Vocab`] turns text into ids; [`io`] reads and writes tables as
+//!   safetensors; [`memory`] allocates tables in huge pages.
+//!
+//! ```
+//! use embedding_kernels::{Embedding, Sgd};
+//!
+//! let mut emb = Embedding::new(1000, 16)?;
+//! let ids: Vec<i64> = vec![5, 42, 7, 5]; // a [2, 2] batch
+//! let out = emb.forward(&ids, &[2, 2])?;
+//! assert_eq!(out.shape, [2, 2, 16]);
+//! let grad_out = vec![0.1f32; out.values.len()];
+//! emb.sparse_step(&grad_out, &ids, &mut Sgd::new(0.5))?;
+//! # Ok::<(), embedding_kernels::EmbeddingError>(())
+//! ```
+//!
+//! # The kernels
+//!
+//! The layers are built only from these free functions over slices, each in
+//! two forms: the plain one lets the crate decide about threads
+//! ([`Parallelism::Auto`]); the `_with` one takes a [`Parallelism`] first.
+//!
+//! | operation | functions | source |
+//! | --- | --- | --- |
+//! | lookup | [`gather`], [`gather_scaled`] | `kernels/gather.rs` |
+//! | scatter-add (accumulating backward) | [`scatter_add`], [`scatter_add_scaled`] | `kernels/scatter.rs` |
+//! | dense backward (overwriting) | [`dense_backward`] | `kernels/grouped/dense.rs` |
+//! | sparse backward ([`SparseGrad`]) | [`sparse_backward`] | `kernels/grouped/sparse.rs` |
+//! | token + position lookup, and its backward | [`embed_positions`], [`embed_positions_backward`] | `kernels/positions.rs` |
+//! | bag forward: sum, mean, max ([`Bags`], [`Pooling`]) | [`bag_forward`] | `kernels/bag/` |
+//! | bag backward: dense, sparse, max | [`bag_backward`], [`bag_sparse_backward`], [`bag_max_backward`] | `kernels/bag/backward.rs` |
+//! | the one-hot oracle, and plain loops | [`reference`](mod@reference), [`reference::loops`] | `reference/` |
+//!
+//! Under them: `simd/` (one lane trait, for `wide::f32x8` and for AVX
+//! registers, and the row operations written once over it),
+//! `kernels/tuning.rs` (every size the kernels tune by), and the shared
+//! vocabulary (`bags.rs`, `pooling.rs`, `sparse_grad.rs`, `parallel.rs`,
+//! `index.rs`, `error.rs`). Each kernel file opens with its algorithm and
+//! its tricks; `docs/design.md` explains the choices.
 //!
 //! ```
 //! use embedding_kernels::{gather, scatter_add};
@@ -28,47 +80,41 @@
 //! # Ok::<(), embedding_kernels::EmbeddingError>(())
 //! ```
 //!
-//! # Layers
-//!
-//! On the kernels sit the layers a PyTorch user knows, with PyTorch's
-//! argument names and numbers: [`Embedding`] (`nn.Embedding`: `padding_idx`,
-//! `max_norm`, `norm_type`, `scale_grad_by_freq`, `sparse`, dense and sparse
-//! backward, fused [`Sgd`] / [`Adagrad`] / [`RowWiseAdagrad`] steps),
-//! [`EmbeddingBag`] (`nn.EmbeddingBag`: sum, mean and max over offsets, with
-//! `per_sample_weights` and `include_last_offset`), and [`InputEmbedding`]
-//! (token plus sinusoidal or learned positions, one fused pass). [`Vocab`]
-//! turns text into ids; [`io`] reads and writes tables as safetensors.
-//!
 //! # What the crate promises
 //!
 //! * **Checks before writes.** Shapes and every id are checked before a
-//!   single value is written; an error is an [`EmbeddingError`] that names
-//!   the position and value of the bad id, or the expected and actual
-//!   lengths. No argument makes a kernel panic.
+//!   single value is written; an error is an [`EmbeddingError`] (or, for
+//!   files, an [`io::FileError`]) that names the position and value of the
+//!   bad id, or the expected and actual lengths.
 //! * **Exact results.** [`gather`] copies bits; [`gather_scaled`] does one
 //!   multiplication per value; [`scatter_add`] sums each row's gradients in
-//!   position order. All three equal the one-hot [`reference`](mod@reference) bit for bit
-//!   (one exception: the reference's `-0.0 + 1·x` quiets a signalling NaN in the
+//!   position order; the bag sum adds in position order from `-0.0`. They
+//!   equal the one-hot [`reference`](mod@reference) bit for bit (one
+//!   exception: the reference's `-0.0 + 1·x` quiets a signalling NaN in the
 //!   table, which `gather` copies unchanged).
-//! * **Determinism.** Results are the same bits for every thread count.
+//! * **Determinism.** Results are the same bits for every thread count and
+//!   on every instruction set.
 //! * **Threads are the caller's.** Kernels run on the rayon pool they are
 //!   called from and never touch the global pool's configuration.
+//!
+//! # SIMD
+//!
+//! Row arithmetic is written once over a lane trait and runs, chosen at run
+//! time, in 256-bit AVX registers where the CPU has AVX, and otherwise with
+//! `wide::f32x8` (two SSE2 halves in a default x86-64 build). No kernel
+//! fuses a multiply and an add, so both give the same bits. `unsafe` is
+//! confined to the intrinsics (`simd/`), the prefetch hints, the column
+//! blocks of the parallel scatter and the aligned tables of [`memory`],
+//! each site with a `SAFETY` comment; `docs/design.md` lists them.
 //!
 //! # Testing
 //!
 //! `tests/` holds property tests (proptest) that compare every kernel, id
-//! type and thread count with [`reference`](mod@reference) bit for bit, plus edge sweeps
-//! with NaN canaries; `fuzz/` holds differential cargo-fuzz targets.
-//!
-//! # SIMD
-//!
-//! Row arithmetic uses `wide::f32x8`, which picks its instructions when the
-//! crate is compiled: a default x86-64 build uses SSE2 (two 128-bit halves),
-//! a build with `-C target-cpu=native` (or `-C target-feature=+avx2`) uses
-//! AVX2. The kernels never fuse a multiply and an add, so both builds give
-//! the same bits.
+//! type and thread count with [`reference`](mod@reference) bit for bit,
+//! plus edge sweeps with NaN canaries; `fuzz/` holds differential
+//! cargo-fuzz targets; `docs/testing.md` describes both.
 
-// The one `unsafe` block is the prefetch hint in `kernels/row.rs`.
+// `unsafe` only where a benchmark showed it pays, each block with its SAFETY.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -71,7 +71,7 @@ fn madvise_hugepage(_addr: usize, _len: usize) -> bool {
 
 /// The alignment of an [`AlignedTable`] of less than [`HUGE_PAGE`] bytes: a
 /// cache line, so a row of `16·k` floats spans exactly `k` lines.
-pub const LINE: usize = 64;
+pub const LINE_BYTES: usize = 64;
 
 /// A zero-initialised, heap-allocated `[f32]` whose first value starts a
 /// cache line (a 2 MiB page, from [`HUGE_PAGE`] bytes on, advised for
@@ -103,7 +103,7 @@ impl AlignedTable {
     /// The layout of a table of `len` values, or `None` if it is too large.
     fn layout(len: usize) -> Option<core::alloc::Layout> {
         let bytes = len.checked_mul(core::mem::size_of::<f32>())?;
-        let align = if bytes >= HUGE_PAGE { HUGE_PAGE } else { LINE };
+        let align = if bytes >= HUGE_PAGE { HUGE_PAGE } else { LINE_BYTES };
         core::alloc::Layout::from_size_align(bytes, align).ok()
     }
 
@@ -227,7 +227,7 @@ mod tests {
             let align = match len {
                 0 => 1, // empty: a dangling pointer, never read
                 _ if len * 4 >= HUGE_PAGE => HUGE_PAGE,
-                _ => LINE,
+                _ => LINE_BYTES,
             };
             assert_eq!(t.as_ptr() as usize % align, 0, "len {len}");
             t.iter_mut().enumerate().for_each(|(i, x)| *x = i as f32);

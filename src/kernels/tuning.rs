@@ -6,8 +6,7 @@
 //! call handed to a thread; a **column block** is a range of columns summed
 //! in registers; a **line** is 64 bytes of memory ([`LINE_BYTES`]).
 
-/// One cache line, in bytes.
-pub(crate) const LINE_BYTES: usize = 64;
+pub(crate) use crate::memory::LINE_BYTES;
 
 /// One cache line, in `f32`s: column blocks that threads own are whole
 /// lines, so two threads never write one line.
