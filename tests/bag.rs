@@ -37,8 +37,8 @@ use proptest::prelude::*;
 
 mod common;
 use common::{
-    assert_gradient, bits, convert, draw_ids, ids_as, numeric_gradient, pools, row, run_table,
-    weighted_sum, Pattern, Row, SplitMix,
+    assert_gradient, bad_id, bits, convert, draw_ids, ids_as, mismatch, not_whole_rows,
+    numeric_gradient, pools, row, run_table, weighted_sum, zero_dim, Pattern, Row, SplitMix,
 };
 
 /// What a max-index buffer holds before a call: no winner is ever this id.
@@ -935,6 +935,14 @@ fn two_rows(calls: Calls, mode: Mode, ids: Vec<i128>, bags: Bags) -> BagCall {
     }
 }
 
+impl BagCall {
+    /// This call, changed by `change`.
+    fn with(mut self, change: impl FnOnce(&mut Self)) -> Self {
+        change(&mut self);
+        self
+    }
+}
+
 /// The first `len` of six non-zero weights, then ones.
 fn weights(len: usize) -> Vec<f32> {
     let six = [0.5, -2.0, 1.5, 3.0, -0.25, 4.0];
@@ -987,204 +995,108 @@ fn bag_call_fails(c: &BagCall, want: &EmbeddingError) {
 /// own code, and every kernel path must agree.
 fn bag_errors() -> Vec<Row<BagCall>> {
     use Calls::{Backward, Both, DenseBackward, Forward};
-    use EmbeddingError::*;
-    let mismatch = |operand, expected, got| LengthMismatch {
-        operand,
-        expected,
-        got,
-    };
+    use EmbeddingError::{MaxNeedsIndices, PaddingIdxOutOfRange, PerSampleWeightsNeedSum};
+    use Mode::{Max, Mean, Sum};
     let mut rows = Vec::new();
+    let mut add = |name: String, call: BagCall, want| rows.push(row(name, call, want));
     // per_sample_weights only with sum, checked before max's own
     // MaxNeedsIndices too.
-    for mode in [Mode::Mean, Mode::Max] {
-        rows.push(row(
-            format!("per_sample_weights with {mode}"),
-            BagCall {
-                mode,
-                weights: Some(6),
-                ..small(Both)
-            },
+    for mode in [Mean, Max] {
+        let call = small(Both).with(|c| (c.mode, c.weights) = (mode, Some(6)));
+        add(
+            format!("weights, {mode}"),
+            call,
             PerSampleWeightsNeedSum { mode },
-        ));
+        );
     }
     // The ids against the bags, which were made for 7.
-    let seven = || Bags::from_offsets(&[0i64, 2, 2], 7, false).unwrap();
-    for (mode, calls) in [(Mode::Sum, Both), (Mode::Max, Forward)] {
-        rows.push(row(
-            format!("6 ids for bags of 7, {mode}"),
-            BagCall {
-                mode,
-                bags: seven(),
-                ..small(calls)
-            },
+    for (mode, calls) in [(Sum, Both), (Max, Forward)] {
+        let seven = Bags::from_offsets(&[0i64, 2, 2], 7, false).unwrap();
+        let call = small(calls).with(|c| (c.mode, c.bags) = (mode, seven));
+        add(
+            format!("6 ids for 7, {mode}"),
+            call,
             mismatch(Operand::Ids, 7, 6),
-        ));
+        );
     }
-    // Per-sample weights: one per id.
-    for len in [5, 7, 0] {
-        rows.push(row(
-            format!("{len} per_sample_weights for 6 ids"),
-            BagCall {
-                weights: Some(len),
-                indices_len: 0,
-                ..small(Both)
-            },
-            mismatch(Operand::PerSampleWeights, 6, len),
-        ));
-    }
-    // Output: bags × dim = 9.
-    for len in [8, 10, 0] {
-        for mode in [Mode::Sum, Mode::Max] {
-            rows.push(row(
-                format!("output of {len}, {mode}"),
-                BagCall {
-                    mode,
-                    out_len: len,
-                    ..small(Forward)
-                },
+    for (weights, len) in [(5, 8), (7, 10), (0, 0)] {
+        // Per-sample weights: one per id.
+        let call = small(Both).with(|c| (c.weights, c.indices_len) = (Some(weights), 0));
+        let want = mismatch(Operand::PerSampleWeights, 6, weights);
+        add(format!("{weights} weights for 6 ids"), call, want);
+        // Output: bags × dim = 9.
+        for mode in [Sum, Max] {
+            let call = small(Forward).with(|c| (c.mode, c.out_len) = (mode, len));
+            add(
+                format!("output {len}, {mode}"),
+                call,
                 mismatch(Operand::Output, 9, len),
-            ));
+            );
         }
-    }
-    // max_indices: as long as the output in max mode.
-    for len in [8, 10, 0] {
-        rows.push(row(
-            format!("max_indices of {len}"),
-            BagCall {
-                mode: Mode::Max,
-                indices_len: len,
-                ..small(Forward)
-            },
+        // max_indices: as long as the output in max mode.
+        let call = small(Forward).with(|c| (c.mode, c.indices_len) = (Max, len));
+        add(
+            format!("max_indices {len}"),
+            call,
             mismatch(Operand::MaxIndices, 9, len),
-        ));
-    }
-    // The table.
-    rows.push(row(
-        "table of 14 at dim 3",
-        BagCall {
-            table_len: 14,
-            ..small(Forward)
-        },
-        NotMultipleOfDim {
-            operand: Operand::Table,
-            len: 14,
-            dim: 3,
-        },
-    ));
-    rows.push(row(
-        "table of 15 at dim 0",
-        BagCall {
-            dim: 0,
-            out_len: 0,
-            indices_len: 0,
-            ..small(Forward)
-        },
-        ZeroDimWithData {
-            operand: Operand::Table,
-            len: 15,
-        },
-    ));
-    // The backward's buffers: grad_bags (bags × dim), grad_table (rows).
-    for len in [8, 10, 0] {
-        rows.push(row(
-            format!("grad_bags of {len}"),
-            BagCall {
-                grad_bags_len: len,
-                ..small(Backward)
-            },
+        );
+        // The backward's grad_bags: bags × dim.
+        let call = small(Backward).with(|c| c.grad_bags_len = len);
+        add(
+            format!("grad_bags {len}"),
+            call,
             mismatch(Operand::GradOutput, 9, len),
-        ));
+        );
     }
-    rows.push(row(
-        "grad_table of 14 at dim 3",
-        BagCall {
-            grad_len: 14,
-            ..small(DenseBackward)
-        },
-        NotMultipleOfDim {
-            operand: Operand::GradTable,
-            len: 14,
-            dim: 3,
-        },
-    ));
+    // The tables: the forward's, the dense backward's gradient.
+    let call = small(Forward).with(|c| c.table_len = 14);
+    add(
+        "table 14".into(),
+        call,
+        not_whole_rows(Operand::Table, 14, 3),
+    );
+    let call = small(Forward).with(|c| (c.dim, c.out_len, c.indices_len) = (0, 0, 0));
+    add("table at dim 0".into(), call, zero_dim(Operand::Table, 15));
+    let call = small(DenseBackward).with(|c| c.grad_len = 14);
+    add(
+        "grad_table 14".into(),
+        call,
+        not_whole_rows(Operand::GradTable, 14, 3),
+    );
     // Max's backward takes the forward's winners instead.
-    rows.push(row(
-        "max backward without max_indices",
-        BagCall {
-            mode: Mode::Max,
-            ..small(Backward)
-        },
-        MaxNeedsIndices,
-    ));
+    let call = small(Backward).with(|c| c.mode = Max);
+    add("max backward".into(), call, MaxNeedsIndices);
     // padding_idx must be a row (reported as an i64, saturated).
     for (padding_idx, reported) in [(5usize, 5i64), (6, 6), (usize::MAX, i64::MAX)] {
-        for mode in [Mode::Sum, Mode::Mean, Mode::Max] {
-            rows.push(row(
-                format!("padding_idx {padding_idx}, {mode}"),
-                BagCall {
-                    mode,
-                    padding_idx: Some(padding_idx),
-                    ..small(if mode == Mode::Max { Forward } else { Both })
-                },
-                PaddingIdxOutOfRange {
-                    padding_idx: reported,
-                    num_embeddings: 5,
-                },
-            ));
+        for mode in [Sum, Mean, Max] {
+            let calls = if mode == Max { Forward } else { Both };
+            let call = small(calls).with(|c| (c.mode, c.padding_idx) = (mode, Some(padding_idx)));
+            let want = PaddingIdxOutOfRange {
+                padding_idx: reported,
+                num_embeddings: 5,
+            };
+            add(format!("padding_idx {padding_idx}, {mode}"), call, want);
         }
     }
-    for mode in [Mode::Sum, Mode::Mean, Mode::Max] {
+    for mode in [Sum, Mean, Max] {
         // dim 0: no values, no rows, so every id is out of range.
-        rows.push(row(
-            format!("dim 0 with an id, {mode}"),
-            BagCall {
-                table_len: 0,
-                dim: 0,
-                out_len: 0,
-                indices_len: 0,
-                ..two_rows(
-                    Forward,
-                    mode,
-                    vec![0],
-                    Bags::from_offsets(&[0u32], 1, false).unwrap(),
-                )
-            },
-            IndexOutOfRange {
-                position: 0,
-                index: 0,
-                num_embeddings: 0,
-            },
-        ));
+        let bags = Bags::from_offsets(&[0u32], 1, false).unwrap();
+        let call = two_rows(Forward, mode, vec![0], bags)
+            .with(|c| (c.table_len, c.dim, c.out_len, c.indices_len) = (0, 0, 0, 0));
+        add(format!("dim 0 and an id, {mode}"), call, bad_id(0, 0, 0));
         // No bags: nothing to write, but every id is still checked.
-        rows.push(row(
-            format!("no bags, {mode}"),
-            two_rows(
-                Forward,
-                mode,
-                vec![1, 2],
-                Bags::from_offsets(&[] as &[i64], 2, false).unwrap(),
-            ),
-            IndexOutOfRange {
-                position: 1,
-                index: 2,
-                num_embeddings: 2,
-            },
-        ));
+        let bags = Bags::from_offsets(&[] as &[i64], 2, false).unwrap();
+        let call = two_rows(Forward, mode, vec![1, 2], bags);
+        add(format!("no bags, {mode}"), call, bad_id(1, 2, 2));
         // Ids past the last offset belong to no bag, yet are checked.
-        rows.push(row(
+        let bags = Bags::from_offsets(&[0i32, 1], 3, true).unwrap();
+        let calls = if mode == Max { Forward } else { Both };
+        let call = two_rows(calls, mode, vec![1, 0, -1], bags);
+        add(
             format!("an id past the last bag, {mode}"),
-            two_rows(
-                if mode == Mode::Max { Forward } else { Both },
-                mode,
-                vec![1, 0, -1],
-                Bags::from_offsets(&[0i32, 1], 3, true).unwrap(),
-            ),
-            IndexOutOfRange {
-                position: 2,
-                index: -1,
-                num_embeddings: 2,
-            },
-        ));
+            call,
+            bad_id(2, -1, 2),
+        );
     }
     rows
 }
@@ -1263,14 +1175,17 @@ fn offsets_every_type(
 type OffsetsCall = (Vec<i128>, bool);
 
 fn offsets_errors() -> Vec<Row<OffsetsCall>> {
-    use EmbeddingError::*;
-    let n = 4;
-    let min = i128::from(i64::MIN);
-    let max = i128::from(u64::MAX);
-    let out_of_range = |position, value| OffsetOutOfRange {
+    use EmbeddingError::{NoOffsets, OffsetsStart};
+    let (min, max) = (i128::from(i64::MIN), i128::from(u64::MAX));
+    let range = |position, value| EmbeddingError::OffsetOutOfRange {
         position,
         value,
-        num_ids: n,
+        num_ids: 4,
+    };
+    let decrease = |position, value, previous| EmbeddingError::OffsetsDecrease {
+        position,
+        value,
+        previous,
     };
     vec![
         row(
@@ -1285,52 +1200,24 @@ fn offsets_errors() -> Vec<Row<OffsetsCall>> {
             OffsetsStart { first: 4 },
         ),
         // A first offset out of range is reported as out of range.
-        row("starts at -1", (vec![-1], false), out_of_range(0, -1)),
-        row(
-            "starts past the end",
-            (vec![5, 6], false),
-            out_of_range(0, 5),
-        ),
-        row("a later -1", (vec![0, -1], false), out_of_range(1, -1)),
-        row("i64::MIN", (vec![0, 2, min], true), out_of_range(2, min)),
-        row("a later 5", (vec![0, 2, 5], false), out_of_range(2, 5)),
-        row("u64::MAX", (vec![0, 1, max], true), out_of_range(2, max)),
-        row("2^32", (vec![0, 1 << 32], false), out_of_range(1, 1 << 32)),
-        row(
-            "3 then 2",
-            (vec![0, 3, 2], false),
-            OffsetsDecrease {
-                position: 2,
-                value: 2,
-                previous: 3,
-            },
-        ),
-        row(
-            "back to 0 at the end",
-            (vec![0, 4, 4, 0], true),
-            OffsetsDecrease {
-                position: 3,
-                value: 0,
-                previous: 4,
-            },
-        ),
+        row("starts at -1", (vec![-1], false), range(0, -1)),
+        row("starts past the end", (vec![5, 6], false), range(0, 5)),
+        row("a later -1", (vec![0, -1], false), range(1, -1)),
+        row("i64::MIN", (vec![0, 2, min], true), range(2, min)),
+        row("a later 5", (vec![0, 2, 5], false), range(2, 5)),
+        row("u64::MAX", (vec![0, 1, max], true), range(2, max)),
+        row("2^32", (vec![0, 1 << 32], false), range(1, 1 << 32)),
+        row("3 then 2", (vec![0, 3, 2], false), decrease(2, 2, 3)),
+        row("back to 0", (vec![0, 4, 4, 0], true), decrease(3, 0, 4)),
         // The first problem wins.
         row(
-            "a decrease before an offset past the end",
+            "decrease, then 9",
             (vec![0, 3, 2, 9], false),
-            OffsetsDecrease {
-                position: 2,
-                value: 2,
-                previous: 3,
-            },
+            decrease(2, 2, 3),
         ),
+        row("9, then a decrease", (vec![0, 9, 2], false), range(1, 9)),
         row(
-            "an offset past the end before a decrease",
-            (vec![0, 9, 2], false),
-            out_of_range(1, 9),
-        ),
-        row(
-            "a bad start before a decrease",
+            "start, then a decrease",
             (vec![2, 1], false),
             OffsetsStart { first: 2 },
         ),
@@ -1421,52 +1308,21 @@ type MaxBackwardCall = (usize, usize, usize, usize);
 
 /// `bag_max_backward`'s own length checks.
 fn max_backward_errors() -> Vec<Row<MaxBackwardCall>> {
-    use EmbeddingError::{LengthMismatch, NotMultipleOfDim, ZeroDimWithData};
+    use Operand::{GradOutput, GradTable, MaxIndices};
     vec![
+        row("5 max_indices", (6, 3, 5, 15), mismatch(MaxIndices, 6, 5)),
+        row("grad_bags 5", (5, 3, 5, 15), mismatch(GradOutput, 3, 5)),
         row(
-            "5 max_indices for 6 values",
-            (6, 3, 5, 15),
-            LengthMismatch {
-                operand: Operand::MaxIndices,
-                expected: 6,
-                got: 5,
-            },
-        ),
-        row(
-            "grad_bags not whole bags",
-            (5, 3, 5, 15),
-            LengthMismatch {
-                operand: Operand::GradOutput,
-                expected: 3,
-                got: 5,
-            },
-        ),
-        row(
-            "grad_table not whole rows",
+            "grad_table 14",
             (6, 3, 6, 14),
-            NotMultipleOfDim {
-                operand: Operand::GradTable,
-                len: 14,
-                dim: 3,
-            },
+            not_whole_rows(GradTable, 14, 3),
         ),
         row(
             "grad_bags at dim 0",
             (6, 0, 6, 0),
-            LengthMismatch {
-                operand: Operand::GradOutput,
-                expected: 0,
-                got: 6,
-            },
+            mismatch(GradOutput, 0, 6),
         ),
-        row(
-            "grad_table at dim 0",
-            (0, 0, 0, 3),
-            ZeroDimWithData {
-                operand: Operand::GradTable,
-                len: 3,
-            },
-        ),
+        row("grad_table at dim 0", (0, 0, 0, 3), zero_dim(GradTable, 3)),
     ]
 }
 

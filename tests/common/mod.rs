@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-use embedding_kernels::EmbeddingError;
+use embedding_kernels::{EmbeddingError, Operand};
 use rayon::{ThreadPool, ThreadPoolBuilder};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
@@ -133,6 +133,34 @@ pub fn row<A>(name: impl Into<String>, args: A, want: EmbeddingError) -> Row<A> 
         name: name.into(),
         args,
         want,
+    }
+}
+
+/// [`EmbeddingError::LengthMismatch`], for one-line table rows.
+pub fn mismatch(operand: Operand, expected: usize, got: usize) -> EmbeddingError {
+    EmbeddingError::LengthMismatch {
+        operand,
+        expected,
+        got,
+    }
+}
+
+/// [`EmbeddingError::NotMultipleOfDim`].
+pub fn not_whole_rows(operand: Operand, len: usize, dim: usize) -> EmbeddingError {
+    EmbeddingError::NotMultipleOfDim { operand, len, dim }
+}
+
+/// [`EmbeddingError::ZeroDimWithData`].
+pub fn zero_dim(operand: Operand, len: usize) -> EmbeddingError {
+    EmbeddingError::ZeroDimWithData { operand, len }
+}
+
+/// [`EmbeddingError::IndexOutOfRange`].
+pub fn bad_id(position: usize, index: i128, num_embeddings: usize) -> EmbeddingError {
+    EmbeddingError::IndexOutOfRange {
+        position,
+        index,
+        num_embeddings,
     }
 }
 
