@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{bits, pools, SplitMix};
+use common::{assert_gradient, bits, central_differences, pools, weighted_sum, SplitMix};
 use embedding_kernels::Pooling;
 use embedding_kernels::{
     reference, Bags, EmbeddingBag, EmbeddingBagOptions, EmbeddingError, Gradient, Mode,
@@ -216,12 +216,7 @@ fn max_backward_routes_each_column_to_its_winner() {
 /// `L = Σ R ⊙ forward(table)`, in f64: linear in the table for sum and mean.
 fn loss(bag: &EmbeddingBag, ids: &[i64], bags: &Bags, w: Option<&[f32]>, r: &[f32]) -> f64 {
     let mut bag = bag.clone();
-    let out = bag.forward(ids, bags, w).unwrap();
-    out.values
-        .iter()
-        .zip(r)
-        .map(|(&o, &r)| f64::from(o) * f64::from(r))
-        .sum()
+    weighted_sum(&bag.forward(ids, bags, w).unwrap().values, r)
 }
 
 #[test]
@@ -237,21 +232,16 @@ fn sum_mean_and_weighted_backward_match_finite_differences() {
         let bag = layer(mode, EmbeddingBagOptions::default());
         let bags = bag.offsets(&offsets, ids.len()).unwrap();
         let grad = dense(bag.backward(&r, &ids, &bags, w, None).unwrap());
-        let h = 0.5f32;
-        for k in (0..ROWS * DIM).step_by(7) {
-            let mut up = bag.clone();
-            up.weight_mut()[k] += h;
-            let mut down = bag.clone();
-            down.weight_mut()[k] -= h;
-            let numeric = (loss(&up, &ids, &bags, w, &r) - loss(&down, &ids, &bags, w, &r))
-                / f64::from(2.0 * h);
-            let tol = 1e-4 * (1.0 + numeric.abs());
-            assert!(
-                (f64::from(grad[k]) - numeric).abs() <= tol,
-                "{mode} entry {k}: backward {} numeric {numeric}",
-                grad[k]
-            );
-        }
+        let numeric = central_differences(
+            &mut bag.clone(),
+            |b| b.weight_mut(),
+            (0..ROWS * DIM).step_by(7),
+            0.5,
+            |b| loss(b, &ids, &bags, w, &r),
+        );
+        assert_gradient(&format!("{mode}"), &grad, &numeric, |_, _, fd| {
+            1e-4 * (1.0 + fd.abs())
+        });
     }
 }
 

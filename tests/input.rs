@@ -17,7 +17,10 @@
 
 mod common;
 
-use common::{bits, convert, draw_ids, pools, Pattern, SplitMix};
+use common::{
+    assert_close, bad_id, bits, central_differences, convert, draw_ids, ids_as, pools, row,
+    run_table, values, weighted_sum, Pattern, Row, SplitMix,
+};
 use embedding_kernels::positions::sinusoidal_positions;
 use embedding_kernels::{
     reference, Embedding, EmbeddingError, EmbeddingOptions, Index, InputEmbedding, Operand,
@@ -437,22 +440,7 @@ fn learned_position_options_act_as_a_lookup_of_arange() {
 
 /// `L = Σ R ⊙ forward(ids)`, in f64.
 fn loss(layer: &mut InputEmbedding, ids: &[u32], batch: usize, seq_len: usize, r: &[f32]) -> f64 {
-    let out = layer.forward(ids, batch, seq_len).unwrap().values;
-    out.iter()
-        .zip(r)
-        .map(|(&o, &r)| f64::from(o) * f64::from(r))
-        .sum()
-}
-
-fn assert_close(what: &str, got: &[f32], want: &[f64]) {
-    assert_eq!(got.len(), want.len());
-    for (k, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let tol = 1e-4 * (1.0 + w.abs());
-        assert!(
-            (f64::from(g) - w).abs() <= tol,
-            "{what}: entry {k}: backward {g}, numeric {w}"
-        );
-    }
+    weighted_sum(&layer.forward(ids, batch, seq_len).unwrap().values, r)
 }
 
 #[test]
@@ -472,36 +460,37 @@ fn both_gradients_match_finite_differences() {
         let r = units(&mut rng, ids.len() * dim);
         let grads = layer.backward(&r, &ids, batch, seq_len).unwrap();
 
-        let mut numeric_tokens = Vec::new();
-        for k in 0..rows * dim {
-            let x = layer.token_weight_mut()[k];
-            layer.token_weight_mut()[k] = x + h;
-            let up = loss(&mut layer, &ids, batch, seq_len, &r);
-            layer.token_weight_mut()[k] = x - h;
-            let down = loss(&mut layer, &ids, batch, seq_len, &r);
-            layer.token_weight_mut()[k] = x;
-            numeric_tokens.push((up - down) / f64::from(2.0 * h));
-        }
-        let mut numeric_positions = Vec::new();
-        for k in 0..max_len * dim {
-            let x = layer.position_weight_mut()[k];
-            layer.position_weight_mut()[k] = x + h;
-            let up = loss(&mut layer, &ids, batch, seq_len, &r);
-            layer.position_weight_mut()[k] = x - h;
-            let down = loss(&mut layer, &ids, batch, seq_len, &r);
-            layer.position_weight_mut()[k] = x;
-            numeric_positions.push((up - down) / f64::from(2.0 * h));
-        }
+        let loss = |layer: &mut InputEmbedding| loss(layer, &ids, batch, seq_len, &r);
+        let numeric_tokens = values(&central_differences(
+            &mut layer,
+            |l| l.token_weight_mut(),
+            0..rows * dim,
+            h,
+            loss,
+        ));
+        let numeric_positions = values(&central_differences(
+            &mut layer,
+            |l| l.position_weight_mut(),
+            0..max_len * dim,
+            h,
+            loss,
+        ));
         // Rows 4 and 5 are past the sequence (zero), row 5 of the tokens is
         // never looked up (zero): the check sees both kinds of zero rows.
         assert!(numeric_positions[seq_len * dim..].iter().all(|&x| x == 0.0));
         assert!(numeric_tokens[5 * dim..6 * dim].iter().all(|&x| x == 0.0));
         let what = format!("scale {scale:?}");
-        assert_close(&format!("tokens, {what}"), &grads.tokens, &numeric_tokens);
+        assert_close(
+            &format!("tokens, {what}"),
+            &grads.tokens,
+            &numeric_tokens,
+            1e-4,
+        );
         assert_close(
             &format!("positions, {what}"),
             grads.positions.as_deref().unwrap(),
             &numeric_positions,
+            1e-4,
         );
     }
 }
@@ -562,77 +551,94 @@ fn assert_fails<I: Index>(
     assert_eq!(tables(&l), before);
 }
 
-#[test]
-fn shape_errors_name_the_callers_shape() {
+/// A layer call: the ids, `batch` and `seq_len`.
+type InputCall = (Vec<i128>, usize, usize);
+
+/// [`assert_fails`] on every id type that holds the row's ids.
+fn input_call_fails((ids, batch, seq_len): &InputCall, want: &EmbeddingError) {
     let layer = touchy_layer();
-    let ids = [1u32, 2, 3, 4, 5, 6];
-    for (batch, seq_len) in [(2, 4), (4, 2), (1, 0), (0, 3), (usize::MAX, 2)] {
-        let want = EmbeddingError::IdsShape {
-            shape: vec![batch, seq_len],
-            len: 6,
-        };
-        assert_fails(&layer, &ids, batch, seq_len, &want);
+    let (batch, seq_len) = (*batch, *seq_len);
+    let mut ran = 0;
+    if let Some(ids) = ids_as::<u32>(ids) {
+        assert_fails(&layer, &ids, batch, seq_len, want);
+        ran += 1;
     }
-    // The shape is checked before the ids.
-    assert_fails(
-        &layer,
-        &[1i64, -1, 2],
-        2,
-        2,
-        &EmbeddingError::IdsShape {
-            shape: vec![2, 2],
-            len: 3,
-        },
-    );
+    if let Some(ids) = ids_as::<i64>(ids) {
+        assert_fails(&layer, &ids, batch, seq_len, want);
+        ran += 1;
+    }
+    if let Some(ids) = ids_as::<u64>(ids) {
+        assert_fails(&layer, &ids, batch, seq_len, want);
+        ran += 1;
+    }
+    assert!(ran > 0, "no id type holds {ids:?}");
 }
 
-#[test]
-fn sequences_longer_than_the_table_are_refused() {
-    let layer = touchy_layer();
-    let want = EmbeddingError::SequenceTooLong {
+/// The layer's errors in order: the shape the caller gave, then the
+/// sequence length against the position table (9 tokens × 5 positions),
+/// then the ids.
+fn input_errors() -> Vec<Row<InputCall>> {
+    let shape = |batch, seq_len, len| EmbeddingError::IdsShape {
+        shape: vec![batch, seq_len],
+        len,
+    };
+    let too_long = EmbeddingError::SequenceTooLong {
         seq_len: 6,
         max_len: 5,
     };
-    assert_fails(&layer, &[0u32; 12], 2, 6, &want);
-    // Even with no sequences, and before any id is looked at.
-    assert_fails(&layer, &[0u32; 0], 0, 6, &want);
-    assert_fails(&layer, &[99u32; 6], 1, 6, &want);
-    // A sequence of exactly max_len fits.
-    let mut l = layer.clone();
-    assert!(l.forward(&[0u32; 10], 2, 5).is_ok());
-}
-
-#[test]
-fn bad_ids_are_reported_and_nothing_changes() {
-    let layer = touchy_layer();
+    let six: Vec<i128> = (1..=6).collect();
+    let mut rows = Vec::new();
+    for (batch, seq_len) in [(2, 4), (4, 2), (1, 0), (0, 3), (usize::MAX, 2)] {
+        let name = format!("6 ids as {batch} × {seq_len}");
+        rows.push(row(
+            name,
+            (six.clone(), batch, seq_len),
+            shape(batch, seq_len, 6),
+        ));
+    }
+    // The shape is checked before the ids.
+    rows.push(row(
+        "shape before ids",
+        (vec![1, -1, 2], 2, 2),
+        shape(2, 2, 3),
+    ));
+    // Too long, even with no sequences, and before any id is looked at.
+    rows.push(row("seq_len 6", (vec![0; 12], 2, 6), too_long.clone()));
+    rows.push(row("seq_len 6, no ids", (vec![], 0, 6), too_long.clone()));
+    rows.push(row("seq_len 6 before ids", (vec![99; 6], 1, 6), too_long));
     for position in [0, 4, 7] {
-        let mut ids = vec![3i64; 8];
+        let mut ids = vec![3; 8];
         ids[position] = -1;
-        let want = EmbeddingError::IndexOutOfRange {
-            position,
-            index: -1,
-            num_embeddings: 9,
-        };
-        assert_fails(&layer, &ids, 2, 4, &want);
-        let mut ids = vec![8u64; 8];
-        ids[position] = u64::MAX;
-        let want = EmbeddingError::IndexOutOfRange {
-            position,
-            index: i128::from(u64::MAX),
-            num_embeddings: 9,
-        };
-        assert_fails(&layer, &ids, 4, 2, &want);
-        let mut ids = vec![0u32; 8];
+        rows.push(row(
+            format!("-1 at {position}"),
+            (ids, 2, 4),
+            bad_id(position, -1, 9),
+        ));
+        let max = i128::from(u64::MAX);
+        let mut ids = vec![8; 8];
+        ids[position] = max;
+        let name = format!("u64::MAX at {position}");
+        rows.push(row(name, (ids, 4, 2), bad_id(position, max, 9)));
+        let mut ids = vec![0; 8];
         ids[position] = 9; // the first invalid id
         ids[7 - position] = 10; // a later bad id is not the one reported
         let first = position.min(7 - position);
-        let want = EmbeddingError::IndexOutOfRange {
-            position: first,
-            index: i128::from(ids[first]),
-            num_embeddings: 9,
-        };
-        assert_fails(&layer, &ids, 2, 4, &want);
+        let want = bad_id(first, ids[first], 9);
+        rows.push(row(
+            format!("9 at {position}, 10 at {}", 7 - position),
+            (ids, 2, 4),
+            want,
+        ));
     }
+    rows
+}
+
+#[test]
+fn shape_sequence_and_id_errors_change_nothing() {
+    run_table(&input_errors(), input_call_fails);
+    // A sequence of exactly max_len fits.
+    let mut l = touchy_layer();
+    assert!(l.forward(&[0u32; 10], 2, 5).is_ok());
 }
 
 #[test]

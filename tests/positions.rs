@@ -23,7 +23,10 @@ use embedding_kernels::{scatter_add_scaled, scatter_add_scaled_with};
 use proptest::prelude::*;
 
 mod common;
-use common::{bits, convert as to_ids, pools, SplitMix as Rng};
+use common::{
+    assert_gradient, bad_id, bits, central_differences, convert as to_ids, mismatch,
+    not_whole_rows, pools, row, run_table, weighted_sum, zero_dim, Row, SplitMix as Rng,
+};
 use std::fmt::Debug;
 
 // ---------------------------------------------------------------------------
@@ -582,323 +585,239 @@ fn backward_fails(
     );
 }
 
+/// One positions call: the lengths of its buffers (for the forward: the
+/// table, the positions, the output; for the backward: `grad_output`,
+/// `grad_table`, `grad_positions`), `dim`, the ids and `seq_len`.
+struct PositionsCall {
+    lens: [usize; 3],
+    dim: usize,
+    ids: Vec<u32>,
+    seq_len: usize,
+}
+
+fn call(lens: [usize; 3], dim: usize, ids: &[u32], seq_len: usize) -> PositionsCall {
+    PositionsCall {
+        lens,
+        dim,
+        ids: ids.to_vec(),
+        seq_len,
+    }
+}
+
+/// Dim 4, a table of 5 rows, positions of 4 (max_len 4), 2 sequences of 3.
+const IDS: [u32; 6] = [0, 1, 2, 3, 4, 0];
+const TABLE: usize = 5 * 4;
+const POSITIONS: usize = 4 * 4;
+const OUT: usize = 6 * 4;
+
+/// The forward's errors in the documented order: each row makes its error
+/// and, where it can, a later one too, which must not be the one reported.
+fn forward_errors() -> Vec<Row<PositionsCall>> {
+    use EmbeddingError::{IdsShape, SequenceTooLong};
+    use Operand::{Output, Positions, Table};
+    let too_long = |seq_len, max_len| SequenceTooLong { seq_len, max_len };
+    let shape = |shape: [usize; 2], len| IdsShape {
+        shape: shape.to_vec(),
+        len,
+    };
+    let bad_ids = [0u32, 9, 2, 3, 4, 0];
+    vec![
+        // The table first: not whole rows, even with the positions wrong too.
+        row(
+            "table 7",
+            call([7, 5, OUT], 4, &IDS, 3),
+            not_whole_rows(Table, 7, 4),
+        ),
+        row(
+            "table at dim 0",
+            call([1, 0, 0], 0, &[], 0),
+            zero_dim(Table, 1),
+        ),
+        // Then the positions, even with the ids not whole sequences.
+        row(
+            "positions 5",
+            call([TABLE, 5, OUT], 4, &IDS[..5], 3),
+            not_whole_rows(Positions, 5, 4),
+        ),
+        row(
+            "positions at dim 0",
+            call([0, 2, 0], 0, &[], 0),
+            zero_dim(Positions, 2),
+        ),
+        // Then the ids as whole sequences, even with seq_len too long as well.
+        row(
+            "5 ids of 3",
+            call([TABLE, POSITIONS, OUT], 4, &IDS[..5], 3),
+            shape([1, 3], 5),
+        ),
+        row(
+            "5 ids of 6",
+            call([TABLE, POSITIONS, OUT], 4, &IDS[..5], 6),
+            shape([0, 6], 5),
+        ),
+        row(
+            "2 ids of 0",
+            call([TABLE, POSITIONS, OUT], 4, &IDS[..2], 0),
+            shape([0, 0], 2),
+        ),
+        // Then the sequence length, even with the output wrong too ...
+        row(
+            "seq_len 6",
+            call([TABLE, POSITIONS, OUT - 1], 4, &IDS, 6),
+            too_long(6, 4),
+        ),
+        // ... also for an empty batch: the call still asks for 6 positions.
+        row(
+            "seq_len 6, no ids",
+            call([TABLE, POSITIONS, 0], 4, &[], 6),
+            too_long(6, 4),
+        ),
+        // dim 0: no positions at all, so any sequence is too long.
+        row(
+            "seq_len 1 at dim 0",
+            call([0, 0, 0], 0, &[0], 1),
+            too_long(1, 0),
+        ),
+        // Then the output, even with a bad id too.
+        row(
+            "output",
+            call([TABLE, POSITIONS, OUT + 1], 4, &bad_ids, 3),
+            mismatch(Output, OUT, OUT + 1),
+        ),
+        // And last the ids.
+        row(
+            "id 9",
+            call([TABLE, POSITIONS, OUT], 4, &bad_ids, 3),
+            bad_id(1, 9, 5),
+        ),
+    ]
+}
+
+/// The backward's errors in order, as [`forward_errors`].
+fn backward_errors() -> Vec<Row<PositionsCall>> {
+    use EmbeddingError::{IdsShape, SequenceTooLong};
+    use Operand::{GradOutput, GradPositions, GradTable};
+    let shape = |shape: [usize; 2], len| IdsShape {
+        shape: shape.to_vec(),
+        len,
+    };
+    vec![
+        row(
+            "grad_table 7",
+            call([OUT, 7, 5], 4, &IDS, 3),
+            not_whole_rows(GradTable, 7, 4),
+        ),
+        row(
+            "grad_table at dim 0",
+            call([0, 3, 0], 0, &[], 0),
+            zero_dim(GradTable, 3),
+        ),
+        row(
+            "grad_positions 5",
+            call([OUT, TABLE, 5], 4, &IDS[..5], 3),
+            not_whole_rows(GradPositions, 5, 4),
+        ),
+        row(
+            "grad_positions at dim 0",
+            call([0, 0, 2], 0, &[], 0),
+            zero_dim(GradPositions, 2),
+        ),
+        row(
+            "5 ids of 3",
+            call([OUT, TABLE, POSITIONS], 4, &IDS[..5], 3),
+            shape([1, 3], 5),
+        ),
+        row(
+            "1 id of 0",
+            call([OUT, TABLE, POSITIONS], 4, &IDS[..1], 0),
+            shape([0, 0], 1),
+        ),
+        // grad_positions needs at least seq_len rows.
+        row(
+            "seq_len 6",
+            call([OUT - 1, TABLE, POSITIONS], 4, &IDS, 6),
+            SequenceTooLong {
+                seq_len: 6,
+                max_len: 4,
+            },
+        ),
+        row(
+            "grad_output",
+            call([OUT + 1, TABLE, POSITIONS], 4, &[0, 9, 2, 3, 4, 0], 3),
+            mismatch(GradOutput, OUT, OUT + 1),
+        ),
+        row(
+            "id 5",
+            call([OUT, TABLE, POSITIONS], 4, &[0, 1, 2, 3, 4, 5], 3),
+            bad_id(5, 5, 5),
+        ),
+    ]
+}
+
 #[test]
 fn forward_shape_errors_in_order() {
-    let (dim, seq_len) = (4, 3);
-    let table = vec![0.5f32; 5 * dim];
-    let positions = vec![0.25f32; 4 * dim]; // max_len 4
-    let ids = [0u32, 1, 2, 3, 4, 0]; // 2 sequences of 3
-    let out_len = ids.len() * dim;
-
-    // The table first: not whole rows, even with the positions wrong too.
-    forward_fails(
-        &table[..7],
-        &positions[..5],
-        dim,
-        &ids,
-        seq_len,
-        out_len,
-        EmbeddingError::NotMultipleOfDim {
-            operand: Operand::Table,
-            len: 7,
-            dim,
-        },
-    );
-    forward_fails(
-        &[1.0],
-        &[],
-        0,
-        &[],
-        0,
-        0,
-        EmbeddingError::ZeroDimWithData {
-            operand: Operand::Table,
-            len: 1,
-        },
-    );
-    // Then the positions, even with the ids not whole sequences.
-    forward_fails(
-        &table,
-        &positions[..5],
-        dim,
-        &ids[..5],
-        seq_len,
-        out_len,
-        EmbeddingError::NotMultipleOfDim {
-            operand: Operand::Positions,
-            len: 5,
-            dim,
-        },
-    );
-    forward_fails(
-        &[],
-        &[1.0, 2.0],
-        0,
-        &[],
-        0,
-        0,
-        EmbeddingError::ZeroDimWithData {
-            operand: Operand::Positions,
-            len: 2,
-        },
-    );
-    // Then the ids as whole sequences, even with seq_len too long as well.
-    forward_fails(
-        &table,
-        &positions,
-        dim,
-        &ids[..5],
-        seq_len,
-        out_len,
-        EmbeddingError::IdsShape {
-            shape: vec![1, 3],
-            len: 5,
-        },
-    );
-    forward_fails(
-        &table,
-        &positions,
-        dim,
-        &ids[..5],
-        6,
-        out_len,
-        EmbeddingError::IdsShape {
-            shape: vec![0, 6],
-            len: 5,
-        },
-    );
-    forward_fails(
-        &table,
-        &positions,
-        dim,
-        &ids[..2],
-        0,
-        out_len,
-        EmbeddingError::IdsShape {
-            shape: vec![0, 0],
-            len: 2,
-        },
-    );
-    // Then the sequence length, even with the output wrong too.
-    forward_fails(
-        &table,
-        &positions,
-        dim,
-        &ids,
-        6,
-        out_len - 1,
-        EmbeddingError::SequenceTooLong {
-            seq_len: 6,
-            max_len: 4,
-        },
-    );
-    // ... also for an empty batch: the call still asks for 6 positions.
-    forward_fails(
-        &table,
-        &positions,
-        dim,
-        &[],
-        6,
-        0,
-        EmbeddingError::SequenceTooLong {
-            seq_len: 6,
-            max_len: 4,
-        },
-    );
-    // dim 0: no positions at all, so any sequence is too long.
-    forward_fails(
-        &[],
-        &[],
-        0,
-        &[0],
-        1,
-        0,
-        EmbeddingError::SequenceTooLong {
-            seq_len: 1,
-            max_len: 0,
-        },
-    );
-    // Then the output, even with a bad id too.
-    let bad_ids = [0u32, 9, 2, 3, 4, 0];
-    forward_fails(
-        &table,
-        &positions,
-        dim,
-        &bad_ids,
-        seq_len,
-        out_len + 1,
-        EmbeddingError::LengthMismatch {
-            operand: Operand::Output,
-            expected: out_len,
-            got: out_len + 1,
-        },
-    );
-    // And last the ids.
-    forward_fails(
-        &table,
-        &positions,
-        dim,
-        &bad_ids,
-        seq_len,
-        out_len,
-        EmbeddingError::IndexOutOfRange {
-            position: 1,
-            index: 9,
-            num_embeddings: 5,
-        },
-    );
+    run_table(&forward_errors(), |c, want| {
+        let table = vec![0.5f32; c.lens[0]];
+        let positions = vec![0.25f32; c.lens[1]];
+        forward_fails(
+            &table,
+            &positions,
+            c.dim,
+            &c.ids,
+            c.seq_len,
+            c.lens[2],
+            want.clone(),
+        );
+    });
 }
 
 #[test]
 fn backward_shape_errors_in_order() {
-    let (dim, seq_len) = (4, 3);
-    let (table_len, positions_len) = (5 * dim, 4 * dim); // max_len 4
-    let ids = [0u32, 1, 2, 3, 4, 0];
-    let grad_len = ids.len() * dim;
+    run_table(&backward_errors(), |c, want| {
+        let [grad_output, grad_table, grad_positions] = c.lens;
+        backward_fails(
+            grad_output,
+            c.dim,
+            &c.ids,
+            c.seq_len,
+            grad_table,
+            grad_positions,
+            want.clone(),
+        );
+    });
+}
 
-    backward_fails(
-        grad_len,
-        dim,
-        &ids,
-        seq_len,
-        7,
-        5,
-        EmbeddingError::NotMultipleOfDim {
-            operand: Operand::GradTable,
-            len: 7,
-            dim,
-        },
-    );
-    backward_fails(
-        0,
-        0,
-        &[],
-        0,
-        3,
-        0,
-        EmbeddingError::ZeroDimWithData {
-            operand: Operand::GradTable,
-            len: 3,
-        },
-    );
-    backward_fails(
-        grad_len,
-        dim,
-        &ids[..5],
-        seq_len,
-        table_len,
-        5,
-        EmbeddingError::NotMultipleOfDim {
-            operand: Operand::GradPositions,
-            len: 5,
-            dim,
-        },
-    );
-    backward_fails(
-        0,
-        0,
-        &[],
-        0,
-        0,
-        2,
-        EmbeddingError::ZeroDimWithData {
-            operand: Operand::GradPositions,
-            len: 2,
-        },
-    );
-    backward_fails(
-        grad_len,
-        dim,
-        &ids[..5],
-        seq_len,
-        table_len,
-        positions_len,
-        EmbeddingError::IdsShape {
-            shape: vec![1, 3],
-            len: 5,
-        },
-    );
-    backward_fails(
-        grad_len,
-        dim,
-        &ids[..1],
-        0,
-        table_len,
-        positions_len,
-        EmbeddingError::IdsShape {
-            shape: vec![0, 0],
-            len: 1,
-        },
-    );
-    // grad_positions needs at least seq_len rows.
-    backward_fails(
-        grad_len - 1,
-        dim,
-        &ids,
-        6,
-        table_len,
-        positions_len,
-        EmbeddingError::SequenceTooLong {
-            seq_len: 6,
-            max_len: 4,
-        },
-    );
-    backward_fails(
-        grad_len + 1,
-        dim,
-        &[0, 9, 2, 3, 4, 0],
-        seq_len,
-        table_len,
-        positions_len,
-        EmbeddingError::LengthMismatch {
-            operand: Operand::GradOutput,
-            expected: grad_len,
-            got: grad_len + 1,
-        },
-    );
-    backward_fails(
-        grad_len,
-        dim,
-        &[0, 1, 2, 3, 4, 5],
-        seq_len,
-        table_len,
-        positions_len,
-        EmbeddingError::IndexOutOfRange {
-            position: 5,
-            index: 5,
-            num_embeddings: 5,
-        },
-    );
+/// `scatter_add_scaled`'s errors: a gradient of 2 rows × 4, `grad_output`'s
+/// length, `dim` and the ids.
+fn scatter_add_scaled_errors() -> Vec<Row<(usize, usize, [i64; 2])>> {
+    vec![
+        row("id 2", (8, 4, [0, 2]), bad_id(1, 2, 2)),
+        row(
+            "grad_output 7",
+            (7, 4, [0, 1]),
+            mismatch(Operand::GradOutput, 8, 7),
+        ),
+        row(
+            "grad_table at dim 3",
+            (8, 3, [0, 1]),
+            not_whole_rows(Operand::GradTable, 8, 3),
+        ),
+    ]
 }
 
 #[test]
 fn scatter_add_scaled_errors_leave_the_gradient_alone() {
-    let mut grad = vec![f32::NAN; 8];
-    assert_eq!(
-        scatter_add_scaled(&[1.0; 8], 4, &[0i64, 2], 2.0, &mut grad),
-        Err(EmbeddingError::IndexOutOfRange {
-            position: 1,
-            index: 2,
-            num_embeddings: 2,
-        })
-    );
-    assert_eq!(
-        scatter_add_scaled(&[1.0; 7], 4, &[0i64, 1], 2.0, &mut grad),
-        Err(EmbeddingError::LengthMismatch {
-            operand: Operand::GradOutput,
-            expected: 8,
-            got: 7,
-        })
-    );
-    assert_eq!(
-        scatter_add_scaled(&[1.0; 8], 3, &[0i64, 1], 2.0, &mut grad),
-        Err(EmbeddingError::NotMultipleOfDim {
-            operand: Operand::GradTable,
-            len: 8,
-            dim: 3,
-        })
-    );
-    assert!(grad.iter().all(|v| v.is_nan()));
+    run_table(&scatter_add_scaled_errors(), |(len, dim, ids), want| {
+        let grad_output = vec![1.0; *len];
+        let mut grad = vec![f32::NAN; 8];
+        let got = scatter_add_scaled(&grad_output, *dim, ids, 2.0, &mut grad);
+        assert_eq!(got.as_ref(), Err(want));
+        for par in [Parallelism::Serial, Parallelism::Rayon, Parallelism::Auto] {
+            let got = scatter_add_scaled_with(par, &grad_output, *dim, ids, 2.0, &mut grad);
+            assert_eq!(got.as_ref(), Err(want), "{par:?}");
+        }
+        assert!(grad.iter().all(|v| v.is_nan()));
+    });
 }
 
 #[test]
@@ -990,7 +909,7 @@ fn loss(
 ) -> f64 {
     let mut out = vec![0.0; ids.len() * dim];
     embed_positions(table, positions, dim, ids, seq_len, scale, &mut out).unwrap();
-    out.iter().zip(r).map(|(&o, &w)| o as f64 * w as f64).sum()
+    weighted_sum(&out, r)
 }
 
 /// The bound on `|central difference - backward|` for one entry, from the
@@ -1074,7 +993,11 @@ fn backward_matches_central_differences() {
             &mut grad_positions,
         )
         .unwrap();
-        let quotient = |plus: f64, minus: f64| (plus - minus) / (2.0 * h as f64);
+        // Both tables, so one harness perturbs either.
+        let mut tables = (table, positions);
+        let loss = |(table, positions): &mut (Vec<f32>, Vec<f32>)| {
+            loss(table, positions, dim, &ids, seq_len, scale, &r)
+        };
 
         // A table entry (possibly one that no id uses).
         let row = (rng.next() % rows as u64) as usize;
@@ -1083,42 +1006,27 @@ fn backward_matches_central_differences() {
             .filter(|&i| ids[i] as usize == row)
             .map(|i| r[i * dim + j])
             .collect();
-        let mut plus = table.clone();
-        plus[row * dim + j] += h;
-        let mut minus = table.clone();
-        minus[row * dim + j] -= h;
-        let fd = quotient(
-            loss(&plus, &positions, dim, &ids, seq_len, scale, &r),
-            loss(&minus, &positions, dim, &ids, seq_len, scale, &r),
-        );
-        let got = grad_table[row * dim + j] as f64;
+        let fd = central_differences(&mut tables, |t| &mut t.0[..], [row * dim + j], h, loss);
         let tol = tolerance(&uses, s, m, h as f64, n, r_abs);
-        assert!(
-            (fd - got).abs() <= tol,
-            "round {round}: table[{row}, {j}]: difference {fd}, backward {got}, tolerance {tol}"
-        );
+        let what = format!("round {round}: table[{row}, {j}]");
+        assert_gradient(&what, &grad_table, &fd, |_, _, _| tol);
         if uses.is_empty() {
-            assert_eq!((fd, got), (0.0, 0.0), "round {round}: unused row {row}");
+            let got = grad_table[row * dim + j];
+            assert_eq!(
+                (fd[0].1, got),
+                (0.0, 0.0),
+                "round {round}: unused row {row}"
+            );
         }
 
         // A position entry.
         let t = (rng.next() % seq_len as u64) as usize;
         let j = (rng.next() % dim as u64) as usize;
         let uses: Vec<f32> = (0..batch).map(|b| r[(b * seq_len + t) * dim + j]).collect();
-        let mut plus = positions.clone();
-        plus[t * dim + j] += h;
-        let mut minus = positions.clone();
-        minus[t * dim + j] -= h;
-        let fd = quotient(
-            loss(&table, &plus, dim, &ids, seq_len, scale, &r),
-            loss(&table, &minus, dim, &ids, seq_len, scale, &r),
-        );
-        let got = grad_positions[t * dim + j] as f64;
+        let fd = central_differences(&mut tables, |t| &mut t.1[..], [t * dim + j], h, loss);
         let tol = tolerance(&uses, 1.0, m, h as f64, n, r_abs);
-        assert!(
-            (fd - got).abs() <= tol,
-            "round {round}: positions[{t}, {j}]: difference {fd}, backward {got}, tolerance {tol}"
-        );
+        let what = format!("round {round}: positions[{t}, {j}]");
+        assert_gradient(&what, &grad_positions, &fd, |_, _, _| tol);
         // Rows past seq_len get no gradient.
         assert!(grad_positions[seq_len * dim..].iter().all(|&g| g == 0.0));
     }

@@ -19,8 +19,11 @@
 //!   left matrix's rows, so the gradient of a row is summed in position
 //!   order, the order the sequential loop uses.
 //!
-//! The shape checks are the crate's own (they are a few comparisons); the
-//! ids are checked independently, by [`one_hot`] comparing signed values.
+//! Every argument check is written here again, independently of the
+//! kernels' (nothing below imports from them), in the order
+//! [`error`](crate::error) documents: the tests compare the two, so a check
+//! the kernels drop or reorder shows up as a different error. The ids are
+//! checked by [`check_ids`], comparing signed values.
 
 pub mod loops;
 
@@ -28,17 +31,45 @@ use crate::bags::Bags;
 use crate::error::{EmbeddingError, Operand};
 use crate::index::Index;
 use crate::pooling::{Mode, Pooling};
-use crate::shape::{check_len, rows_len, table_rows};
 
-/// The `ids.len() × num_embeddings` matrix with a 1 at `(i, ids[i])` and
-/// zeros elsewhere, row-major.
+/// The rows of a table of `len` values and width `dim`: a table with
+/// `dim == 0` must be empty (and has no rows), any other a whole number of
+/// rows.
+fn table_rows(len: usize, dim: usize, operand: Operand) -> Result<usize, EmbeddingError> {
+    match (dim, len) {
+        (0, 0) => Ok(0),
+        (0, len) => Err(EmbeddingError::ZeroDimWithData { operand, len }),
+        (dim, len) if len % dim != 0 => Err(EmbeddingError::NotMultipleOfDim { operand, len, dim }),
+        (dim, len) => Ok(len / dim),
+    }
+}
+
+/// `count × dim`, or [`EmbeddingError::SizeOverflow`].
+fn rows_len(count: usize, dim: usize) -> Result<usize, EmbeddingError> {
+    match count.checked_mul(dim) {
+        Some(len) => Ok(len),
+        None => Err(EmbeddingError::SizeOverflow { count, dim }),
+    }
+}
+
+/// [`EmbeddingError::LengthMismatch`] unless `got == expected`.
+fn check_len(operand: Operand, expected: usize, got: usize) -> Result<(), EmbeddingError> {
+    if got != expected {
+        return Err(EmbeddingError::LengthMismatch {
+            operand,
+            expected,
+            got,
+        });
+    }
+    Ok(())
+}
+
+/// Every id against `num_embeddings`, first to last, as signed values.
 ///
 /// # Errors
-/// [`EmbeddingError::SizeOverflow`] if the matrix cannot be sized, and
 /// [`EmbeddingError::IndexOutOfRange`] for the first id that is negative or
 /// not below `num_embeddings`.
-pub fn one_hot<I: Index>(ids: &[I], num_embeddings: usize) -> Result<Vec<f32>, EmbeddingError> {
-    let len = rows_len(ids.len(), num_embeddings)?;
+pub fn check_ids<I: Index>(ids: &[I], num_embeddings: usize) -> Result<(), EmbeddingError> {
     for (position, &id) in ids.iter().enumerate() {
         let index = id.to_i128();
         if index < 0 || index >= num_embeddings as i128 {
@@ -49,6 +80,19 @@ pub fn one_hot<I: Index>(ids: &[I], num_embeddings: usize) -> Result<Vec<f32>, E
             });
         }
     }
+    Ok(())
+}
+
+/// The `ids.len() × num_embeddings` matrix with a 1 at `(i, ids[i])` and
+/// zeros elsewhere, row-major.
+///
+/// # Errors
+/// [`EmbeddingError::SizeOverflow`] if the matrix cannot be sized, and
+/// [`EmbeddingError::IndexOutOfRange`] for the first id that is negative or
+/// not below `num_embeddings`.
+pub fn one_hot<I: Index>(ids: &[I], num_embeddings: usize) -> Result<Vec<f32>, EmbeddingError> {
+    let len = rows_len(ids.len(), num_embeddings)?;
+    check_ids(ids, num_embeddings)?;
     let mut m = vec![0.0; len];
     for (i, &id) in ids.iter().enumerate() {
         m[i * num_embeddings + id.to_i128() as usize] = 1.0;
@@ -222,12 +266,13 @@ pub fn bag_forward<I: Index>(
     out: &mut [f32],
     max_indices: &mut [i64],
 ) -> Result<(), EmbeddingError> {
-    // The kernel's own checks (shapes and ids) first, so both report alike;
-    // the arithmetic below is independent of the kernel.
-    let mut probe_out = vec![0.0; out.len()];
-    let mut probe_max = vec![0; max_indices.len()];
-    crate::kernels::check_forward(table, dim, ids, bags, pooling, &probe_out, &probe_max)?;
-    let rows = table.len().checked_div(dim).unwrap_or(0);
+    let rows = check_bag_arguments(table.len(), Operand::Table, dim, ids, bags, pooling)?;
+    let out_len = rows_len(bags.len(), dim)?;
+    check_len(Operand::Output, out_len, out.len())?;
+    if pooling.mode == Mode::Max {
+        check_len(Operand::MaxIndices, out_len, max_indices.len())?;
+    }
+    check_ids(ids, rows)?;
     let gathered = matmul(&one_hot(ids, rows)?, table, ids.len(), rows, dim);
     if pooling.mode == Mode::Max {
         for b in 0..bags.len() {
@@ -243,12 +288,10 @@ pub fn bag_forward<I: Index>(
                     }
                 }
                 let (v, i) = best.map_or((0.0, -1), |(v, p)| (v, ids[p].to_i128() as i64));
-                probe_out[b * dim + j] = v;
-                probe_max[b * dim + j] = i;
+                out[b * dim + j] = v;
+                max_indices[b * dim + j] = i;
             }
         }
-        out.copy_from_slice(&probe_out);
-        max_indices.copy_from_slice(&probe_max);
         return Ok(());
     }
     let m = bag_matrix(ids, bags, pooling)?;
@@ -260,6 +303,35 @@ pub fn bag_forward<I: Index>(
         }
     }
     Ok(())
+}
+
+/// The checks a bag call makes before its buffers: the table (`table_len`
+/// values, named `operand`), the ids' count against the bags',
+/// `per_sample_weights` (sum mode only, one per id) and `padding_idx` (a row
+/// of the table). Returns the table's rows.
+fn check_bag_arguments<I: Index>(
+    table_len: usize,
+    operand: Operand,
+    dim: usize,
+    ids: &[I],
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+) -> Result<usize, EmbeddingError> {
+    let rows = table_rows(table_len, dim, operand)?;
+    check_len(Operand::Ids, bags.num_ids(), ids.len())?;
+    if let Some(weights) = pooling.per_sample_weights {
+        if pooling.mode != Mode::Sum {
+            return Err(EmbeddingError::PerSampleWeightsNeedSum { mode: pooling.mode });
+        }
+        check_len(Operand::PerSampleWeights, ids.len(), weights.len())?;
+    }
+    match pooling.padding_idx {
+        Some(padding_idx) if padding_idx >= rows => Err(EmbeddingError::PaddingIdxOutOfRange {
+            padding_idx: i64::try_from(padding_idx).unwrap_or(i64::MAX),
+            num_embeddings: rows,
+        }),
+        _ => Ok(rows),
+    }
 }
 
 /// The sum or mean bag backward as `grad_table += one_hotᵀ · (bag_matrixᵀ ·
@@ -276,8 +348,26 @@ pub fn bag_backward<I: Index>(
     pooling: &Pooling<'_>,
     grad_table: &mut [f32],
 ) -> Result<(), EmbeddingError> {
-    crate::kernels::check_backward_call(grad_bags, dim, ids, bags, pooling, grad_table.len())?;
-    let rows = grad_table.len().checked_div(dim).unwrap_or(0);
+    // The gradient's shape first (its rows are the table's), then the
+    // forward's arguments, the ids, and last the mode.
+    let rows = table_rows(grad_table.len(), dim, Operand::GradTable)?;
+    check_len(
+        Operand::GradOutput,
+        rows_len(bags.len(), dim)?,
+        grad_bags.len(),
+    )?;
+    check_bag_arguments(
+        grad_table.len(),
+        Operand::GradTable,
+        dim,
+        ids,
+        bags,
+        pooling,
+    )?;
+    check_ids(ids, rows)?;
+    if pooling.mode == Mode::Max {
+        return Err(EmbeddingError::MaxNeedsIndices);
+    }
     let m = bag_matrix(ids, bags, pooling)?;
     let mut per_id = vec![0.0; ids.len() * dim];
     matmul_tn_acc(&m, grad_bags, &mut per_id, bags.len(), ids.len(), dim);

@@ -1,9 +1,12 @@
 //! Test helpers shared by the integration tests: local rayon pools, bit
-//! comparisons, a deterministic value generator and id patterns.
+//! comparisons, a deterministic value generator and id patterns, the runner
+//! of the error tables and the finite-difference (gradient check) harness.
 
 #![allow(dead_code)]
 
+use embedding_kernels::{EmbeddingError, Operand};
 use rayon::{ThreadPool, ThreadPoolBuilder};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
 /// Local pools of 1, 2, 3 and 8 threads (never the global pool).
@@ -104,4 +107,162 @@ pub fn convert<I: TryFrom<u64>>(ids: &[u64]) -> Vec<I> {
     ids.iter()
         .map(|&id| I::try_from(id).ok().expect("test ids fit every type"))
         .collect()
+}
+
+/// Ids written as `i128`, converted to `I`, or `None` if one does not fit
+/// (a negative id and an unsigned type, say).
+pub fn ids_as<I: TryFrom<i128>>(ids: &[i128]) -> Option<Vec<I>> {
+    ids.iter().map(|&id| I::try_from(id).ok()).collect()
+}
+
+// ---------------------------------------------------------------------------
+// Error tables
+// ---------------------------------------------------------------------------
+
+/// One row of an error table: what the row is about, the call's arguments,
+/// and the error every entry point must return for them.
+pub struct Row<A> {
+    pub name: String,
+    pub args: A,
+    pub want: EmbeddingError,
+}
+
+/// A [`Row`].
+pub fn row<A>(name: impl Into<String>, args: A, want: EmbeddingError) -> Row<A> {
+    Row {
+        name: name.into(),
+        args,
+        want,
+    }
+}
+
+/// [`EmbeddingError::LengthMismatch`], for one-line table rows.
+pub fn mismatch(operand: Operand, expected: usize, got: usize) -> EmbeddingError {
+    EmbeddingError::LengthMismatch {
+        operand,
+        expected,
+        got,
+    }
+}
+
+/// [`EmbeddingError::NotMultipleOfDim`].
+pub fn not_whole_rows(operand: Operand, len: usize, dim: usize) -> EmbeddingError {
+    EmbeddingError::NotMultipleOfDim { operand, len, dim }
+}
+
+/// [`EmbeddingError::ZeroDimWithData`].
+pub fn zero_dim(operand: Operand, len: usize) -> EmbeddingError {
+    EmbeddingError::ZeroDimWithData { operand, len }
+}
+
+/// [`EmbeddingError::IndexOutOfRange`].
+pub fn bad_id(position: usize, index: i128, num_embeddings: usize) -> EmbeddingError {
+    EmbeddingError::IndexOutOfRange {
+        position,
+        index,
+        num_embeddings,
+    }
+}
+
+/// Runs `check(args, want)` for every row, all of them even when one fails,
+/// then fails naming every row that failed (each row's own message is
+/// printed as it fails). `check` makes the calls and asserts; a row that
+/// makes no call would pass, so every `check` must assert on a result.
+pub fn run_table<A>(rows: &[Row<A>], check: impl Fn(&A, &EmbeddingError)) {
+    assert!(!rows.is_empty(), "an empty table checks nothing");
+    let mut names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
+    names.sort_unstable();
+    let before = names.len();
+    names.dedup();
+    assert_eq!(names.len(), before, "two rows share a name");
+    let failed: Vec<&str> = rows
+        .iter()
+        .filter(|r| catch_unwind(AssertUnwindSafe(|| check(&r.args, &r.want))).is_err())
+        .map(|r| r.name.as_str())
+        .collect();
+    assert!(failed.is_empty(), "rows failed: {failed:?}");
+}
+
+// ---------------------------------------------------------------------------
+// Finite differences
+// ---------------------------------------------------------------------------
+
+/// `Σ R ⊙ out`, in f64: the loss every gradient check differentiates. Its
+/// gradient with respect to `out` is `R`, so a backward fed
+/// `grad_output = R` must return its gradient with respect to a table.
+pub fn weighted_sum(out: &[f32], r: &[f32]) -> f64 {
+    assert_eq!(out.len(), r.len(), "one weight per output");
+    out.iter()
+        .zip(r)
+        .map(|(&o, &r)| f64::from(o) * f64::from(r))
+        .sum()
+}
+
+/// The central differences `(L(x + h) - L(x - h)) / 2h` of `loss` at the
+/// given `entries` of the parameter `param(state)`, as `(entry, value)`.
+/// Each entry is set to `x + h`, then `x - h` (both from `x`), then back to
+/// `x`, so `state` ends as it began.
+pub fn central_differences<S: ?Sized>(
+    state: &mut S,
+    param: impl Fn(&mut S) -> &mut [f32],
+    entries: impl IntoIterator<Item = usize>,
+    h: f32,
+    mut loss: impl FnMut(&mut S) -> f64,
+) -> Vec<(usize, f64)> {
+    entries
+        .into_iter()
+        .map(|k| {
+            let x = param(state)[k];
+            param(state)[k] = x + h;
+            let up = loss(state);
+            param(state)[k] = x - h;
+            let down = loss(state);
+            param(state)[k] = x;
+            (k, (up - down) / (2.0 * f64::from(h)))
+        })
+        .collect()
+}
+
+/// [`central_differences`] of `loss` with respect to a plain vector `x`,
+/// at the given entries.
+pub fn numeric_gradient(
+    x: &[f32],
+    entries: impl IntoIterator<Item = usize>,
+    h: f32,
+    mut loss: impl FnMut(&[f32]) -> f64,
+) -> Vec<(usize, f64)> {
+    let mut x = x.to_vec();
+    central_differences(&mut x, |x| &mut x[..], entries, h, |x| loss(x))
+}
+
+/// Every numeric derivative against the backward's value at its entry:
+/// `|backward - numeric| <= tolerance(entry, backward, numeric)` (a
+/// tolerance of 0 asks for equality).
+pub fn assert_gradient(
+    what: &str,
+    backward: &[f32],
+    numeric: &[(usize, f64)],
+    tolerance: impl Fn(usize, f64, f64) -> f64,
+) {
+    assert!(!numeric.is_empty(), "{what}: no entry checked");
+    for &(k, fd) in numeric {
+        let g = f64::from(backward[k]);
+        let tol = tolerance(k, g, fd);
+        assert!(
+            (fd - g).abs() <= tol,
+            "{what}: entry {k}: backward {g}, numeric {fd}, tolerance {tol}"
+        );
+    }
+}
+
+/// [`assert_gradient`] at every entry, within `rel · (1 + |numeric|)`.
+pub fn assert_close(what: &str, backward: &[f32], numeric: &[f64], rel: f64) {
+    assert_eq!(backward.len(), numeric.len(), "{what}: lengths");
+    let numeric: Vec<(usize, f64)> = numeric.iter().copied().enumerate().collect();
+    assert_gradient(what, backward, &numeric, |_, _, fd| rel * (1.0 + fd.abs()));
+}
+
+/// The values of `(entry, value)` pairs, in order.
+pub fn values(pairs: &[(usize, f64)]) -> Vec<f64> {
+    pairs.iter().map(|&(_, v)| v).collect()
 }
