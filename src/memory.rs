@@ -103,7 +103,11 @@ impl AlignedTable {
     /// The layout of a table of `len` values, or `None` if it is too large.
     fn layout(len: usize) -> Option<core::alloc::Layout> {
         let bytes = len.checked_mul(core::mem::size_of::<f32>())?;
-        let align = if bytes >= HUGE_PAGE { HUGE_PAGE } else { LINE_BYTES };
+        let align = if bytes >= HUGE_PAGE {
+            HUGE_PAGE
+        } else {
+            LINE_BYTES
+        };
         core::alloc::Layout::from_size_align(bytes, align).ok()
     }
 

@@ -1,16 +1,10 @@
-//! The hand-written kernels, one file (or folder) per operation.
-//!
-//! | operation | functions | file |
-//! | --- | --- | --- |
-//! | lookup | [`gather`], [`gather_scaled`] | `gather.rs` |
-//! | scatter-add | [`scatter_add`], [`scatter_add_scaled`] | `scatter.rs` |
-//! | token + position lookup, and its backward | [`embed_positions`], [`embed_positions_backward`] | `positions.rs` |
-//! | dense and sparse backward, fused updates | [`dense_backward`], [`sparse_backward`] | `grouped.rs` |
-//! | bags: forward and backward | [`bag_forward`], [`bag_backward`], [`bag_sparse_backward`], [`bag_max_backward`] | `bag.rs` |
+//! The hand-written kernels, one file or folder per operation; the crate
+//! docs' table maps each operation to its function and file.
 //!
 //! Every public kernel is a free function over slices that checks its
 //! arguments first (see [`error`](crate::error) for the order) and then runs
-//! a body shared by its serial and its parallel driver. Each comes in two
+//! a body shared by its serial and its parallel driver, on the instruction
+//! set [`Isa::detect`](crate::simd::Isa::detect) chose. Each comes in two
 //! forms: the plain one uses [`Parallelism::Auto`](crate::Parallelism), the
 //! `_with` one takes a [`Parallelism`](crate::Parallelism) first.
 

@@ -132,7 +132,7 @@ pub fn bag_backward<I: Index>(
 /// written once. Max mode: see [`bag_max_backward`].
 ///
 /// # Errors
-/// As [`bag_forward`], with the lengths of `grad_bags`
+/// As [`bag_forward`](crate::bag_forward), with the lengths of `grad_bags`
 /// ([`Operand::GradOutput`]) and `grad_table` ([`Operand::GradTable`]), and
 /// [`EmbeddingError::MaxNeedsIndices`] for max mode.
 pub fn bag_backward_with<I: Index>(
@@ -206,7 +206,7 @@ pub fn bag_sparse_backward_with<I: Index>(
 }
 
 /// The fused backward + update of a sum or mean bag batch, after
-/// [`check_backward_call`]: each touched row's gradient is summed and handed
+/// [`check_backward_call`](super::check_backward_call): each touched row's gradient is summed and handed
 /// to `rule` at once.
 pub(crate) fn bag_fused_update<I: Index, R: RowRule>(
     par: Parallelism,

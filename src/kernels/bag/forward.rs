@@ -1,5 +1,5 @@
 //! The bag forward's driver: tasks of whole bags across threads, each bag a
-//! column block at a time ([`sum`](super::sum) or [`max`](super::max)), and
+//! column block at a time ([`sum`](mod@super::sum) or [`max`](mod@super::max)), and
 //! the loop over a bag's rows that both share ([`Rows::blocks`]).
 
 use super::{max, sum};
