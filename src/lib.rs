@@ -46,7 +46,7 @@
 //! | scatter-add (accumulating backward) | [`scatter_add`], [`scatter_add_scaled`] | `kernels/scatter.rs` |
 //! | dense backward (overwriting) | [`dense_backward`] | `kernels/grouped/dense.rs` |
 //! | sparse backward ([`SparseGrad`]) | [`sparse_backward`] | `kernels/grouped/sparse.rs` |
-//! | token + position lookup, and its backward | [`embed_positions`], [`embed_positions_backward`] | `kernels/positions.rs` |
+//! | token + position lookup, and its backward | [`embed_positions`], [`embed_positions_backward`] | `kernels/token_position.rs` |
 //! | bag forward: sum, mean, max ([`Bags`], [`Pooling`]) | [`bag_forward`] | `kernels/bag/` |
 //! | bag backward: dense, sparse, max | [`bag_backward`], [`bag_sparse_backward`], [`bag_max_backward`] | `kernels/bag/backward.rs` |
 //! | the one-hot oracle, and plain loops | [`reference`](mod@reference), [`reference::loops`] | `reference/` |

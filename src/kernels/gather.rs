@@ -14,7 +14,7 @@
 //!    lanes at a time plus a scalar tail, so any `dim` works, in 256-bit
 //!    registers where the CPU has AVX (`simd/mod.rs`). What is done
 //!    to a row is a `RowOp` type, so the fused position kernel
-//!    (`kernels/positions.rs`) reuses this driver and loop unchanged.
+//!    (`kernels/token_position.rs`) reuses this driver and loop unchanged.
 //! 3. **Prefetch.** Ids are random, so the hardware prefetcher cannot guess
 //!    the next row. The loop asks for row `i + ahead` while it copies row
 //!    `i`, and warms the first `ahead` rows before the loop (each parallel

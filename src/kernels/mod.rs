@@ -11,9 +11,9 @@
 mod bag;
 mod gather;
 mod grouped;
-mod positions;
 mod scatter;
 mod spare;
+mod token_position;
 pub(crate) mod tuning;
 
 pub use bag::{
@@ -22,11 +22,11 @@ pub use bag::{
 };
 pub use gather::{gather, gather_scaled, gather_scaled_with, gather_with};
 pub use grouped::{dense_backward, dense_backward_with, sparse_backward, sparse_backward_with};
-pub use positions::{
-    embed_positions, embed_positions_backward, embed_positions_backward_with, embed_positions_with,
-};
 pub(crate) use scatter::check as check_scatter;
 pub use scatter::{scatter_add, scatter_add_scaled, scatter_add_scaled_with, scatter_add_with};
+pub use token_position::{
+    embed_positions, embed_positions_backward, embed_positions_backward_with, embed_positions_with,
+};
 
 pub(crate) use bag::{bag_fused_update, check_backward_call, check_forward, forward_valid};
 pub(crate) use gather::{check as check_gather, gather_valid};

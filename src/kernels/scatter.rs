@@ -7,7 +7,7 @@
 //!     for p in 0..n (in order):
 //!         prefetch grad_table[ids[p + ahead], block]   (~16 KiB ahead)
 //!         grad_table[ids[p], block] += grad_output[p, block]   (* scale: trick 7)
-//!         (grad_positions[p mod seq_len, block] += the same: trick 8)
+//!         (grad_position_table[p mod seq_len, block] += the same: trick 8)
 //! ```
 //!
 //! 1. **Determinism without atomics or locks.** Every value of `grad_table`
@@ -44,8 +44,8 @@
 //!    branch. [`scatter_add_scaled`] therefore equals scaling every gradient
 //!    first and then calling [`scatter_add`], bit for bit.
 //! 8. **Position gradients ride along.** The fused backward of
-//!    `kernels/positions.rs` also needs `grad_positions[p % seq_len] +=
-//!    grad_output[p]`. The same loop does it (a `PositionSink`, again a
+//!    `kernels/token_position.rs` also needs `grad_position_table[p % seq_len] +=
+//!    grad_output[p]`. The same loop does it (a `PositionTableSink`, again a
 //!    type, and nothing for the plain scatter): it reads each gradient row
 //!    once for both tables instead of twice, and a task owns the same
 //!    columns of both tables, so the position rows are also summed in
@@ -167,9 +167,9 @@ pub(crate) fn check<'a, I: Index>(
 }
 
 /// The checked call's body: adds every gradient row into its table row
-/// (through `add`), and into row `p % seq_len` of `grad_positions` when
-/// that is given as `Some((grad_positions, seq_len))`, with `seq_len > 0`
-/// and `grad_positions` holding at least `seq_len` rows of `dim`.
+/// (through `add`), and into row `p % seq_len` of `grad_position_table` when
+/// that is given as `Some((grad_position_table, seq_len))`, with `seq_len > 0`
+/// and `grad_position_table` holding at least `seq_len` rows of `dim`.
 ///
 /// Splits the columns across the pool when the call is worth it (trick 1),
 /// and otherwise runs one block of all columns on the calling thread.
@@ -180,7 +180,7 @@ pub(crate) fn drive<I: Index, A: AddRow>(
     ids: ValidIds<'_, I>,
     grad_table: &mut [f32],
     add: A,
-    grad_positions: Option<(&mut [f32], usize)>,
+    grad_position_table: Option<(&mut [f32], usize)>,
 ) {
     if dim == 0 || ids.is_empty() {
         return;
@@ -197,14 +197,14 @@ pub(crate) fn drive<I: Index, A: AddRow>(
             rayon::current_num_threads(),
         );
         let table = SharedColumns::new(grad_table, dim);
-        match grad_positions {
+        match grad_position_table {
             None => blocks.into_par_iter().for_each(|cols| {
-                accumulate(grad_output, dim, ids, cols, &table, add, NoPositions);
+                accumulate(grad_output, dim, ids, cols, &table, add, NoPositionTable);
             }),
-            Some((grad_positions, seq_len)) => {
-                let positions = SharedColumns::new(grad_positions, dim);
+            Some((grad_position_table, seq_len)) => {
+                let position_table = SharedColumns::new(grad_position_table, dim);
                 blocks.into_par_iter().for_each(|cols| {
-                    let sink = PositionRows::new(&positions, seq_len);
+                    let sink = PositionTableRows::new(&position_table, seq_len);
                     accumulate(grad_output, dim, ids, cols, &table, add, sink);
                 });
             }
@@ -214,14 +214,14 @@ pub(crate) fn drive<I: Index, A: AddRow>(
             table: grad_table,
             dim,
         };
-        match grad_positions {
-            None => accumulate(grad_output, dim, ids, 0..dim, table, add, NoPositions),
-            Some((grad_positions, seq_len)) => {
+        match grad_position_table {
+            None => accumulate(grad_output, dim, ids, 0..dim, table, add, NoPositionTable),
+            Some((grad_position_table, seq_len)) => {
                 let rows = Exclusive {
-                    table: grad_positions,
+                    table: grad_position_table,
                     dim,
                 };
-                let sink = PositionRows::new(rows, seq_len);
+                let sink = PositionTableRows::new(rows, seq_len);
                 accumulate(grad_output, dim, ids, 0..dim, table, add, sink);
             }
         }
@@ -257,31 +257,31 @@ impl AddRow for Scaled {
 }
 
 /// Where each position's gradient goes besides its table row (trick 8).
-trait PositionSink {
+trait PositionTableSink {
     /// Adds `src`, columns `cols` of the next position's gradient row.
     fn add_next<V: Lanes>(&mut self, cols: Range<usize>, src: &[f32]);
 }
 
 /// Nowhere: the plain scatters.
-struct NoPositions;
+struct NoPositionTable;
 
-impl PositionSink for NoPositions {
+impl PositionTableSink for NoPositionTable {
     #[inline(always)]
     fn add_next<V: Lanes>(&mut self, _cols: Range<usize>, _src: &[f32]) {}
 }
 
 /// Into row `p % seq_len` of a table of position gradients, for positions
 /// `p = 0, 1, …` in turn; the row is counted, not divided out.
-struct PositionRows<R> {
+struct PositionTableRows<R> {
     rows: R,
     seq_len: usize,
     next: usize,
 }
 
-impl<R: ColumnRows> PositionRows<R> {
+impl<R: ColumnRows> PositionTableRows<R> {
     fn new(rows: R, seq_len: usize) -> Self {
         debug_assert!(seq_len > 0, "a batch of ids needs seq_len > 0");
-        PositionRows {
+        PositionTableRows {
             rows,
             seq_len,
             next: 0,
@@ -289,7 +289,7 @@ impl<R: ColumnRows> PositionRows<R> {
     }
 }
 
-impl<R: ColumnRows> PositionSink for PositionRows<R> {
+impl<R: ColumnRows> PositionTableSink for PositionTableRows<R> {
     #[inline(always)]
     fn add_next<V: Lanes>(&mut self, cols: Range<usize>, src: &[f32]) {
         row::add::<V>(self.rows.columns(self.next, cols), src);
@@ -337,16 +337,16 @@ trait ColumnRows {
 
 /// The loop body, shared by the one-block (serial) and the parallel driver:
 /// for each position in order, add its `cols` into its row's `cols` (through
-/// `add`), and hand them to `positions`.
+/// `add`), and hand them to `position_sink`.
 #[inline(always)]
-fn accumulate<I: Index, R: ColumnRows, A: AddRow, P: PositionSink>(
+fn accumulate<I: Index, R: ColumnRows, A: AddRow, P: PositionTableSink>(
     grad_output: &[f32],
     dim: usize,
     ids: ValidIds<'_, I>,
     cols: Range<usize>,
     table: R,
     add: A,
-    positions: P,
+    position_sink: P,
 ) {
     Isa::detect().run(Accumulate {
         grad_output,
@@ -355,7 +355,7 @@ fn accumulate<I: Index, R: ColumnRows, A: AddRow, P: PositionSink>(
         cols,
         table,
         add,
-        positions,
+        position_sink,
     });
 }
 
@@ -367,10 +367,12 @@ struct Accumulate<'a, 'i, I: Index, R, A, P> {
     cols: Range<usize>,
     table: R,
     add: A,
-    positions: P,
+    position_sink: P,
 }
 
-impl<I: Index, R: ColumnRows, A: AddRow, P: PositionSink> Body for Accumulate<'_, '_, I, R, A, P> {
+impl<I: Index, R: ColumnRows, A: AddRow, P: PositionTableSink> Body
+    for Accumulate<'_, '_, I, R, A, P>
+{
     type Output = ();
 
     #[inline(always)]
@@ -382,7 +384,7 @@ impl<I: Index, R: ColumnRows, A: AddRow, P: PositionSink> Body for Accumulate<'_
             cols,
             mut table,
             add,
-            mut positions,
+            mut position_sink,
         } = self;
         let n = ids.len();
         let ahead = prefetch_ahead(cols.len());
@@ -392,7 +394,7 @@ impl<I: Index, R: ColumnRows, A: AddRow, P: PositionSink> Body for Accumulate<'_
             }
             let src = &grad_output[p * dim + cols.start..p * dim + cols.end];
             add.add::<V>(table.columns(ids.row(p), cols.clone()), src);
-            positions.add_next::<V>(cols.clone(), src);
+            position_sink.add_next::<V>(cols.clone(), src);
         }
     }
 }
@@ -459,7 +461,7 @@ impl ColumnRows for &SharedColumns<'_> {
         // nobody outside the tasks can touch it. Inside the tasks, each one
         // asks only for its own columns, disjoint from every other task's,
         // and drops each slice before asking for the next (the contract
-        // above, kept by `accumulate` and `PositionRows`), so this slice
+        // above, kept by `accumulate` and `PositionTableRows`), so this slice
         // aliases no other live reference. (The fused backward shares a
         // second table the same way; the two are separate `&mut` borrows,
         // so slices of one never overlap slices of the other.)

@@ -2,9 +2,12 @@
 //! (Counts of rows appear only where a distance is naturally a row count,
 //! and say so.) Each constant carries the measurement that chose it.
 //!
-//! Words used here and across the kernels: a **task** is one piece of a
-//! call handed to a thread; a **column block** is a range of columns summed
-//! in registers; a **line** is 64 bytes of memory ([`LINE_BYTES`]).
+//! Words used here and across the kernels, one meaning each: a **task** is
+//! one piece of a call handed to a thread; a **column block** is a range of
+//! columns summed in registers; a **line** is 64 bytes of memory
+//! ([`LINE_BYTES`]); a **position** is an id's place in the batch (as in
+//! the errors' `position`), while the table of a transformer's position
+//! vectors is the **position table**.
 
 pub(crate) use crate::memory::LINE_BYTES;
 

@@ -7,15 +7,15 @@
 //!   for i in 0..batch·seq_len:                            (split across threads)
 //!       t = i mod seq_len                                 (counted, not divided)
 //!       prefetch table[ids[i + ahead]]
-//!       out[i, :] = table[ids[i], :] * scale + positions[t, :]
+//!       out[i, :] = table[ids[i], :] * scale + position_table[t, :]
 //!
 //! backward (embed_positions_backward):
-//!   check grad_table, grad_positions, ids shape, seq_len, grad_output length, every id
+//!   check grad_table, grad_position_table, ids shape, seq_len, grad_output length, every id
 //!   cut the columns 0..dim into blocks of whole cache lines, one per thread
 //!   each block, in parallel:
 //!       for i in 0..batch·seq_len (in order):
 //!           grad_table[ids[i], block]            += grad_output[i, block] * scale
-//!           grad_positions[i mod seq_len, block] += grad_output[i, block]
+//!           grad_position_table[i mod seq_len, block] += grad_output[i, block]
 //! ```
 //!
 //! The ids are a flat, row-major `[batch, seq_len]` batch: id `i` is token
@@ -34,7 +34,7 @@
 //!    operations, each rounded, never a fused multiply-add, so the forward
 //!    equals [`gather_scaled`](crate::gather_scaled) (or
 //!    [`gather`](crate::gather) when `scale` is `None`) followed by
-//!    `out[b, t, :] += positions[t, :]`, bit for bit. The backward adds
+//!    `out[b, t, :] += position_table[t, :]`, bit for bit. The backward adds
 //!    `g * scale`, rounded, into `grad_table`, which is scaling every
 //!    gradient first and then [`scatter_add`](crate::scatter_add); `None`
 //!    adds `g` itself, with no multiply. Neither depends on the thread count
@@ -45,13 +45,13 @@
 //!    per block, none per row. In the backward every task walks all the
 //!    positions from 0, so its counter starts at 0.
 //! 4. **One read of the output gradient.** `grad_output` is the large
-//!    operand (`batch × seq_len × dim`); `grad_positions` has only
+//!    operand (`batch × seq_len × dim`); `grad_position_table` has only
 //!    `seq_len` rows, read and written `batch` times, and stays in cache for
-//!    common sequence lengths. A separate pass for the positions (serial, or
+//!    common sequence lengths. A separate pass for the position table (serial, or
 //!    parallel over `t`) would read all of `grad_output` a second time. So
 //!    the scatter's loop feeds each gradient row to both tables, and a
 //!    column block's task owns the same columns of both: row `t` of
-//!    `grad_positions` receives batch 0, 1, … in order, on any thread count.
+//!    `grad_position_table` receives batch 0, 1, … in order, on any thread count.
 //!    On the development machine (2 vCPUs, shared; one thread, medians of
 //!    round-robin runs) the fused backward took 2.8 ms against 3.2 ms for
 //!    [`scatter_add_scaled`](super::scatter::scatter_add_scaled) plus a
@@ -80,12 +80,12 @@ use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::{row, Lanes};
 
-/// `out[b, t, :] = table[ids[b, t], :] * scale + positions[t, :]` for every
+/// `out[b, t, :] = table[ids[b, t], :] * scale + position_table[t, :]` for every
 /// sequence `b` and position `t`: a transformer's input embedding in one
 /// pass.
 ///
-/// * `table` is `num_embeddings × dim` and `positions` is `max_len × dim`,
-///   both row-major (`positions` may be
+/// * `table` is `num_embeddings × dim` and `position_table` is `max_len × dim`,
+///   both row-major (`position_table` may be
 ///   [`sinusoidal_positions`](crate::positions::sinusoidal_positions) or a
 ///   learned table).
 /// * `ids` is a flat, row-major `[batch, seq_len]` batch, so `ids.len()` is a
@@ -97,13 +97,13 @@ use crate::simd::{row, Lanes};
 ///
 /// The result is bitwise identical to [`gather`](crate::gather) (or
 /// [`gather_scaled`](crate::gather_scaled)) followed by
-/// `out[b, t, :] += positions[t, :]`, for any thread count.
+/// `out[b, t, :] += position_table[t, :]`, for any thread count.
 ///
 /// # Errors
 /// Checked in this order, and then `out` is untouched:
 /// [`ZeroDimWithData`](EmbeddingError::ZeroDimWithData) or
 /// [`NotMultipleOfDim`](EmbeddingError::NotMultipleOfDim) for `table`
-/// ([`Operand::Table`]), then for `positions` ([`Operand::Positions`]);
+/// ([`Operand::Table`]), then for `position_table` ([`Operand::Positions`]);
 /// [`IdsShape`](EmbeddingError::IdsShape) if `ids.len()` is not a multiple of
 /// `seq_len` (shape `[ids.len() / seq_len, seq_len]`, or `[0, 0]` for ids with
 /// `seq_len == 0`); [`SequenceTooLong`](EmbeddingError::SequenceTooLong) if
@@ -125,7 +125,7 @@ use crate::simd::{row, Lanes};
 /// ```
 pub fn embed_positions<I: Index>(
     table: &[f32],
-    positions: &[f32],
+    position_table: &[f32],
     dim: usize,
     ids: &[I],
     seq_len: usize,
@@ -135,7 +135,7 @@ pub fn embed_positions<I: Index>(
     embed_positions_with(
         Parallelism::Auto,
         table,
-        positions,
+        position_table,
         dim,
         ids,
         seq_len,
@@ -153,7 +153,7 @@ pub fn embed_positions<I: Index>(
 pub fn embed_positions_with<I: Index>(
     par: Parallelism,
     table: &[f32],
-    positions: &[f32],
+    position_table: &[f32],
     dim: usize,
     ids: &[I],
     seq_len: usize,
@@ -161,18 +161,24 @@ pub fn embed_positions_with<I: Index>(
     out: &mut [f32],
 ) -> Result<(), EmbeddingError> {
     let rows = table_rows(table.len(), dim, Operand::Table)?;
-    check_sequences(positions.len(), dim, Operand::Positions, ids.len(), seq_len)?;
+    check_sequences(
+        position_table.len(),
+        dim,
+        Operand::Positions,
+        ids.len(),
+        seq_len,
+    )?;
     check_len(Operand::Output, rows_len(ids.len(), dim)?, out.len())?;
     let ids = ValidIds::new(ids, rows)?;
     // Only the first `seq_len` rows are ever read.
-    let positions = &positions[..seq_len * dim];
+    let position_table = &position_table[..seq_len * dim];
     match scale {
         None => {
-            let op = AddPosition::<false>::new(positions, dim, seq_len, 1.0);
+            let op = AddPosition::<false>::new(position_table, dim, seq_len, 1.0);
             gather::drive(par, table, dim, ids, out, op);
         }
         Some(s) => {
-            let op = AddPosition::<true>::new(positions, dim, seq_len, s);
+            let op = AddPosition::<true>::new(position_table, dim, seq_len, s);
             gather::drive(par, table, dim, ids, out, op);
         }
     }
@@ -184,19 +190,19 @@ pub fn embed_positions_with<I: Index>(
 ///
 /// ```text
 /// grad_table[ids[b, t], :] += grad_output[b, t, :] * scale
-/// grad_positions[t, :]     += grad_output[b, t, :]
+/// grad_position_table[t, :] += grad_output[b, t, :]
 /// ```
 ///
 /// Every row of either gradient is summed in position order (`b, t`
 /// row-major), so the result is the same bits for any thread count:
 /// `grad_table` equals multiplying every value of `grad_output` by `scale`
 /// (each product rounded, no fused multiply-add) and then
-/// [`scatter_add`](crate::scatter_add); `grad_positions[t]` equals adding
+/// [`scatter_add`](crate::scatter_add); `grad_position_table[t]` equals adding
 /// `grad_output[0, t]`, `grad_output[1, t]`, … in turn. `scale: None` adds
 /// the gradient itself, with no multiply. `grad_output` is read once, for
 /// both tables.
 ///
-/// `grad_table` is `num_embeddings × dim`; `grad_positions` is
+/// `grad_table` is `num_embeddings × dim`; `grad_position_table` is
 /// `max_len × dim` with `max_len ≥ seq_len` (rows from `seq_len` on are left
 /// alone); `ids` is a flat `[batch, seq_len]` batch; `grad_output` holds
 /// `ids.len() × dim` values.
@@ -205,10 +211,10 @@ pub fn embed_positions_with<I: Index>(
 /// Checked in this order, and then both gradients are untouched:
 /// [`ZeroDimWithData`](EmbeddingError::ZeroDimWithData) or
 /// [`NotMultipleOfDim`](EmbeddingError::NotMultipleOfDim) for `grad_table`
-/// ([`Operand::GradTable`]), then for `grad_positions`
+/// ([`Operand::GradTable`]), then for `grad_position_table`
 /// ([`Operand::GradPositions`]); [`IdsShape`](EmbeddingError::IdsShape) and
 /// [`SequenceTooLong`](EmbeddingError::SequenceTooLong) as in
-/// [`embed_positions`] (`max_len` is the row count of `grad_positions`);
+/// [`embed_positions`] (`max_len` is the row count of `grad_position_table`);
 /// [`SizeOverflow`](EmbeddingError::SizeOverflow) or
 /// [`LengthMismatch`](EmbeddingError::LengthMismatch) for `grad_output`
 /// ([`Operand::GradOutput`]);
@@ -220,11 +226,11 @@ pub fn embed_positions_with<I: Index>(
 /// let grad_output = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]; // 2 × 2 × dim 2
 /// let ids = [1u32, 0, 1, 1];
 /// let mut grad_table = [0.0f32; 4];
-/// let mut grad_positions = [0.0f32; 6]; // max_len 3: row 2 stays 0
+/// let mut grad_position_table = [0.0f32; 6]; // max_len 3: row 2 stays 0
 /// embed_positions_backward(&grad_output, 2, &ids, 2, Some(0.5),
-///                          &mut grad_table, &mut grad_positions)?;
+///                          &mut grad_table, &mut grad_position_table)?;
 /// assert_eq!(grad_table, [1.5, 2.0, 6.5, 8.0]);
-/// assert_eq!(grad_positions, [6.0, 8.0, 10.0, 12.0, 0.0, 0.0]);
+/// assert_eq!(grad_position_table, [6.0, 8.0, 10.0, 12.0, 0.0, 0.0]);
 /// # Ok::<(), embedding_kernels::EmbeddingError>(())
 /// ```
 pub fn embed_positions_backward<I: Index>(
@@ -234,7 +240,7 @@ pub fn embed_positions_backward<I: Index>(
     seq_len: usize,
     scale: Option<f32>,
     grad_table: &mut [f32],
-    grad_positions: &mut [f32],
+    grad_position_table: &mut [f32],
 ) -> Result<(), EmbeddingError> {
     embed_positions_backward_with(
         Parallelism::Auto,
@@ -244,7 +250,7 @@ pub fn embed_positions_backward<I: Index>(
         seq_len,
         scale,
         grad_table,
-        grad_positions,
+        grad_position_table,
     )
 }
 
@@ -263,11 +269,11 @@ pub fn embed_positions_backward_with<I: Index>(
     seq_len: usize,
     scale: Option<f32>,
     grad_table: &mut [f32],
-    grad_positions: &mut [f32],
+    grad_position_table: &mut [f32],
 ) -> Result<(), EmbeddingError> {
     let rows = table_rows(grad_table.len(), dim, Operand::GradTable)?;
     check_sequences(
-        grad_positions.len(),
+        grad_position_table.len(),
         dim,
         Operand::GradPositions,
         ids.len(),
@@ -279,7 +285,7 @@ pub fn embed_positions_backward_with<I: Index>(
         grad_output.len(),
     )?;
     let ids = ValidIds::new(ids, rows)?;
-    let grad_positions = Some((&mut grad_positions[..seq_len * dim], seq_len));
+    let grad_position_table = Some((&mut grad_position_table[..seq_len * dim], seq_len));
     match scale {
         None => scatter::drive(
             par,
@@ -288,7 +294,7 @@ pub fn embed_positions_backward_with<I: Index>(
             ids,
             grad_table,
             Unscaled,
-            grad_positions,
+            grad_position_table,
         ),
         Some(s) => scatter::drive(
             par,
@@ -297,24 +303,24 @@ pub fn embed_positions_backward_with<I: Index>(
             ids,
             grad_table,
             Scaled(s),
-            grad_positions,
+            grad_position_table,
         ),
     }
     Ok(())
 }
 
 /// The checks both directions make after their table's (trick 5): the
-/// position table `operand` (of `positions_len` values) is whole rows of
+/// position table `operand` (of `position_table_len` values) is whole rows of
 /// `dim`, the `ids_len` ids are whole sequences of `seq_len`, and a sequence
 /// fits in the position table.
 fn check_sequences(
-    positions_len: usize,
+    position_table_len: usize,
     dim: usize,
     operand: Operand,
     ids_len: usize,
     seq_len: usize,
 ) -> Result<(), EmbeddingError> {
-    let max_len = table_rows(positions_len, dim, operand)?;
+    let max_len = table_rows(position_table_len, dim, operand)?;
     let whole = match ids_len.checked_rem(seq_len) {
         Some(rest) => rest == 0,
         None => ids_len == 0,
@@ -331,14 +337,14 @@ fn check_sequences(
     Ok(())
 }
 
-/// `dst = src * scale + positions[t]`, or `dst = src + positions[t]` when
+/// `dst = src * scale + position_table[t]`, or `dst = src + position_table[t]` when
 /// `SCALED` is false, where `t` counts the output rows modulo `seq_len`
 /// (trick 3). Whether to scale is a constant, so neither loop decides it per
 /// row.
 #[derive(Clone, Copy)]
 struct AddPosition<'a, const SCALED: bool> {
     /// The first `seq_len` rows of the position table.
-    positions: &'a [f32],
+    position_table: &'a [f32],
     dim: usize,
     seq_len: usize,
     scale: f32,
@@ -347,10 +353,10 @@ struct AddPosition<'a, const SCALED: bool> {
 }
 
 impl<'a, const SCALED: bool> AddPosition<'a, SCALED> {
-    fn new(positions: &'a [f32], dim: usize, seq_len: usize, scale: f32) -> Self {
-        debug_assert_eq!(positions.len(), seq_len * dim);
+    fn new(position_table: &'a [f32], dim: usize, seq_len: usize, scale: f32) -> Self {
+        debug_assert_eq!(position_table.len(), seq_len * dim);
         AddPosition {
-            positions,
+            position_table,
             dim,
             seq_len,
             scale,
@@ -371,7 +377,7 @@ impl<const SCALED: bool> RowOp for AddPosition<'_, SCALED> {
     #[inline(always)]
     fn write<V: Lanes>(&mut self, dst: &mut [f32], src: &[f32]) {
         let start = self.next * self.dim;
-        let position = &self.positions[start..start + self.dim];
+        let position = &self.position_table[start..start + self.dim];
         let scale = SCALED.then_some(self.scale);
         row::scale_add_rows::<V>(dst, src, scale, position);
         self.next += 1;
