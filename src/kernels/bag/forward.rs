@@ -228,6 +228,50 @@ impl<I: Index> Rows<'_, '_, I> {
     }
 }
 
+/// A bag's pooling, one column block at a time: what [`each_block`] runs.
+pub(super) trait BlockBody {
+    /// Pools columns `cols` with lanes `V`, writes them, and returns how many
+    /// of the bag's rows were kept.
+    fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize;
+}
+
+/// Runs `body` on every column block of a row of `dim` values: blocks of
+/// `widest` vectors (16 or 8), then one block each of the smaller sizes that
+/// fit (8, 4, 2, 1 vectors), then the last `dim % 8` columns. Returns the
+/// kept count of the last block (every block of a bag keeps the same rows).
+#[inline(always)]
+pub(super) fn each_block<V: Lanes, B: BlockBody>(dim: usize, widest: usize, body: &mut B) -> usize {
+    let (mut kept, mut c) = (0, 0);
+    if widest >= 16 {
+        while c + 16 * LANES <= dim {
+            kept = body.block::<V, 16>(Cols::whole(c));
+            c += 16 * LANES;
+        }
+    }
+    if widest >= 8 {
+        while c + 8 * LANES <= dim {
+            kept = body.block::<V, 8>(Cols::whole(c));
+            c += 8 * LANES;
+        }
+    }
+    while c + 4 * LANES <= dim {
+        kept = body.block::<V, 4>(Cols::whole(c));
+        c += 4 * LANES;
+    }
+    if c + 2 * LANES <= dim {
+        kept = body.block::<V, 2>(Cols::whole(c));
+        c += 2 * LANES;
+    }
+    if c + LANES <= dim {
+        kept = body.block::<V, 1>(Cols::whole(c));
+        c += LANES;
+    }
+    if c < dim {
+        kept = body.block::<V, 1>(Cols::tail(c, dim - c));
+    }
+    kept
+}
+
 /// What a block body does with each kept row of a bag: the sum's and the
 /// max's registers. A trait with `#[inline(always)]` methods rather than a
 /// closure: a closure is compiled as a function of its own, without the AVX

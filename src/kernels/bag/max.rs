@@ -1,7 +1,7 @@
 //! The max of one bag, a column block at a time in registers, with the
 //! position each column's winner came from.
 
-use super::forward::{Cols, Rows, Visit};
+use super::forward::{each_block, BlockBody, Cols, Rows, Visit};
 use crate::index::Index;
 use crate::simd::{Lanes, LANES};
 use core::ops::Range;
@@ -9,10 +9,10 @@ use core::ops::Range;
 /// `dst` = the column-wise max of bag `bag`'s kept rows and `args` the ids
 /// they came from; zeros and -1 when it kept none. A block is half the
 /// registers of values and half of positions: 8 vectors with sixteen
-/// registers, 4 with eight; then 2 and 1, then the last columns.
+/// registers, 4 with eight.
 ///
-/// The bag must hold at most `u32::MAX + 1` positions (the positions ride
-/// in the bits of an `f32` lane); the checks refuse longer ones.
+/// The bag must hold at most `2^32` positions (the positions ride in the
+/// bits of an `f32` lane); the checks refuse longer ones.
 #[inline(always)]
 pub(super) fn pool<V: Lanes, I: Index>(
     rows: &Rows<'_, '_, I>,
@@ -22,43 +22,29 @@ pub(super) fn pool<V: Lanes, I: Index>(
     args: &mut [i64],
 ) {
     debug_assert!(u32::try_from(bag.len().saturating_sub(1)).is_ok());
-    let dim = rows.dim;
-    let max = Max { rows, limit };
-    let (mut kept, mut c) = (0, 0);
-    if V::REGISTERS >= 16 {
-        while c + 8 * LANES <= dim {
-            kept = max.block::<V, 8>(bag.clone(), Cols::whole(c), dst, args);
-            c += 8 * LANES;
-        }
-    }
-    while c + 4 * LANES <= dim {
-        kept = max.block::<V, 4>(bag.clone(), Cols::whole(c), dst, args);
-        c += 4 * LANES;
-    }
-    if c + 2 * LANES <= dim {
-        kept = max.block::<V, 2>(bag.clone(), Cols::whole(c), dst, args);
-        c += 2 * LANES;
-    }
-    if c + LANES <= dim {
-        kept = max.block::<V, 1>(bag.clone(), Cols::whole(c), dst, args);
-        c += LANES;
-    }
-    if c < dim {
-        kept = max.block::<V, 1>(bag, Cols::tail(c, dim - c), dst, args);
-    }
-    if kept == 0 {
-        dst.fill(0.0);
-        args.fill(-1);
+    let mut max = Max {
+        rows,
+        bag,
+        limit,
+        dst,
+        args,
+    };
+    if each_block::<V, _>(rows.dim, V::REGISTERS / 2, &mut max) == 0 {
+        max.dst.fill(0.0);
+        max.args.fill(-1);
     }
 }
 
-/// One bag's max: its rows.
+/// One bag's max: its rows, and where the values and winners go.
 struct Max<'r, 'a, 'i, I: Index> {
     rows: &'r Rows<'a, 'i, I>,
+    bag: Range<usize>,
     limit: usize,
+    dst: &'r mut [f32],
+    args: &'r mut [i64],
 }
 
-impl<I: Index> Max<'_, '_, '_, I> {
+impl<I: Index> BlockBody for Max<'_, '_, '_, I> {
     /// Columns `cols` of the bag's max into `dst` and the winners' ids into
     /// `args`; returns how many rows were kept (and writes nothing when none
     /// was). The first kept row is taken as it is; after it a strictly
@@ -66,14 +52,8 @@ impl<I: Index> Max<'_, '_, '_, I> {
     /// is replaced), and its position in the bag replaces the winner's,
     /// through the same mask.
     #[inline(always)]
-    fn block<V: Lanes, const N: usize>(
-        &self,
-        bag: Range<usize>,
-        cols: Cols<N>,
-        dst: &mut [f32],
-        args: &mut [i64],
-    ) -> usize {
-        let start = bag.start;
+    fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize {
+        let (bag, start) = (self.bag.clone(), self.bag.start);
         let mut max = Running {
             best: [V::splat(0.0); N],
             from: [V::splat(0.0); N],
@@ -83,12 +63,12 @@ impl<I: Index> Max<'_, '_, '_, I> {
         let kept = self.rows.blocks::<N, _>(bag, self.limit, cols, &mut max);
         let Running { best, from, .. } = max;
         if kept > 0 {
-            cols.store(best, dst);
+            cols.store(best, self.dst);
             let mut at = [[0.0f32; LANES]; N];
             for (a, f) in at.iter_mut().zip(from) {
                 f.store(a);
             }
-            let winners = &mut args[cols.start..cols.start + cols.width];
+            let winners = &mut self.args[cols.start..cols.start + cols.width];
             for (arg, k) in winners.iter_mut().zip(at.as_flattened()) {
                 *arg = self.rows.ids.row(start + k.to_bits() as usize) as i64;
             }

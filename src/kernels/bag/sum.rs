@@ -1,14 +1,13 @@
 //! The sum (and mean) of one bag, a column block at a time in registers.
 
-use super::forward::{Cols, Rows, Visit};
+use super::forward::{each_block, BlockBody, Cols, Rows, Visit};
 use crate::index::Index;
 use crate::simd::{Lanes, LANES};
 use core::ops::Range;
 
 /// `dst` = the sum of bag `bag`'s kept rows (times their weights), divided
 /// by their count when `mean`; zeros when it kept none. Blocks of 16
-/// vectors where the lanes have sixteen registers, then of 8, 4, 2 and 1,
-/// then the last columns.
+/// vectors where the lanes have sixteen registers, else of 8.
 #[inline(always)]
 pub(super) fn pool<V: Lanes, I: Index>(
     rows: &Rows<'_, '_, I>,
@@ -18,53 +17,30 @@ pub(super) fn pool<V: Lanes, I: Index>(
     mean: bool,
     dst: &mut [f32],
 ) {
-    let dim = rows.dim;
-    let sum = Sum {
+    let mut sum = Sum {
         rows,
+        bag,
         weights,
         mean,
         limit,
+        dst,
     };
-    let (mut kept, mut c) = (0, 0);
-    if V::REGISTERS >= 16 {
-        while c + 16 * LANES <= dim {
-            kept = sum.block::<V, 16>(bag.clone(), Cols::whole(c), dst);
-            c += 16 * LANES;
-        }
-    }
-    while c + 8 * LANES <= dim {
-        kept = sum.block::<V, 8>(bag.clone(), Cols::whole(c), dst);
-        c += 8 * LANES;
-    }
-    if c + 4 * LANES <= dim {
-        kept = sum.block::<V, 4>(bag.clone(), Cols::whole(c), dst);
-        c += 4 * LANES;
-    }
-    if c + 2 * LANES <= dim {
-        kept = sum.block::<V, 2>(bag.clone(), Cols::whole(c), dst);
-        c += 2 * LANES;
-    }
-    if c + LANES <= dim {
-        kept = sum.block::<V, 1>(bag.clone(), Cols::whole(c), dst);
-        c += LANES;
-    }
-    if c < dim {
-        kept = sum.block::<V, 1>(bag, Cols::tail(c, dim - c), dst);
-    }
-    if kept == 0 {
-        dst.fill(0.0);
+    if each_block::<V, _>(rows.dim, V::REGISTERS, &mut sum) == 0 {
+        sum.dst.fill(0.0);
     }
 }
 
-/// One bag's sum: its rows, weights and mode.
+/// One bag's sum: its rows, weights and mode, and where it goes.
 struct Sum<'r, 'a, 'i, I: Index> {
     rows: &'r Rows<'a, 'i, I>,
+    bag: Range<usize>,
     weights: Option<&'r [f32]>,
     mean: bool,
     limit: usize,
+    dst: &'r mut [f32],
 }
 
-impl<I: Index> Sum<'_, '_, '_, I> {
+impl<I: Index> BlockBody for Sum<'_, '_, '_, I> {
     /// Columns `cols` of the bag's sum into `dst`; returns how many rows
     /// were kept. The sums start from `-0.0`, so the first kept term comes
     /// through to the bit (`-0.0 + x == x`); a mean divides in the registers
@@ -72,12 +48,8 @@ impl<I: Index> Sum<'_, '_, '_, I> {
     /// sum's loop holds the accumulators and nothing else (with one shared
     /// loop the compiler kept half of them on the stack).
     #[inline(always)]
-    fn block<V: Lanes, const N: usize>(
-        &self,
-        bag: Range<usize>,
-        cols: Cols<N>,
-        dst: &mut [f32],
-    ) -> usize {
+    fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize {
+        let bag = self.bag.clone();
         let (mut acc, kept) = match self.weights {
             None => {
                 let mut plain = Plain([V::splat(-0.0); N]);
@@ -101,7 +73,7 @@ impl<I: Index> Sum<'_, '_, '_, I> {
                 *a = a.div(n);
             }
         }
-        cols.store(acc, dst);
+        cols.store(acc, self.dst);
         kept
     }
 }
