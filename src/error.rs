@@ -15,6 +15,10 @@
 //!    [`LengthMismatch`](EmbeddingError::LengthMismatch);
 //! 4. the ids, first to last:
 //!    [`IndexOutOfRange`](EmbeddingError::IndexOutOfRange).
+//!
+//! A call with more arguments (bags, per-sample weights, `padding_idx`,
+//! positions) checks them before the ids, in the order its `# Errors`
+//! section lists.
 
 use core::fmt;
 

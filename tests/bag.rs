@@ -13,9 +13,9 @@
 //!   the distinct kept ids; max's backward: the bits of a plain loop over the
 //!   bags in order;
 //! * every error, exactly, with NaN canaries in every buffer; empty and
-//!   all-padding bags; max's NaN and tie rules and its path for bags of more
-//!   than 2^24 ids; a finite-difference check of every backward; `Auto` past
-//!   its threshold.
+//!   all-padding bags; max's NaN and tie rules and its winners in bags of
+//!   more than 2^24 ids (past what an `f32` counts exactly); a
+//!   finite-difference check of every backward; `Auto` past its threshold.
 //!
 //! The values span 24 binades (see `common::SplitMix`), so a sum taken in
 //! another order shows in the bits.
@@ -84,10 +84,10 @@ struct Case {
 
 type Range = std::ops::RangeInclusive<usize>;
 
-/// The widths with a special role: 1, around one `f32x8` (7, 8, 9), around
-/// the forward sum's 64-column register block (64, 65, 72: a block and a
-/// tail of one value or one `f32x8`; 127, 128, 129, 136: two blocks, less
-/// or more), 31, 32, 33, and the grouped backward's 16-float cache lines
+/// The widths with a special role: 1, around one vector of eight (7, 8, 9),
+/// around the forward's column blocks (64, 65, 72: a block of 64 and a tail
+/// of one value or one vector; 127, 128, 129, 136: 128 columns, the widest
+/// AVX block, less or more), 31, 32, 33, and the grouped backward's 16-float cache lines
 /// (16, 48).
 const DIMS: [usize; 16] = [
     1, 7, 8, 9, 16, 31, 32, 33, 48, 64, 65, 72, 127, 128, 129, 136,
@@ -1502,9 +1502,9 @@ fn padding_is_left_out_of_the_bag_and_of_the_count() {
 /// included) keep the earlier id, and the padding row never takes part.
 #[test]
 fn max_nan_and_tie_rules() {
-    // 45 columns take the row at a time path (not whole vectors); 48, 136
-    // and 264 the AVX blocks where the CPU has them (blocks of 32 and 16;
-    // 128 and 8; 128, 128 and 8). NaN columns in each block.
+    // Column blocks of the max (8, 4, 2, 1 vectors with AVX, then the
+    // padded tail): 45 = 32 + 8 + a tail of 5; 48 = 32 + 16; 136 = 64 + 64
+    // + 8; 264 = 4 × 64 + 8. NaN columns in each block.
     for dim in [45, 48, 136, 264] {
         let nan_cols = [3, 31, 33, dim - 5, dim - 1];
         let nan = f32::from_bits(0x7fc0_1234);
@@ -1773,10 +1773,10 @@ fn sparse_backward_with_a_huge_dim_and_nothing_to_group() {
     }
 }
 
-/// Bags longer than 2^24 ids, where positions are no longer exact in an
-/// `f32`, take max's other path: the winners must still be right, both the
-/// first kept row (here after a padding id, at position 1) and a row past
-/// position 2^24.
+/// Bags longer than 2^24 ids, where positions are no longer exact as `f32`
+/// values (the kernel keeps them as bits): the winners must still be right,
+/// both the first kept row (here after a padding id, at position 1) and a
+/// row past position 2^24.
 #[test]
 fn max_of_a_bag_longer_than_2_pow_24_ids() {
     let n = (1 << 24) + 2;

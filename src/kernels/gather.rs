@@ -20,11 +20,8 @@
 //!    `i`, and warms the first `ahead` rows before the loop (each parallel
 //!    block starts cold). `ahead` is about 16 KiB of rows, between 4 and 32
 //!    rows (`prefetch_ahead`): 32 rows of recsys's 512 bytes, 10 of
-//!    minilm's 1.5 KiB. With 4 KiB pages a fixed 8 rows was as good as any
-//!    (the page walks dominated); with the table in huge pages
-//!    ([`memory`](crate::memory)), 32 rows ahead ran the recsys bag sum
-//!    in 2.3 ms against 3.2 ms at 8. Without any prefetch one thread took
-//!    about 1.6 times as long.
+//!    minilm's 1.5 KiB (the measurements that chose it are in
+//!    docs/benchmarks.md).
 //! 4. **Threads.** The output is cut into blocks of whole rows, about
 //!    `TASK_BYTES` each, and rayon hands the blocks to the threads of the
 //!    pool the caller runs in. Blocks are disjoint, so there is nothing to

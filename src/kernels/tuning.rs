@@ -45,7 +45,7 @@ pub(crate) const SWEEP_TASK_BYTES: usize = 1 << 20;
 
 /// From this many bytes of gradient table on, the dense backward writes with
 /// streaming stores, and below it the gradient is summed in place
-/// (`dense_in_cache`). Below, the table fits the caches that a streaming
+/// (`InCache` in `grouped/dense.rs`). Below, the table fits the caches that a streaming
 /// store would bypass, and plain stores are faster: on `tiny` (256 KiB)
 /// streaming took about twice as long as a memset and a scatter.
 pub(crate) const STREAM_MIN_BYTES: usize = 8 << 20;

@@ -271,6 +271,13 @@ pub fn bag_forward<I: Index>(
     check_len(Operand::Output, out_len, out.len())?;
     if pooling.mode == Mode::Max {
         check_len(Operand::MaxIndices, out_len, max_indices.len())?;
+        // The kernel's limit (its winners' positions ride in 32 bits); the
+        // loop below has none, but the errors must match.
+        let max = 1u64 << 32;
+        if let Some(bag) = (0..bags.len()).find(|&b| bags.bag(b).len() as u64 > max) {
+            let len = bags.bag(bag).len();
+            return Err(EmbeddingError::BagTooLong { bag, len, max });
+        }
     }
     check_ids(ids, rows)?;
     let gathered = matmul(&one_hot(ids, rows)?, table, ids.len(), rows, dim);

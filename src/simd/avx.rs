@@ -48,8 +48,9 @@ fn run_avx<B: Body>(body: B) -> B::Output {
 struct Avx256(__m256);
 
 // The SAFETY of every `unsafe` block below: the intrinsic needs AVX, and an
-// `Avx256` only exists inside `run_avx`, which runs only on a CPU with AVX
-// (the module notes); the intrinsics touch no memory.
+// `Avx256` is only reachable through `run_avx`, which `run` calls only with
+// an `Avx`, made after the CPU reported AVX (the module notes); the
+// intrinsics touch no memory.
 impl Lanes for Avx256 {
     const REGISTERS: usize = 16;
 

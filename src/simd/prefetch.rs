@@ -13,9 +13,7 @@ use super::LANES;
 /// row of 16 floats usually spans two lines and one of 128 floats nine. A
 /// hint per 16 floats from the row's start would miss the last line of
 /// each; the hints here step from the first line to the line of the last
-/// value. (Missing that last line cost a cache miss per row: the grouped
-/// dense backward of narrow's 64-byte rows took 28 ms on one thread before,
-/// 17 ms after.)
+/// value; a missed last line is a cache miss per row.
 #[inline(always)]
 pub(crate) fn row(row: &[f32]) {
     #[cfg(target_arch = "x86_64")]
@@ -24,9 +22,9 @@ pub(crate) fn row(row: &[f32]) {
         let first = row.as_ptr() as usize & !63;
         let lines = (last as *const f32 as usize - first) / 64 + 1;
         let hint = |k: usize| hint(first + 64 * k);
-        // Four hints per step, not one per loop trip: a bag sum over recsys
-        // written for the test took 2.6 ms with its eight hints a row
-        // written out and 3.1 ms with a loop of one hint (same run).
+        // Four hints per step, not one per loop trip: the loop's own
+        // branches and counter cost more than the hints (measured in
+        // docs/benchmarks.md).
         let mut k = 0;
         while k + 4 <= lines {
             hint(k);

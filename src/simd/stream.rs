@@ -4,10 +4,9 @@
 //! store reads every line it writes, doubling the traffic.
 //!
 //! [`Lanes::stream`](super::Lanes::stream) picks the register: 32 bytes with
-//! AVX (half the store instructions; on the recsys dense backward the sweep
-//! of zeros ran at 0.95-0.96 of a same-run memset with them, against
-//! 1.02-1.11 with 16-byte stores), 16 bytes otherwise. Call [`fence`] before
-//! another thread reads what was streamed.
+//! AVX (half the store instructions, which the sweep of zeros needs to keep
+//! up with a memset), 16 bytes otherwise. Call [`fence`] before another
+//! thread reads what was streamed.
 
 #![allow(unsafe_code)]
 

@@ -159,8 +159,9 @@ pub(crate) fn check_forward<'a, I: Index>(
 /// # Errors
 /// A shape error, an offsets error (made by [`Bags`]),
 /// [`EmbeddingError::PerSampleWeightsNeedSum`],
-/// [`EmbeddingError::PaddingIdxOutOfRange`] or
-/// [`EmbeddingError::IndexOutOfRange`]; then nothing is written.
+/// [`EmbeddingError::PaddingIdxOutOfRange`],
+/// [`EmbeddingError::BagTooLong`] (max mode, a bag of more than 2^32 ids)
+/// or [`EmbeddingError::IndexOutOfRange`]; then nothing is written.
 pub fn bag_forward<I: Index>(
     table: &[f32],
     dim: usize,

@@ -10,14 +10,10 @@ fn mix(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The sums in 256-bit registers and in `f32x8` pairs (and, past 128
-/// columns, a row at a time) give the same bits, and the sum those of
-/// the bag-matrix reference, for widths around every block edge, with
-/// and without weights and padding, on one thread and on the pool; the
-/// maxima of both paths are the reference's, values and winners.
 /// Bags that hold no id, alone or before one that does, give zeros (and
-/// -1 winners) on every path: a task whose bags are all empty ends at
-/// position 0, which the prefetch's clamp must not step below.
+/// -1 winners) on every instruction set and thread count: a task whose bags
+/// are all empty ends at position 0, which the prefetch's clamp must not
+/// step below.
 #[test]
 fn empty_bags_give_zeros_on_every_path() {
     let table: Vec<f32> = (0..4 * 384).map(|i| i as f32 - 700.0).collect();
@@ -63,8 +59,12 @@ fn empty_bags_give_zeros_on_every_path() {
     }
 }
 
+/// The sums on every instruction set give the same bits, and the sum those
+/// of the bag-matrix reference, for widths around every block edge and the
+/// padded tail, with and without weights and padding, on one thread and on
+/// the pool; the maxima are the reference's, values and winners.
 #[test]
-fn both_sum_paths_give_the_reference_bits() {
+fn every_isa_gives_the_reference_bits() {
     let mut seed = 7;
     let dims = [
         1, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 40, 56, 63, 64, 65, 72, 96, 120, 127, 128, 129,

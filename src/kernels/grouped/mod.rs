@@ -31,9 +31,7 @@
 //!    for a million rows), so each row's positions stay in order. The cost
 //!    is `O(n)` per pass and does not grow with `num_embeddings` beyond its
 //!    bit count, which is what lets a sparse gradient and a fused update skip
-//!    the 488 MiB of an untouched recsys table. (A comparison sort of
-//!    `row · n + p` keys came first; on narrow's 262 144 ids it took several
-//!    milliseconds.)
+//!    the 488 MiB of an untouched recsys table.
 //! 2. **Exact sums.** Each row is summed in position order starting from
 //!    `+0.0`, the same additions as `scatter_add` into a zeroed gradient, so
 //!    the dense, the coalesced and the reference gradient have the same bits,
@@ -43,9 +41,7 @@
 //!    zeroing pass before the scatter. From 8 MiB of table on, the sweep uses
 //!    non-temporal (streaming) stores, which send whole lines to memory
 //!    without first reading them into the cache: a plain store reads every
-//!    line it writes, doubling the traffic. On recsys (488 MiB, two threads)
-//!    this took the dense backward from 39 to 22 ms, against 12 ms for a
-//!    memset of the same table.
+//!    line it writes, doubling the traffic.
 //! 4. **Tasks own disjoint rows.** Groups are sorted by row, so a run of
 //!    groups covers a contiguous range of table rows, and the table (and an
 //!    optimiser's state) is carved into those ranges with `split_at_mut`.
@@ -59,8 +55,8 @@
 //!    `grad_output` at random, so each task walks a cursor about 16 KiB of
 //!    rows ahead through its positions and prefetches their gradient rows
 //!    (and, for a fused update, the weight and state rows of the group as
-//!    far ahead). Prefetching only each group's first row left most rows of
-//!    narrow's many small groups to miss: its dense backward took 26 ms.
+//!    far ahead). Prefetching only each group's first row would leave most
+//!    rows of many small groups to miss.
 
 mod dense;
 mod fused;
