@@ -11,6 +11,8 @@
 mod bag;
 mod gather;
 mod grouped;
+#[cfg(test)]
+mod isa_tests;
 mod scatter;
 mod spare;
 mod token_position;

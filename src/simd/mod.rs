@@ -18,7 +18,8 @@
 //! how a default build still gets it. Both lane types do the same IEEE
 //! operation per lane (one rounded add, multiply or divide; an ordered
 //! compare; a bitwise select; never a fused multiply-add), so both give the
-//! same bits, and the tests run every kernel on both.
+//! same bits, and the tests run every kernel on both (`kernels/isa_tests.rs`
+//! runs each public kernel under [`Isa::force`]).
 //!
 //! The rest of the folder: [`row`] (whole-row operations over any lane
 //! type), [`prefetch`] (cache hints), [`stream`] (non-temporal stores).
@@ -88,6 +89,10 @@ impl Isa {
     /// `std`).
     #[inline]
     pub(crate) fn detect() -> Isa {
+        #[cfg(test)]
+        if let Some(isa) = FORCED.get() {
+            return isa;
+        }
         #[cfg(target_arch = "x86_64")]
         if let Some(avx) = avx::Avx::detect() {
             return Isa::Avx(avx);
@@ -106,6 +111,17 @@ impl Isa {
         all
     }
 
+    /// Runs `f` with [`Isa::detect`] answering `self` on this thread: what
+    /// the tests use to run whole kernels (with `Parallelism::Serial`, so
+    /// every task stays on this thread) on each instruction set.
+    #[cfg(test)]
+    pub(crate) fn force<R>(self, f: impl FnOnce() -> R) -> R {
+        let before = FORCED.replace(Some(self));
+        let result = f();
+        FORCED.set(before);
+        result
+    }
+
     /// Runs `body` with this instruction set's lanes.
     #[inline(always)]
     pub(crate) fn run<B: Body>(self, body: B) -> B::Output {
@@ -115,4 +131,10 @@ impl Isa {
             Isa::Avx(avx) => avx::run(avx, body),
         }
     }
+}
+
+#[cfg(test)]
+std::thread_local! {
+    /// The instruction set [`Isa::force`] set for this thread, if any.
+    static FORCED: core::cell::Cell<Option<Isa>> = const { core::cell::Cell::new(None) };
 }

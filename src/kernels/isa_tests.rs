@@ -1,0 +1,167 @@
+//! Every public kernel on every instruction set: the same call under each
+//! [`Isa`] (forced on this thread, with `Parallelism::Serial` so that every
+//! task runs here) gives the same bits. The integration tests check the
+//! detected instruction set against the reference; this checks that the
+//! others agree with it, widths around every vector edge included.
+
+use crate::simd::Isa;
+use crate::{Parallelism, Sgd};
+
+/// A deterministic stream of values in [-1, 1), with some `-0.0`s.
+fn values(len: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed;
+    (0..len)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            match state >> 60 {
+                0 => -0.0,
+                _ => ((state >> 40) % 2001) as f32 / 1000.0 - 1.0,
+            }
+        })
+        .collect()
+}
+
+/// Ids below `rows`, with repeats.
+fn ids(n: usize, rows: usize, seed: u64) -> Vec<u32> {
+    let mut state = seed ^ 0x9e37_79b9;
+    (0..n)
+        .map(|_| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
+            ((state >> 33) % rows as u64) as u32
+        })
+        .collect()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Every output `run` makes, on each instruction set, must have the bits of
+/// the first's.
+fn same_on_every_isa(what: &str, run: impl Fn() -> Vec<Vec<f32>>) {
+    let isas = Isa::all();
+    let first = isas[0].force(&run);
+    for &isa in &isas[1..] {
+        let other = isa.force(&run);
+        assert_eq!(first.len(), other.len());
+        for (k, (a, b)) in first.iter().zip(&other).enumerate() {
+            assert_eq!(bits(a), bits(b), "{what}: output {k} on {isa:?}");
+        }
+    }
+}
+
+const DIMS: [usize; 12] = [1, 3, 7, 8, 9, 16, 17, 31, 33, 64, 130, 385];
+
+#[test]
+fn lookups_and_scatters_agree_on_every_isa() {
+    let serial = Parallelism::Serial;
+    for (k, &dim) in DIMS.iter().enumerate() {
+        let (rows, n) = (40, 90);
+        let table = values(rows * dim, k as u64);
+        let grad = values(n * dim, 100 + k as u64);
+        let ids = ids(n, rows, k as u64);
+        let positions = values(6 * dim, 200 + k as u64);
+        same_on_every_isa(&format!("dim {dim}"), || {
+            let mut out = vec![f32::NAN; n * dim];
+            crate::gather_with(serial, &table, dim, &ids, &mut out).unwrap();
+            let mut scaled = vec![f32::NAN; n * dim];
+            crate::gather_scaled_with(serial, &table, dim, &ids, 0.3, &mut scaled).unwrap();
+            let mut acc = table.clone();
+            crate::scatter_add_with(serial, &grad, dim, &ids, &mut acc).unwrap();
+            let mut acc_scaled = table.clone();
+            crate::scatter_add_scaled_with(serial, &grad, dim, &ids, 1.7, &mut acc_scaled).unwrap();
+            let mut fused = vec![f32::NAN; n * dim];
+            crate::embed_positions_with(
+                serial,
+                &table,
+                &positions,
+                dim,
+                &ids,
+                6,
+                Some(0.5),
+                &mut fused,
+            )
+            .unwrap();
+            let (mut g_table, mut g_positions) = (table.clone(), positions.clone());
+            crate::embed_positions_backward_with(
+                serial,
+                &grad,
+                dim,
+                &ids,
+                6,
+                None,
+                &mut g_table,
+                &mut g_positions,
+            )
+            .unwrap();
+            vec![out, scaled, acc, acc_scaled, fused, g_table, g_positions]
+        });
+    }
+}
+
+#[test]
+fn grouped_backwards_agree_on_every_isa() {
+    let serial = Parallelism::Serial;
+    // Small tables (summed in the caches) at every width, and one table past
+    // `STREAM_MIN_BYTES`, swept with streaming stores.
+    let cases = DIMS
+        .iter()
+        .map(|&dim| (40, dim, 90))
+        .chain([(70_000, 32, 5_000)]);
+    for (k, (rows, dim, n)) in cases.enumerate() {
+        let grad = values(n * dim, 300 + k as u64);
+        let ids = ids(n, rows, 7 + k as u64);
+        let weight = values(rows * dim, 400 + k as u64);
+        same_on_every_isa(&format!("rows {rows} dim {dim}"), || {
+            let mut dense = vec![f32::NAN; rows * dim];
+            crate::dense_backward_with(serial, &grad, dim, &ids, Some(3), true, &mut dense)
+                .unwrap();
+            let sparse =
+                crate::sparse_backward_with(serial, &grad, dim, &ids, rows, None, false).unwrap();
+            let mut emb = crate::Embedding::from_pretrained(weight.clone(), dim, false)
+                .unwrap()
+                .with_parallelism(serial);
+            emb.sparse_step(&grad, &ids, &mut Sgd::new(0.25)).unwrap();
+            vec![dense, sparse.values().to_vec(), emb.into_weight()]
+        });
+    }
+}
+
+#[test]
+fn bag_backwards_agree_on_every_isa() {
+    let serial = Parallelism::Serial;
+    for (k, &dim) in DIMS.iter().enumerate() {
+        let (rows, n) = (40, 96);
+        let ids = ids(n, rows, 11 + k as u64);
+        let bags = crate::Bags::fixed(n / 6, 6).unwrap();
+        let grad_bags = values(bags.len() * dim, 500 + k as u64);
+        let weights = values(n, 600 + k as u64);
+        same_on_every_isa(&format!("dim {dim}"), || {
+            let mut outs = Vec::new();
+            for (mode, w) in [
+                (crate::Mode::Sum, Some(&weights[..])),
+                (crate::Mode::Mean, None),
+            ] {
+                let pooling = crate::Pooling {
+                    mode,
+                    per_sample_weights: w,
+                    padding_idx: Some(5),
+                    ..crate::Pooling::default()
+                };
+                let mut dense = vec![f32::NAN; rows * dim];
+                crate::bag_backward_with(
+                    serial, &grad_bags, dim, &ids, &bags, &pooling, &mut dense,
+                )
+                .unwrap();
+                let sparse = crate::bag_sparse_backward_with(
+                    serial, &grad_bags, dim, &ids, &bags, &pooling, rows,
+                )
+                .unwrap();
+                outs.extend([dense, sparse.values().to_vec()]);
+            }
+            outs
+        });
+    }
+}
