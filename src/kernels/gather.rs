@@ -137,7 +137,7 @@ pub(crate) fn check<'a, I: Index>(
 }
 
 /// What a gather writes into each output row, given the table row it read:
-/// a copy, a scaled copy, or (in [`positions`](super::positions)) a scaled
+/// a copy, a scaled copy, or (in [`token_position`](super::token_position)) a scaled
 /// copy plus a position row.
 ///
 /// The operation is a type, so each one gets its own loop with nothing to

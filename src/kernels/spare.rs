@@ -9,15 +9,11 @@
 //! and 0.6 ms with reused ones. So the vectors of a finished grouping wait
 //! here, on the thread that built it, for the next one.
 //!
-//! What a thread keeps is bounded ([`KEEP`] vectors, [`KEEP_BYTES`] in
-//! all); the largest are kept, the rest freed.
+//! What a thread keeps is bounded ([`SPARE_VECTORS`](super::tuning::SPARE_VECTORS) vectors,
+//! [`SPARE_BYTES`](super::tuning::SPARE_BYTES) in all); the largest are kept, the rest freed.
 
+use super::tuning::{SPARE_BYTES as KEEP_BYTES, SPARE_VECTORS as KEEP};
 use std::cell::RefCell;
-
-/// The most spare vectors one thread keeps.
-const KEEP: usize = 8;
-/// The most bytes of spare vectors one thread keeps.
-const KEEP_BYTES: usize = 32 << 20;
 
 thread_local! {
     static SPARE: RefCell<Vec<Vec<usize>>> = const { RefCell::new(Vec::new()) };

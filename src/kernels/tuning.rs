@@ -70,3 +70,15 @@ pub(crate) fn prefetch_ahead(row_floats: usize) -> usize {
     let row_bytes = row_floats.saturating_mul(core::mem::size_of::<f32>());
     (PREFETCH_BYTES / row_bytes.max(1)).clamp(4, 32)
 }
+
+/// Bits of the row sorted per pass of the grouping's radix sort (a count,
+/// not bytes): 2^11 buckets of counts stay in L1, and a million rows take
+/// two passes.
+pub(crate) const RADIX_BITS: u32 = 11;
+
+/// The most spare index vectors one thread keeps between calls
+/// (`kernels/spare.rs`; a count).
+pub(crate) const SPARE_VECTORS: usize = 8;
+
+/// The most bytes of spare index vectors one thread keeps between calls.
+pub(crate) const SPARE_BYTES: usize = 32 << 20;

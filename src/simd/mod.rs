@@ -19,7 +19,7 @@
 //! operation per lane (one rounded add, multiply or divide; an ordered
 //! compare; a bitwise select; never a fused multiply-add), so both give the
 //! same bits, and the tests run every kernel on both (`kernels/isa_tests.rs`
-//! runs each public kernel under [`Isa::force`]).
+//! runs each public kernel under `Isa::force`, a test-only switch).
 //!
 //! The rest of the folder: [`row`] (whole-row operations over any lane
 //! type), [`prefetch`] (cache hints), [`stream`] (non-temporal stores).

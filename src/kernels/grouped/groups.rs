@@ -15,8 +15,7 @@ use crate::simd::prefetch;
 use crate::sparse_grad::SparseGrad;
 use core::ops::Range;
 
-/// Bits of the row sorted per pass of the radix sort.
-const RADIX_BITS: u32 = 11;
+use crate::kernels::tuning::RADIX_BITS;
 
 /// Buckets per pass.
 const RADIX: usize = 1 << RADIX_BITS;
