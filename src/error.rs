@@ -226,4 +226,30 @@ pub enum EmbeddingError {
     /// (`bag_max_backward`), not the ids.
     #[error("the backward of mode max needs the forward's max_indices")]
     MaxNeedsIndices,
+
+    /// A row to quantize holds an infinity or a NaN: its row-wise scale and
+    /// bias would be meaningless.
+    #[error("row {row} holds a value that is not finite at column {column}, which a row-wise quantized table cannot represent")]
+    NotFinite {
+        /// The row.
+        row: usize,
+        /// The first column holding an infinity or a NaN.
+        column: usize,
+    },
+
+    /// A row to quantize spans a range (`max - min`) too wide for an `f32`.
+    #[error("row {row} spans a range wider than an f32 holds, which a row-wise quantized table cannot represent")]
+    RangeOverflow {
+        /// The row.
+        row: usize,
+    },
+
+    /// A packed table is not a whole number of packed rows.
+    #[error("a packed table of {len} bytes is not a whole number of {row_bytes}-byte rows")]
+    PackedLength {
+        /// Its length in bytes.
+        len: usize,
+        /// The length of one packed row for its format and width.
+        row_bytes: usize,
+    },
 }

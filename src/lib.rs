@@ -120,6 +120,7 @@
 
 mod bags;
 pub mod embedding;
+pub mod formats;
 pub mod embedding_bag;
 pub mod error;
 mod index;
