@@ -120,9 +120,9 @@
 
 mod bags;
 pub mod embedding;
-pub mod formats;
 pub mod embedding_bag;
 pub mod error;
+pub mod formats;
 mod index;
 pub mod input;
 pub mod io;
