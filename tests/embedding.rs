@@ -4,8 +4,8 @@
 mod common;
 
 use common::{
-    assert_close, bits, convert, draw_ids, numeric_gradient, pools, values, weighted_sum, Pattern,
-    SplitMix,
+    assert_close, assert_error, bad_id, bits, convert, draw_ids, invalid, mismatch, not_whole_rows,
+    numeric_gradient, pools, row, run_table, values, weighted_sum, Pattern, Row, SplitMix,
 };
 use embedding_kernels::{dense_backward_with, sparse_backward_with};
 use embedding_kernels::{
@@ -506,29 +506,6 @@ fn max_norm_renormalises_each_looked_up_row_once() {
     }
 }
 
-#[test]
-fn max_norm_with_a_bad_id_changes_nothing() {
-    let weight = vec![3.0f32; 8 * 4];
-    let options = EmbeddingOptions {
-        max_norm: Some(1.0),
-        ..EmbeddingOptions::default()
-    };
-    let mut emb =
-        Embedding::from_pretrained_with_options(weight.clone(), 4, false, options).unwrap();
-    let mut out = vec![f32::NAN; 3 * 4];
-    let err = emb.forward_into(&[0i64, 2, -3], &mut out).unwrap_err();
-    assert_eq!(
-        err,
-        EmbeddingError::IndexOutOfRange {
-            position: 2,
-            index: -3,
-            num_embeddings: 8
-        }
-    );
-    assert_eq!(bits(emb.weight()), bits(&weight));
-    assert!(out.iter().all(|x| x.is_nan()));
-}
-
 // ---------------------------------------------------------------------------
 // Construction, shapes, errors
 // ---------------------------------------------------------------------------
@@ -566,135 +543,16 @@ fn seeded_initialisation_is_the_same_bits_on_every_pool() {
     assert_ne!(bits(&w[..1000]), bits(&w[65_536..66_536]));
 }
 
+/// The calls next to the rows of [`layer_errors`] that succeed.
 #[test]
-fn forward_shapes_and_errors() {
-    let mut emb = Embedding::from_pretrained((0..12).map(|x| x as f32).collect(), 3, true).unwrap();
+fn forward_shapes_and_rows() {
+    let mut emb = Layer::Lookup.build();
     let out = emb.forward(&[3u32, 0, 1, 2, 2, 1], &[2, 3]).unwrap();
     assert_eq!(out.shape, [2, 3, 3]);
     assert_eq!(&out.values[..6], &[9.0, 10.0, 11.0, 0.0, 1.0, 2.0]);
-    assert_eq!(
-        emb.forward(&[0u32, 1, 2], &[2, 2]).unwrap_err(),
-        EmbeddingError::IdsShape {
-            shape: vec![2, 2],
-            len: 3
-        }
-    );
-    assert!(matches!(
-        emb.forward(&[0u32], &[usize::MAX, 2]),
-        Err(EmbeddingError::IdsShape { .. })
-    ));
     assert_eq!(emb.forward(&[0u32; 0], &[0, 5]).unwrap().shape, [0, 5, 3]);
-    let mut out = vec![f32::NAN; 5];
-    assert_eq!(
-        emb.forward_into(&[0u32, 1], &mut out).unwrap_err(),
-        EmbeddingError::LengthMismatch {
-            operand: Operand::Output,
-            expected: 6,
-            got: 5
-        }
-    );
-    assert_eq!(
-        emb.row(-1i64).unwrap_err(),
-        EmbeddingError::IndexOutOfRange {
-            position: 0,
-            index: -1,
-            num_embeddings: 4
-        }
-    );
     assert_eq!(emb.row(2u64).unwrap(), &[6.0, 7.0, 8.0]);
-}
-
-#[test]
-fn option_errors_are_precise() {
-    let bad_padding = EmbeddingOptions {
-        padding_idx: Some(-5),
-        ..EmbeddingOptions::default()
-    };
-    assert_eq!(
-        Embedding::with_options(4, 2, bad_padding).unwrap_err(),
-        EmbeddingError::PaddingIdxOutOfRange {
-            padding_idx: -5,
-            num_embeddings: 4
-        }
-    );
-    for max_norm in [0.0, -1.0, f32::NAN] {
-        let options = EmbeddingOptions {
-            max_norm: Some(max_norm),
-            ..EmbeddingOptions::default()
-        };
-        assert!(matches!(
-            Embedding::with_options(4, 2, options),
-            Err(EmbeddingError::InvalidArgument {
-                name: "max_norm",
-                ..
-            })
-        ));
-    }
-    assert!(matches!(
-        Embedding::new(usize::MAX, 2),
-        Err(EmbeddingError::SizeOverflow { .. })
-    ));
-    assert!(matches!(
-        Embedding::from_pretrained(vec![0.0; 7], 2, false),
-        Err(EmbeddingError::NotMultipleOfDim { .. })
-    ));
-}
-
-#[test]
-fn updates_with_bad_arguments_change_nothing() {
-    let weight: Vec<f32> = (0..20).map(|x| x as f32).collect();
-    let mut emb = Embedding::from_pretrained(weight.clone(), 4, false).unwrap();
-    let g = vec![1.0f32; 8];
-    let mut adagrad = Adagrad::new(0.1);
-    let err = emb.sparse_step(&g, &[1i64, 5], &mut adagrad).unwrap_err();
-    assert!(matches!(
-        err,
-        EmbeddingError::IndexOutOfRange {
-            position: 1,
-            index: 5,
-            ..
-        }
-    ));
-    assert!(
-        adagrad.state().is_empty(),
-        "no state made for a refused step"
-    );
-    let err = emb
-        .sparse_step(&g[..7], &[1i64, 2], &mut adagrad)
-        .unwrap_err();
-    assert!(matches!(
-        err,
-        EmbeddingError::LengthMismatch {
-            operand: Operand::GradOutput,
-            ..
-        }
-    ));
-    let err = emb
-        .sparse_step(&g, &[1i64, 2], &mut Sgd::new(-0.1))
-        .unwrap_err();
-    assert!(matches!(
-        err,
-        EmbeddingError::InvalidArgument { name: "lr", .. }
-    ));
-    assert_eq!(bits(emb.weight()), bits(&weight));
-    // State made for one table refuses another.
-    emb.sparse_step(&g, &[1i64, 2], &mut adagrad).unwrap();
-    let mut small = Embedding::from_pretrained(vec![0.0; 8], 4, false).unwrap();
-    let err = small.sparse_step(&g, &[1i64, 0], &mut adagrad).unwrap_err();
-    assert!(matches!(
-        err,
-        EmbeddingError::LengthMismatch {
-            operand: Operand::OptimizerState,
-            ..
-        }
-    ));
-    assert_eq!(small.weight(), &[0.0; 8]);
-    // A sparse gradient for another shape.
-    let grad = SparseGrad::new(vec![0], vec![1.0; 4], 3, 4).unwrap();
-    assert!(emb.apply_sparse(&grad, &mut Sgd::new(0.1)).is_err());
-    assert!(SparseGrad::new(vec![2, 2], vec![0.0; 8], 3, 4).is_err());
-    assert!(SparseGrad::new(vec![3], vec![0.0; 4], 3, 4).is_err());
-    assert!(SparseGrad::new(vec![0], vec![0.0; 3], 3, 4).is_err());
+    assert!(Sgd::new(0.1).validate().is_ok());
 }
 
 #[test]
@@ -795,61 +653,13 @@ fn save_and_load_round_trip_bitwise() {
 }
 
 #[test]
-fn read_only_lookups_match_forward_and_refuse_max_norm() {
-    let weight: Vec<f32> = (0..24).map(|x| x as f32 - 7.5).collect();
-    let mut emb = Embedding::from_pretrained(weight.clone(), 4, false).unwrap();
+fn read_only_lookups_match_forward() {
+    let mut emb = Layer::ReadOnly.build();
     let ids = [5u32, 0, 5, 2];
     let mut shared = vec![f32::NAN; 16];
     emb.lookup_into(&ids, &mut shared).unwrap();
     let owned = emb.forward(&ids, &[4]).unwrap();
     assert_eq!(bits(&shared), bits(&owned.values));
-    assert!(matches!(
-        emb.lookup_into(&[6u32], &mut shared[..4]),
-        Err(EmbeddingError::IndexOutOfRange {
-            position: 0,
-            index: 6,
-            ..
-        })
-    ));
-    let options = EmbeddingOptions {
-        max_norm: Some(1.0),
-        ..EmbeddingOptions::default()
-    };
-    let renorming = Embedding::from_pretrained_with_options(weight, 4, false, options).unwrap();
-    assert!(matches!(
-        renorming.lookup_into(&ids, &mut shared),
-        Err(EmbeddingError::InvalidArgument {
-            name: "max_norm",
-            ..
-        })
-    ));
-}
-
-#[test]
-fn optimisers_validate_before_any_step() {
-    assert!(Sgd::new(0.1).validate().is_ok());
-    assert!(matches!(
-        Sgd::new(0.1).with_weight_decay(-1.0).validate(),
-        Err(EmbeddingError::InvalidArgument {
-            name: "weight_decay",
-            ..
-        })
-    ));
-    let mut adagrad = Adagrad::new(0.1);
-    adagrad.eps = f32::NAN;
-    assert!(matches!(
-        adagrad.validate(),
-        Err(EmbeddingError::InvalidArgument { name: "eps", .. })
-    ));
-    let mut rowwise = RowWiseAdagrad::new(0.1);
-    rowwise.initial_accumulator_value = -0.5;
-    assert!(matches!(
-        rowwise.validate(),
-        Err(EmbeddingError::InvalidArgument {
-            name: "initial_accumulator_value",
-            ..
-        })
-    ));
 }
 
 /// Tables of 8 MiB and more take the grouped sweep (streaming stores, tasks
@@ -915,4 +725,364 @@ fn large_tables_take_the_grouped_sweep_with_the_same_bits() {
             }
         }
     }
+}
+
+// ---------------------------------------------------------------------------
+// Errors: one table, every entry point, nothing changed
+// ---------------------------------------------------------------------------
+
+/// The table of [`Layer::ReadOnly`].
+fn read_only_weight() -> Vec<f32> {
+    (0..24).map(|x| x as f32 - 7.5).collect()
+}
+
+/// The layers the error rows call.
+#[derive(Clone, Copy, Debug)]
+enum Layer {
+    /// 4 rows × 3, the values 0..12, frozen.
+    Lookup,
+    /// 5 rows × 4, the values 0..20.
+    Train,
+    /// 2 rows × 4 of zeros.
+    Small,
+    /// 8 rows × 4 of 3.0 with `max_norm` 1, so a forward would change it.
+    Renorm,
+    /// 6 rows × 4, the values -7.5..16.5.
+    ReadOnly,
+    /// [`Layer::ReadOnly`] with `max_norm` 1.
+    ReadOnlyRenorm,
+}
+
+impl Layer {
+    fn build(self) -> Embedding {
+        let max_norm = |m| EmbeddingOptions {
+            max_norm: Some(m),
+            ..EmbeddingOptions::default()
+        };
+        let counting = |n: usize, dim, frozen| {
+            Embedding::from_pretrained((0..n).map(|x| x as f32).collect(), dim, frozen).unwrap()
+        };
+        match self {
+            Layer::Lookup => counting(12, 3, true),
+            Layer::Train => counting(20, 4, false),
+            Layer::Small => Embedding::from_pretrained(vec![0.0; 8], 4, false).unwrap(),
+            Layer::Renorm => {
+                Embedding::from_pretrained_with_options(vec![3.0; 32], 4, false, max_norm(1.0))
+                    .unwrap()
+            }
+            Layer::ReadOnly => Embedding::from_pretrained(read_only_weight(), 4, false).unwrap(),
+            Layer::ReadOnlyRenorm => {
+                let weight = read_only_weight();
+                Embedding::from_pretrained_with_options(weight, 4, false, max_norm(1.0)).unwrap()
+            }
+        }
+    }
+}
+
+/// An optimiser, as a row gives it to a step.
+#[derive(Clone, Debug)]
+enum Optimizer {
+    Sgd(Sgd),
+    Adagrad(Adagrad),
+    RowWise(RowWiseAdagrad),
+}
+
+impl Optimizer {
+    /// An Adagrad (lr 0.1) that has taken one step on [`Layer::Train`], so
+    /// its state is for 5 × 4 values.
+    fn adagrad_of_train() -> Optimizer {
+        let mut adagrad = Adagrad::new(0.1);
+        let mut emb = Layer::Train.build();
+        emb.sparse_step(&[1.0; 8], &[1i64, 2], &mut adagrad)
+            .unwrap();
+        assert_eq!(adagrad.state().len(), 20);
+        Optimizer::Adagrad(adagrad)
+    }
+
+    fn state(&self) -> Vec<u32> {
+        match self {
+            Optimizer::Sgd(_) => Vec::new(),
+            Optimizer::Adagrad(o) => bits(o.state()),
+            Optimizer::RowWise(o) => bits(o.state()),
+        }
+    }
+
+    fn validate(&self) -> Result<(), EmbeddingError> {
+        match self {
+            Optimizer::Sgd(o) => o.validate(),
+            Optimizer::Adagrad(o) => o.validate(),
+            Optimizer::RowWise(o) => o.validate(),
+        }
+    }
+
+    fn sparse_step(
+        &mut self,
+        emb: &mut Embedding,
+        g: &[f32],
+        ids: &[i64],
+    ) -> Result<(), EmbeddingError> {
+        match self {
+            Optimizer::Sgd(o) => emb.sparse_step(g, ids, o),
+            Optimizer::Adagrad(o) => emb.sparse_step(g, ids, o),
+            Optimizer::RowWise(o) => emb.sparse_step(g, ids, o),
+        }
+    }
+
+    fn apply_sparse(&mut self, emb: &mut Embedding, g: &SparseGrad) -> Result<(), EmbeddingError> {
+        match self {
+            Optimizer::Sgd(o) => emb.apply_sparse(g, o),
+            Optimizer::Adagrad(o) => emb.apply_sparse(g, o),
+            Optimizer::RowWise(o) => emb.apply_sparse(g, o),
+        }
+    }
+}
+
+/// One bad call, one variant per entry point.
+#[derive(Clone, Debug)]
+enum Call {
+    Forward(Layer, Vec<u32>, Vec<usize>),
+    /// The ids and the output's length (a NaN canary).
+    ForwardInto(Layer, Vec<i64>, usize),
+    LookupInto(Layer, Vec<u32>, usize),
+    Row(Layer, i64),
+    WithOptions(usize, usize, EmbeddingOptions),
+    New(usize, usize),
+    /// A table of this many values, and its row width.
+    FromPretrained(usize, usize),
+    /// The optimiser, the length of the output gradient (of ones) and the ids.
+    SparseStep(Layer, Optimizer, usize, Vec<i64>),
+    /// A sparse gradient of one row (0) for a table of `rows × dim`.
+    ApplySparse(Layer, Optimizer, usize, usize),
+    /// Indices, values' length, rows, dim.
+    SparseGrad(Vec<usize>, usize, usize, usize),
+    Validate(Optimizer),
+}
+
+impl Call {
+    /// Makes the call and checks its error; the layer, the output and the
+    /// optimiser's state are left exactly as they were.
+    fn run(&self, want: &EmbeddingError) {
+        let untouched = |what: &str, emb: &Embedding, before: &[u32]| {
+            assert_eq!(bits(emb.weight()), before, "{what}: the table changed");
+        };
+        match self {
+            Call::Forward(layer, ids, shape) => {
+                let mut emb = layer.build();
+                let before = bits(emb.weight());
+                assert_error("forward", emb.forward(ids, shape), want);
+                untouched("forward", &emb, &before);
+            }
+            Call::ForwardInto(layer, ids, out_len) => {
+                let mut emb = layer.build();
+                let before = bits(emb.weight());
+                let mut out = vec![f32::NAN; *out_len];
+                assert_error("forward_into", emb.forward_into(ids, &mut out), want);
+                untouched("forward_into", &emb, &before);
+                assert!(out.iter().all(|x| x.is_nan()), "output written");
+            }
+            Call::LookupInto(layer, ids, out_len) => {
+                let emb = layer.build();
+                let mut out = vec![f32::NAN; *out_len];
+                assert_error("lookup_into", emb.lookup_into(ids, &mut out), want);
+                assert!(out.iter().all(|x| x.is_nan()), "output written");
+            }
+            Call::Row(layer, id) => assert_error("row", layer.build().row(*id), want),
+            Call::WithOptions(rows, dim, options) => {
+                let got = Embedding::with_options(*rows, *dim, options.clone());
+                assert_error("with_options", got, want);
+            }
+            Call::New(rows, dim) => assert_error("new", Embedding::new(*rows, *dim), want),
+            Call::FromPretrained(len, dim) => {
+                let got = Embedding::from_pretrained(vec![0.0; *len], *dim, false);
+                assert_error("from_pretrained", got, want);
+            }
+            Call::SparseStep(layer, optimizer, g_len, ids) => {
+                let (mut emb, mut optimizer) = (layer.build(), optimizer.clone());
+                let (before, state) = (bits(emb.weight()), optimizer.state());
+                let got = optimizer.sparse_step(&mut emb, &vec![1.0; *g_len], ids);
+                assert_error("sparse_step", got, want);
+                untouched("sparse_step", &emb, &before);
+                assert_eq!(optimizer.state(), state, "optimiser state changed");
+            }
+            Call::ApplySparse(layer, optimizer, rows, dim) => {
+                let (mut emb, mut optimizer) = (layer.build(), optimizer.clone());
+                let (before, state) = (bits(emb.weight()), optimizer.state());
+                let grad = SparseGrad::new(vec![0], vec![1.0; *dim], *rows, *dim).unwrap();
+                assert_error(
+                    "apply_sparse",
+                    optimizer.apply_sparse(&mut emb, &grad),
+                    want,
+                );
+                untouched("apply_sparse", &emb, &before);
+                assert_eq!(optimizer.state(), state, "optimiser state changed");
+            }
+            Call::SparseGrad(indices, values, rows, dim) => {
+                let got = SparseGrad::new(indices.clone(), vec![0.0; *values], *rows, *dim);
+                assert_error("SparseGrad::new", got, want);
+            }
+            Call::Validate(optimizer) => assert_error("validate", optimizer.validate(), want),
+        }
+    }
+}
+
+/// Every error of the layer, its options, its optimisers and its sparse
+/// gradients, each on the entry point that reports it.
+fn layer_errors() -> Vec<Row<Call>> {
+    use Call::*;
+    use Layer::{Lookup, ReadOnly, ReadOnlyRenorm, Renorm, Small, Train};
+    let options = |change: fn(&mut EmbeddingOptions)| {
+        let mut options = EmbeddingOptions::default();
+        change(&mut options);
+        options
+    };
+    let mut rows = vec![
+        // Shapes and ids of a lookup (4 rows × 3).
+        row(
+            "3 ids as 2 × 2",
+            Forward(Lookup, vec![0, 1, 2], vec![2, 2]),
+            EmbeddingError::IdsShape {
+                shape: vec![2, 2],
+                len: 3,
+            },
+        ),
+        row(
+            "a shape whose product overflows",
+            Forward(Lookup, vec![0], vec![usize::MAX, 2]),
+            EmbeddingError::IdsShape {
+                shape: vec![usize::MAX, 2],
+                len: 1,
+            },
+        ),
+        row(
+            "output 5 for 2 ids",
+            ForwardInto(Lookup, vec![0, 1], 5),
+            mismatch(Operand::Output, 6, 5),
+        ),
+        row("row -1", Row(Lookup, -1), bad_id(0, -1, 4)),
+        // max_norm is not applied when an id is bad.
+        row(
+            "max_norm with a bad id",
+            ForwardInto(Renorm, vec![0, 2, -3], 12),
+            bad_id(2, -3, 8),
+        ),
+        row(
+            "read-only lookup of id 6 of 6",
+            LookupInto(ReadOnly, vec![6], 4),
+            bad_id(0, 6, 6),
+        ),
+        row(
+            "read-only lookup with max_norm",
+            LookupInto(ReadOnlyRenorm, vec![5, 0, 5, 2], 16),
+            invalid("max_norm", 1.0),
+        ),
+        // Construction.
+        row(
+            "padding_idx -5 of 4",
+            WithOptions(4, 2, options(|o| o.padding_idx = Some(-5))),
+            EmbeddingError::PaddingIdxOutOfRange {
+                padding_idx: -5,
+                num_embeddings: 4,
+            },
+        ),
+        row(
+            "usize::MAX rows",
+            New(usize::MAX, 2),
+            EmbeddingError::SizeOverflow {
+                count: usize::MAX,
+                dim: 2,
+            },
+        ),
+        row(
+            "7 values of dim 2",
+            FromPretrained(7, 2),
+            not_whole_rows(Operand::Table, 7, 2),
+        ),
+        // Steps on 5 rows × 4: nothing changes, no state is made.
+        row(
+            "step with id 5 of 5",
+            SparseStep(Train, Optimizer::Adagrad(Adagrad::new(0.1)), 8, vec![1, 5]),
+            bad_id(1, 5, 5),
+        ),
+        row(
+            "step with 7 gradient values for 8",
+            SparseStep(Train, Optimizer::Adagrad(Adagrad::new(0.1)), 7, vec![1, 2]),
+            mismatch(Operand::GradOutput, 8, 7),
+        ),
+        row(
+            "step with lr -0.1",
+            SparseStep(Train, Optimizer::Sgd(Sgd::new(-0.1)), 8, vec![1, 2]),
+            invalid("lr", -0.1),
+        ),
+        // State made for one table refuses another.
+        row(
+            "Adagrad state of 5 × 4 on 2 × 4",
+            SparseStep(Small, Optimizer::adagrad_of_train(), 8, vec![1, 0]),
+            mismatch(Operand::OptimizerState, 8, 20),
+        ),
+        // A sparse gradient for another shape.
+        row(
+            "a 3 × 4 gradient on 5 × 4",
+            ApplySparse(Train, Optimizer::Sgd(Sgd::new(0.1)), 3, 4),
+            mismatch(Operand::GradTable, 5, 3),
+        ),
+        row(
+            "sparse rows 2, 2",
+            SparseGrad(vec![2, 2], 8, 3, 4),
+            bad_id(1, 2, 3),
+        ),
+        row(
+            "sparse row 3 of 3",
+            SparseGrad(vec![3], 4, 3, 4),
+            bad_id(0, 3, 3),
+        ),
+        row(
+            "3 sparse values for 4",
+            SparseGrad(vec![0], 3, 3, 4),
+            mismatch(Operand::GradTable, 4, 3),
+        ),
+        // Optimisers check themselves before any step.
+        row(
+            "weight_decay -1",
+            Validate(Optimizer::Sgd(Sgd::new(0.1).with_weight_decay(-1.0))),
+            invalid("weight_decay", -1.0),
+        ),
+        row(
+            "Adagrad eps NaN",
+            Validate(Optimizer::Adagrad({
+                let mut adagrad = Adagrad::new(0.1);
+                adagrad.eps = f32::NAN;
+                adagrad
+            })),
+            invalid("eps", f32::NAN),
+        ),
+        row(
+            "initial_accumulator_value -0.5",
+            Validate(Optimizer::RowWise({
+                let mut rowwise = RowWiseAdagrad::new(0.1);
+                rowwise.initial_accumulator_value = -0.5;
+                rowwise
+            })),
+            invalid("initial_accumulator_value", -0.5),
+        ),
+    ];
+    for max_norm in [0.0, -1.0, f32::NAN] {
+        rows.push(row(
+            format!("max_norm {max_norm}"),
+            WithOptions(
+                4,
+                2,
+                EmbeddingOptions {
+                    max_norm: Some(max_norm),
+                    ..EmbeddingOptions::default()
+                },
+            ),
+            invalid("max_norm", max_norm),
+        ));
+    }
+    rows
+}
+
+#[test]
+fn every_layer_error_is_precise_and_changes_nothing() {
+    run_table(&layer_errors(), Call::run);
 }

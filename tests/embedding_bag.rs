@@ -4,10 +4,13 @@
 
 mod common;
 
-use common::{assert_gradient, bits, central_differences, pools, weighted_sum, SplitMix};
+use common::{
+    assert_error, assert_gradient, bad_id, bits, central_differences, invalid, mismatch, pools,
+    row, run_table, weighted_sum, Row, SplitMix,
+};
 use embedding_kernels::Pooling;
 use embedding_kernels::{
-    reference, Bags, EmbeddingBag, EmbeddingBagOptions, EmbeddingError, Gradient, Mode,
+    reference, Bags, EmbeddingBag, EmbeddingBagOptions, EmbeddingError, Gradient, Mode, Operand,
     Parallelism, RowWiseAdagrad, Sgd,
 };
 
@@ -288,114 +291,160 @@ fn fused_rowwise_adagrad_step_equals_the_rule_on_the_sparse_gradient() {
     }
 }
 
+/// One bad call of the bag layer, one variant per entry point. The layer
+/// is [`layer`] in the given mode; the ids are [`batch`]'s with one
+/// changed (position, id) and the bags are its offsets.
+enum Call {
+    /// `forward_into` with this `max_norm`, an output and max_indices of
+    /// these lengths (the output a NaN canary).
+    ForwardInto {
+        mode: Mode,
+        max_norm: Option<f32>,
+        id: (usize, i64),
+        out_len: usize,
+        indices_len: usize,
+    },
+    /// `forward` with a per-sample weight of 1 for each id.
+    ForwardWeighted(Mode),
+    /// `offsets` of these offsets over the batch's ids.
+    Offsets(Vec<i64>),
+    /// `with_options(4, 2, options)`.
+    WithOptions(EmbeddingBagOptions),
+}
+
+impl Call {
+    /// Fails with `want`, and the table (and any output) is left as it was.
+    fn run(&self, want: &EmbeddingError) {
+        let (mut ids, offsets) = batch();
+        let build = |mode, max_norm| {
+            let options = EmbeddingBagOptions {
+                max_norm,
+                ..EmbeddingBagOptions::default()
+            };
+            layer(mode, options)
+        };
+        let untouched = |what: &str, bag: &EmbeddingBag| {
+            let weight = bag.table().weight();
+            assert_eq!(bits(weight), bits(&table(1)), "{what} changed the table");
+        };
+        match self {
+            Call::ForwardInto {
+                mode,
+                max_norm,
+                id: (position, id),
+                out_len,
+                indices_len,
+            } => {
+                let mut bag = build(*mode, *max_norm);
+                let bags = bag.offsets(&offsets, ids.len()).unwrap();
+                ids[*position] = *id;
+                let mut out = vec![f32::NAN; *out_len];
+                let mut indices = vec![-1i64; *indices_len];
+                let got = bag.forward_into(&ids, &bags, None, &mut out, &mut indices);
+                assert_error("forward_into", got, want);
+                untouched("forward_into", &bag);
+                assert!(out.iter().all(|x| x.is_nan()), "output written");
+                assert!(indices.iter().all(|&i| i == -1), "max_indices written");
+            }
+            Call::ForwardWeighted(mode) => {
+                let mut bag = build(*mode, None);
+                let bags = bag.offsets(&offsets, ids.len()).unwrap();
+                let w = vec![1.0f32; ids.len()];
+                let got = bag.forward(&ids, &bags, Some(&w));
+                assert_error("forward", got.map(drop), want);
+                untouched("forward", &bag);
+            }
+            Call::Offsets(bad) => {
+                let bag = build(Mode::Sum, None);
+                assert_error("offsets", bag.offsets(bad, ids.len()).map(drop), want);
+            }
+            Call::WithOptions(options) => {
+                let got = EmbeddingBag::with_options(4, 2, options.clone());
+                assert_error("with_options", got.map(drop), want);
+            }
+        }
+    }
+}
+
+/// The layer's own errors (the kernels' are in `tests/bag.rs`): a bad id
+/// before `max_norm` touches a row, buffers before ids, and the options.
+fn layer_errors() -> Vec<Row<Call>> {
+    let bags = 5 * DIM;
+    let forward_into = |mode, max_norm, id, out_len, indices_len| Call::ForwardInto {
+        mode,
+        max_norm,
+        id,
+        out_len,
+        indices_len,
+    };
+    vec![
+        row(
+            "id -2, mean with max_norm",
+            forward_into(Mode::Mean, Some(0.5), (10, -2), bags, 0),
+            bad_id(10, -2, ROWS),
+        ),
+        row(
+            "weights in mean mode",
+            Call::ForwardWeighted(Mode::Mean),
+            EmbeddingError::PerSampleWeightsNeedSum { mode: Mode::Mean },
+        ),
+        row(
+            "offsets 0, 5, 3",
+            Call::Offsets(vec![0, 5, 3]),
+            EmbeddingError::OffsetsDecrease {
+                position: 2,
+                value: 3,
+                previous: 5,
+            },
+        ),
+        row(
+            "scale_grad_by_freq in max mode",
+            Call::WithOptions(EmbeddingBagOptions {
+                mode: Mode::Max,
+                scale_grad_by_freq: true,
+                ..EmbeddingBagOptions::default()
+            }),
+            invalid("scale_grad_by_freq", true),
+        ),
+        // Buffers before ids: id 1000 in every call.
+        row(
+            "output one short, id 1000",
+            forward_into(Mode::Max, None, (2, 1000), bags - 1, bags),
+            mismatch(Operand::Output, bags, bags - 1),
+        ),
+        row(
+            "max_indices one short, id 1000",
+            forward_into(Mode::Max, None, (2, 1000), bags, bags - 1),
+            mismatch(Operand::MaxIndices, bags, bags - 1),
+        ),
+        row(
+            "id 1000",
+            forward_into(Mode::Max, None, (2, 1000), bags, bags),
+            bad_id(2, 1000, ROWS),
+        ),
+    ]
+}
+
 #[test]
 fn bad_calls_change_nothing() {
-    let (mut ids, offsets) = batch();
+    run_table(&layer_errors(), Call::run);
+}
+
+/// A frozen layer takes a step and does not move.
+#[test]
+fn frozen_layers_do_not_move() {
+    let (ids, offsets) = batch();
     let options = EmbeddingBagOptions {
-        max_norm: Some(0.5),
+        mode: Mode::Sum,
         ..EmbeddingBagOptions::default()
     };
-    let mut bag = layer(Mode::Mean, options);
-    let bags = bag.offsets(&offsets, ids.len()).unwrap();
-    ids[10] = -2;
-    let mut out = vec![f32::NAN; 5 * DIM];
-    let err = bag
-        .forward_into(&ids, &bags, None, &mut out, &mut [])
-        .unwrap_err();
-    assert_eq!(
-        err,
-        EmbeddingError::IndexOutOfRange {
-            position: 10,
-            index: -2,
-            num_embeddings: ROWS
-        }
-    );
-    assert_eq!(
-        bits(bag.table().weight()),
-        bits(&table(1)),
-        "max_norm ran before the check"
-    );
-    assert!(out.iter().all(|x| x.is_nan()));
-    ids[10] = 7;
-    let w = vec![1.0f32; ids.len()];
-    assert_eq!(
-        bag.forward(&ids, &bags, Some(&w)).unwrap_err(),
-        EmbeddingError::PerSampleWeightsNeedSum { mode: Mode::Mean }
-    );
-    let bad = [0i64, 5, 3];
-    assert_eq!(
-        bag.offsets(&bad, ids.len()).unwrap_err(),
-        EmbeddingError::OffsetsDecrease {
-            position: 2,
-            value: 3,
-            previous: 5
-        }
-    );
-    let mut frozen = EmbeddingBag::from_pretrained(
-        table(1),
-        DIM,
-        true,
-        EmbeddingBagOptions {
-            mode: Mode::Sum,
-            ..EmbeddingBagOptions::default()
-        },
-    )
-    .unwrap();
+    let mut frozen = EmbeddingBag::from_pretrained(table(1), DIM, true, options).unwrap();
+    let bags = frozen.offsets(&offsets, ids.len()).unwrap();
     let g = vec![1.0f32; 5 * DIM];
     frozen
         .sparse_step(&g, &ids, &bags, None, &mut Sgd::new(1.0))
         .unwrap();
     assert_eq!(bits(frozen.table().weight()), bits(&table(1)));
-    assert!(matches!(
-        EmbeddingBag::with_options(
-            4,
-            2,
-            EmbeddingBagOptions {
-                mode: Mode::Max,
-                scale_grad_by_freq: true,
-                ..EmbeddingBagOptions::default()
-            }
-        ),
-        Err(EmbeddingError::InvalidArgument {
-            name: "scale_grad_by_freq",
-            ..
-        })
-    ));
-}
-
-/// Buffers are checked before ids, as everywhere in the crate: a bad id and
-/// a short output at once report the output.
-#[test]
-fn forward_checks_buffers_before_ids() {
-    let (mut ids, offsets) = batch();
-    ids[2] = 1000;
-    let mut bag = layer(Mode::Max, EmbeddingBagOptions::default());
-    let bags = bag.offsets(&offsets, ids.len()).unwrap();
-    let mut out = vec![f32::NAN; 5 * DIM - 1];
-    let mut idx = vec![0i64; 5 * DIM];
-    assert!(matches!(
-        bag.forward_into(&ids, &bags, None, &mut out, &mut idx),
-        Err(EmbeddingError::LengthMismatch {
-            operand: embedding_kernels::Operand::Output,
-            ..
-        })
-    ));
-    let mut out = vec![f32::NAN; 5 * DIM];
-    assert!(matches!(
-        bag.forward_into(&ids, &bags, None, &mut out, &mut idx[1..]),
-        Err(EmbeddingError::LengthMismatch {
-            operand: embedding_kernels::Operand::MaxIndices,
-            ..
-        })
-    ));
-    assert!(matches!(
-        bag.forward_into(&ids, &bags, None, &mut out, &mut idx),
-        Err(EmbeddingError::IndexOutOfRange {
-            position: 2,
-            index: 1000,
-            ..
-        })
-    ));
 }
 
 /// A 10 MiB table takes the grouped dense sweep; it must give the bits of

@@ -18,8 +18,8 @@
 mod common;
 
 use common::{
-    assert_close, bad_id, bits, central_differences, convert, draw_ids, ids_as, pools, row,
-    run_table, values, weighted_sum, Pattern, Row, SplitMix,
+    assert_close, assert_error, bad_id, bits, central_differences, convert, draw_ids, ids_as,
+    invalid, mismatch, pools, row, run_table, values, weighted_sum, Pattern, Row, SplitMix,
 };
 use embedding_kernels::positions::sinusoidal_positions;
 use embedding_kernels::{
@@ -641,47 +641,106 @@ fn shape_sequence_and_id_errors_change_nothing() {
     assert!(l.forward(&[0u32; 10], 2, 5).is_ok());
 }
 
+/// A call with a buffer of the wrong length or a bad learning rate, on
+/// [`touchy_layer`], with the ids, `batch` and `seq_len` of an
+/// [`InputCall`].
+enum BufferCall {
+    /// `forward_into`, with an output of this length (a NaN canary).
+    ForwardInto(InputCall, usize),
+    /// `backward`, with a gradient of this length.
+    Backward(InputCall, usize),
+    /// `sparse_sgd_step`, with a gradient of this length and this rate.
+    SparseSgdStep(InputCall, usize, f32),
+}
+
+impl BufferCall {
+    /// Fails with `want` on every id type that holds the ids, and changes
+    /// neither table nor the output.
+    fn run(&self, want: &EmbeddingError) {
+        let mut ran = 0;
+        if let Some(ids) = self.ids_as::<u32>() {
+            self.run_as(&ids, want);
+            ran += 1;
+        }
+        if let Some(ids) = self.ids_as::<i64>() {
+            self.run_as(&ids, want);
+            ran += 1;
+        }
+        if let Some(ids) = self.ids_as::<u64>() {
+            self.run_as(&ids, want);
+            ran += 1;
+        }
+        assert!(ran > 0, "no id type holds the ids");
+    }
+
+    fn ids_as<I: TryFrom<i128>>(&self) -> Option<Vec<I>> {
+        let (BufferCall::ForwardInto((ids, ..), _)
+        | BufferCall::Backward((ids, ..), _)
+        | BufferCall::SparseSgdStep((ids, ..), ..)) = self;
+        ids_as(ids)
+    }
+
+    fn run_as<I: Index>(&self, ids: &[I], want: &EmbeddingError) {
+        let mut layer = touchy_layer();
+        let before = tables(&layer);
+        match self {
+            BufferCall::ForwardInto((_, batch, seq_len), out_len) => {
+                let mut out = vec![f32::NAN; *out_len];
+                let got = layer.forward_into(ids, *batch, *seq_len, &mut out);
+                assert_error("forward_into", got, want);
+                assert!(out.iter().all(|x| x.is_nan()), "output written");
+            }
+            BufferCall::Backward((_, batch, seq_len), grad_len) => {
+                let grad_output = vec![1.0; *grad_len];
+                let got = layer.backward(&grad_output, ids, *batch, *seq_len);
+                assert_error("backward", got.map(drop), want);
+            }
+            BufferCall::SparseSgdStep((_, batch, seq_len), grad_len, lr) => {
+                let grad_output = vec![1.0; *grad_len];
+                let sgd = Sgd::new(*lr);
+                let got = layer.sparse_sgd_step(&grad_output, ids, *batch, *seq_len, &sgd);
+                assert_error("sparse_sgd_step", got, want);
+            }
+        }
+        assert_eq!(tables(&layer), before, "a table changed");
+    }
+}
+
+/// Buffer lengths are checked before the ids (id 99 of 9 is in every
+/// batch with a bad buffer), and the learning rate with everything else
+/// right.
+fn buffer_errors() -> Vec<Row<BufferCall>> {
+    use BufferCall::{Backward, ForwardInto, SparseSgdStep};
+    let n = 4 * touchy_layer().embedding_dim();
+    let with_99 = || (vec![0, 1, 99, 2], 2, 2);
+    let grad_short = mismatch(Operand::GradOutput, n, n - 1);
+    let mut rows = vec![
+        row(
+            "output one too long, id 99",
+            ForwardInto(with_99(), n + 1),
+            mismatch(Operand::Output, n, n + 1),
+        ),
+        row(
+            "backward, gradient one short, id 99",
+            Backward(with_99(), n - 1),
+            grad_short.clone(),
+        ),
+        row(
+            "step, gradient one short, id 99",
+            SparseSgdStep(with_99(), n - 1, 0.1),
+            grad_short,
+        ),
+    ];
+    for lr in [-1.0, f32::NAN] {
+        let call = SparseSgdStep((vec![0, 1, 2, 3], 2, 2), n, lr);
+        rows.push(row(format!("lr {lr}"), call, invalid("lr", lr)));
+    }
+    rows
+}
+
 #[test]
 fn buffer_lengths_are_checked_before_the_ids() {
-    let mut layer = touchy_layer();
-    let before = tables(&layer);
-    let dim = layer.embedding_dim();
-    let ids = [0u32, 1, 99, 2];
-    let mut out = vec![f32::NAN; 4 * dim + 1];
-    assert_eq!(
-        layer.forward_into(&ids, 2, 2, &mut out).unwrap_err(),
-        EmbeddingError::LengthMismatch {
-            operand: Operand::Output,
-            expected: 4 * dim,
-            got: 4 * dim + 1
-        }
-    );
-    assert!(out.iter().all(|x| x.is_nan()));
-    let grad_output = vec![1.0; 4 * dim - 1];
-    let want = EmbeddingError::LengthMismatch {
-        operand: Operand::GradOutput,
-        expected: 4 * dim,
-        got: 4 * dim - 1,
-    };
-    assert_eq!(layer.backward(&grad_output, &ids, 2, 2).unwrap_err(), want);
-    assert_eq!(
-        layer
-            .sparse_sgd_step(&grad_output, &ids, 2, 2, &Sgd::new(0.1))
-            .unwrap_err(),
-        want
-    );
-    // A bad learning rate, with everything else right.
-    let ids = [0u32, 1, 2, 3];
-    for lr in [-1.0, f32::NAN] {
-        let err = layer
-            .sparse_sgd_step(&vec![1.0; 4 * dim], &ids, 2, 2, &Sgd::new(lr))
-            .unwrap_err();
-        assert!(
-            matches!(err, EmbeddingError::InvalidArgument { name: "lr", .. }),
-            "{err}"
-        );
-    }
-    assert_eq!(tables(&layer), before);
+    run_table(&buffer_errors(), BufferCall::run);
 }
 
 #[test]

@@ -9,7 +9,10 @@ use embedding_kernels::{
 use proptest::prelude::*;
 
 mod common;
-use common::{bits, convert, draw_ids, pools, Pattern, SplitMix};
+use common::{
+    bad_id, bits, convert, draw_ids, ids_as, mismatch, not_whole_rows, pools, row, run_table,
+    zero_dim, Pattern, Row, SplitMix,
+};
 
 #[derive(Clone, Debug)]
 struct Case {
@@ -258,212 +261,209 @@ macro_rules! per_id_type {
 
 per_id_type!(u32, i32, u64, i64, usize);
 
-/// Both the kernel and the reference give `want`, and `out` keeps its canary.
-fn gather_fails_with<I: Index>(
-    table: &[f32],
-    dim: usize,
-    ids: &[I],
-    out_len: usize,
-    want: EmbeddingError,
-) {
-    let mut out = vec![f32::NAN; out_len];
-    assert_eq!(gather(table, dim, ids, &mut out), Err(want.clone()));
-    assert_eq!(
-        gather_scaled(table, dim, ids, 3.0, &mut out),
-        Err(want.clone())
-    );
-    assert_eq!(reference::gather(table, dim, ids, &mut out), Err(want));
-    assert!(out.iter().all(|x| x.is_nan()), "canary overwritten");
+/// One bad kernel call, one variant per entry point. The ids are run on
+/// every id type that holds them; the table and the output gradient are
+/// `SplitMix(3)` values.
+#[derive(Debug)]
+enum Call {
+    /// `gather`, `gather_scaled` and the reference `gather`.
+    Gather {
+        table_len: usize,
+        dim: usize,
+        ids: Vec<i128>,
+        out_len: usize,
+    },
+    /// `scatter_add` and the reference `scatter_add`.
+    Scatter {
+        grad_output_len: usize,
+        dim: usize,
+        ids: Vec<i128>,
+        grad_len: usize,
+    },
 }
 
-#[test]
-fn largest_valid_id_works_and_the_next_one_fails() {
-    let (rows, dim) = (5, 3);
-    let table: Vec<f32> = (0..rows * dim).map(|x| x as f32).collect();
-    let mut out = [f32::NAN; 3];
-    gather(&table, dim, &[4u32], &mut out).unwrap();
-    assert_eq!(out, [12.0, 13.0, 14.0]);
-    let err = EmbeddingError::IndexOutOfRange {
-        position: 0,
-        index: 5,
-        num_embeddings: 5,
-    };
-    gather_fails_with(&table, dim, &[5u32], 3, err);
-}
-
-#[test]
-fn extreme_ids_are_reported_with_their_signed_value() {
-    let table = vec![1.0f32; 8];
-    for (ids, index) in [
-        (vec![0i64, i64::MIN], i64::MIN as i128),
-        (vec![0i64, -1], -1),
-        (vec![0i64, i64::MAX], i64::MAX as i128),
-    ] {
-        let want = EmbeddingError::IndexOutOfRange {
-            position: 1,
-            index,
-            num_embeddings: 4,
-        };
-        gather_fails_with(&table, 2, &ids, 4, want);
+fn gather_call(table_len: usize, dim: usize, ids: &[i128], out_len: usize) -> Call {
+    let ids = ids.to_vec();
+    Call::Gather {
+        table_len,
+        dim,
+        ids,
+        out_len,
     }
-    let want = EmbeddingError::IndexOutOfRange {
-        position: 0,
-        index: u64::MAX as i128,
-        num_embeddings: 4,
-    };
-    gather_fails_with(&table, 2, &[u64::MAX], 2, want);
-    let want = EmbeddingError::IndexOutOfRange {
-        position: 0,
-        index: i32::MIN as i128,
-        num_embeddings: 4,
-    };
-    gather_fails_with(&table, 2, &[i32::MIN], 2, want);
+}
+
+fn scatter_call(grad_output_len: usize, dim: usize, ids: &[i128], grad_len: usize) -> Call {
+    let ids = ids.to_vec();
+    Call::Scatter {
+        grad_output_len,
+        dim,
+        ids,
+        grad_len,
+    }
+}
+
+impl Call {
+    /// Every entry point fails with `want` on every id type that holds the
+    /// ids, and the output (or gradient) keeps its NaN canary.
+    fn run(&self, want: &EmbeddingError) {
+        let ran = [
+            self.run_as::<u32>(want),
+            self.run_as::<i32>(want),
+            self.run_as::<u64>(want),
+            self.run_as::<i64>(want),
+            self.run_as::<usize>(want),
+        ];
+        assert!(ran.contains(&true), "no id type holds the ids of {self:?}");
+    }
+
+    fn run_as<I: Index + TryFrom<i128>>(&self, want: &EmbeddingError) -> bool {
+        let want = Err(want.clone());
+        match self {
+            Call::Gather {
+                table_len,
+                dim,
+                ids,
+                out_len,
+            } => {
+                let Some(ids) = ids_as::<I>(ids) else {
+                    return false;
+                };
+                let (table, dim) = (SplitMix(3).values(*table_len), *dim);
+                let mut out = vec![f32::NAN; *out_len];
+                assert_eq!(gather(&table, dim, &ids, &mut out), want, "gather");
+                let got = gather_scaled(&table, dim, &ids, 3.0, &mut out);
+                assert_eq!(got, want, "gather_scaled");
+                let got = reference::gather(&table, dim, &ids, &mut out);
+                assert_eq!(got, want, "reference::gather");
+                assert!(out.iter().all(|x| x.is_nan()), "canary overwritten");
+            }
+            Call::Scatter {
+                grad_output_len,
+                dim,
+                ids,
+                grad_len,
+            } => {
+                let Some(ids) = ids_as::<I>(ids) else {
+                    return false;
+                };
+                let (grad_output, dim) = (SplitMix(3).values(*grad_output_len), *dim);
+                let mut grad = vec![f32::NAN; *grad_len];
+                let got = scatter_add(&grad_output, dim, &ids, &mut grad);
+                assert_eq!(got, want, "scatter_add");
+                let got = reference::scatter_add(&grad_output, dim, &ids, &mut grad);
+                assert_eq!(got, want, "reference::scatter_add");
+                assert!(grad.iter().all(|x| x.is_nan()), "gradient written");
+            }
+        }
+        true
+    }
+}
+
+/// Every shape error of the kernels and the ids at their edges, each in its
+/// place in the order (shapes before ids).
+fn kernel_errors() -> Vec<Row<Call>> {
+    let (min_i64, max_i64) = (i128::from(i64::MIN), i128::from(i64::MAX));
+    let (max_u64, min_i32) = (i128::from(u64::MAX), i128::from(i32::MIN));
+    vec![
+        // 5 rows × 3: the largest valid id is 4.
+        row("id 5 of 5", gather_call(15, 3, &[5], 3), bad_id(0, 5, 5)),
+        // Extreme ids are reported with their signed value.
+        row(
+            "i64::MIN",
+            gather_call(8, 2, &[0, min_i64], 4),
+            bad_id(1, min_i64, 4),
+        ),
+        row("-1", gather_call(8, 2, &[0, -1], 4), bad_id(1, -1, 4)),
+        row(
+            "i64::MAX",
+            gather_call(8, 2, &[0, max_i64], 4),
+            bad_id(1, max_i64, 4),
+        ),
+        row(
+            "u64::MAX",
+            gather_call(8, 2, &[max_u64], 2),
+            bad_id(0, max_u64, 4),
+        ),
+        row(
+            "i32::MIN",
+            gather_call(8, 2, &[min_i32], 2),
+            bad_id(0, min_i32, 4),
+        ),
+        // dim 0: no values and no row width make no rows, so no id is valid.
+        row("dim 0, an id", gather_call(0, 0, &[0], 0), bad_id(0, 0, 0)),
+        row(
+            "dim 0 with data",
+            gather_call(2, 0, &[0], 0),
+            zero_dim(Operand::Table, 2),
+        ),
+        row("no rows of 4", gather_call(0, 4, &[0], 4), bad_id(0, 0, 0)),
+        // Shapes.
+        row(
+            "table 12 of dim 5",
+            gather_call(12, 5, &[0], 5),
+            not_whole_rows(Operand::Table, 12, 5),
+        ),
+        row(
+            "output 7 for 2 ids of 4",
+            gather_call(12, 4, &[0, 1], 7),
+            mismatch(Operand::Output, 8, 7),
+        ),
+        row(
+            "2 ids × usize::MAX",
+            gather_call(0, usize::MAX, &[0, 0], 0),
+            EmbeddingError::SizeOverflow {
+                count: 2,
+                dim: usize::MAX,
+            },
+        ),
+        // A bad id behind a bad shape: the shape is reported.
+        row(
+            "output 3 and id 9",
+            gather_call(12, 4, &[9], 3),
+            mismatch(Operand::Output, 4, 3),
+        ),
+        // The scatter's gradient and output gradient.
+        row(
+            "grad_table 9 of dim 4",
+            scatter_call(8, 4, &[0, 1], 9),
+            not_whole_rows(Operand::GradTable, 9, 4),
+        ),
+        row(
+            "grad_output 8 for 1 id of 4",
+            scatter_call(8, 4, &[0], 12),
+            mismatch(Operand::GradOutput, 4, 8),
+        ),
+        row(
+            "grad_table 3 at dim 0",
+            scatter_call(8, 0, &[], 3),
+            zero_dim(Operand::GradTable, 3),
+        ),
+    ]
 }
 
 #[test]
-fn dim_zero_edges() {
-    // No values and no row width: no rows, so no id is valid.
+fn every_kernel_error_is_precise_and_writes_nothing() {
+    run_table(&kernel_errors(), Call::run);
+}
+
+/// The calls next to the rows of [`kernel_errors`] that succeed.
+#[test]
+fn calls_next_to_the_errors_succeed() {
+    // The largest valid id.
+    let table: Vec<f32> = (0..15).map(|x| x as f32).collect();
+    let mut out = [f32::NAN; 3];
+    gather(&table, 3, &[4u32], &mut out).unwrap();
+    assert_eq!(out, [12.0, 13.0, 14.0]);
+    // dim 0 and no ids.
     let mut empty: [f32; 0] = [];
     assert_eq!(gather(&[], 0, &[] as &[u32], &mut empty), Ok(()));
     assert_eq!(scatter_add(&[], 0, &[] as &[u32], &mut empty), Ok(()));
-    gather_fails_with(
-        &[],
-        0,
-        &[0u32],
-        0,
-        EmbeddingError::IndexOutOfRange {
-            position: 0,
-            index: 0,
-            num_embeddings: 0,
-        },
-    );
-    gather_fails_with(
-        &[1.0, 2.0],
-        0,
-        &[0u32],
-        0,
-        EmbeddingError::ZeroDimWithData {
-            operand: Operand::Table,
-            len: 2,
-        },
-    );
-}
-
-#[test]
-fn zero_rows_and_no_ids() {
-    gather_fails_with(
-        &[],
-        4,
-        &[0i64],
-        4,
-        EmbeddingError::IndexOutOfRange {
-            position: 0,
-            index: 0,
-            num_embeddings: 0,
-        },
-    );
+    // No ids: nothing to write, and nothing written.
     let table = [1.0f32; 8];
-    let mut out: [f32; 0] = [];
-    assert_eq!(gather(&table, 4, &[] as &[i64], &mut out), Ok(()));
+    assert_eq!(gather(&table, 4, &[] as &[i64], &mut empty), Ok(()));
     let mut grad = [f32::NAN; 8];
     assert_eq!(scatter_add(&[], 4, &[] as &[i64], &mut grad), Ok(()));
     assert!(grad.iter().all(|x| x.is_nan()));
-}
-
-#[test]
-fn shape_errors_name_what_was_wrong() {
-    let table = [0.0f32; 12];
-    gather_fails_with(
-        &table,
-        5,
-        &[0u32],
-        5,
-        EmbeddingError::NotMultipleOfDim {
-            operand: Operand::Table,
-            len: 12,
-            dim: 5,
-        },
-    );
-    gather_fails_with(
-        &table,
-        4,
-        &[0u32, 1],
-        7,
-        EmbeddingError::LengthMismatch {
-            operand: Operand::Output,
-            expected: 8,
-            got: 7,
-        },
-    );
-    gather_fails_with(
-        &[],
-        usize::MAX,
-        &[0u32, 0],
-        0,
-        EmbeddingError::SizeOverflow {
-            count: 2,
-            dim: usize::MAX,
-        },
-    );
-    // A bad id behind a bad shape: the shape is reported (the order is fixed).
-    gather_fails_with(
-        &table,
-        4,
-        &[9u32],
-        3,
-        EmbeddingError::LengthMismatch {
-            operand: Operand::Output,
-            expected: 4,
-            got: 3,
-        },
-    );
-}
-
-#[test]
-fn scatter_shape_errors_leave_the_gradient_alone() {
-    let grad_output = [1.0f32; 8];
-    for (grad_len, dim, ids, want) in [
-        (
-            9,
-            4,
-            vec![0u32, 1],
-            EmbeddingError::NotMultipleOfDim {
-                operand: Operand::GradTable,
-                len: 9,
-                dim: 4,
-            },
-        ),
-        (
-            12,
-            4,
-            vec![0u32],
-            EmbeddingError::LengthMismatch {
-                operand: Operand::GradOutput,
-                expected: 4,
-                got: 8,
-            },
-        ),
-        (
-            3,
-            0,
-            vec![],
-            EmbeddingError::ZeroDimWithData {
-                operand: Operand::GradTable,
-                len: 3,
-            },
-        ),
-    ] {
-        let mut grad = vec![f32::NAN; grad_len];
-        assert_eq!(
-            scatter_add(&grad_output, dim, &ids, &mut grad),
-            Err(want.clone())
-        );
-        assert_eq!(
-            reference::scatter_add(&grad_output, dim, &ids, &mut grad),
-            Err(want)
-        );
-        assert!(grad.iter().all(|x| x.is_nan()));
-    }
 }
 
 #[test]

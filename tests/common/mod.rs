@@ -120,15 +120,16 @@ pub fn ids_as<I: TryFrom<i128>>(ids: &[i128]) -> Option<Vec<I>> {
 // ---------------------------------------------------------------------------
 
 /// One row of an error table: what the row is about, the call's arguments,
-/// and the error every entry point must return for them.
-pub struct Row<A> {
+/// and the error every entry point must return for them (an
+/// [`EmbeddingError`] unless the table says otherwise).
+pub struct Row<A, W = EmbeddingError> {
     pub name: String,
     pub args: A,
-    pub want: EmbeddingError,
+    pub want: W,
 }
 
 /// A [`Row`].
-pub fn row<A>(name: impl Into<String>, args: A, want: EmbeddingError) -> Row<A> {
+pub fn row<A, W>(name: impl Into<String>, args: A, want: W) -> Row<A, W> {
     Row {
         name: name.into(),
         args,
@@ -164,11 +165,50 @@ pub fn bad_id(position: usize, index: i128, num_embeddings: usize) -> EmbeddingE
     }
 }
 
+/// [`EmbeddingError::InvalidArgument`] for `name` given `value` (printed
+/// as the crate prints it). Its `requirement` is prose, free to change, so
+/// [`assert_error`] does not compare it.
+pub fn invalid(name: &'static str, value: impl ToString) -> EmbeddingError {
+    EmbeddingError::InvalidArgument {
+        name,
+        value: value.to_string(),
+        requirement: "",
+    }
+}
+
+/// `got` is the error `want`: equal in every field, except the
+/// `requirement` of an [`EmbeddingError::InvalidArgument`] (see
+/// [`invalid`]).
+pub fn assert_error<T: std::fmt::Debug>(
+    what: &str,
+    got: Result<T, EmbeddingError>,
+    want: &EmbeddingError,
+) {
+    let err = match got {
+        Ok(value) => panic!("{what}: Ok({value:?}), expected {want:?}"),
+        Err(err) => err,
+    };
+    match (&err, want) {
+        (
+            EmbeddingError::InvalidArgument { name, value, .. },
+            EmbeddingError::InvalidArgument {
+                name: want_name,
+                value: want_value,
+                ..
+            },
+        ) => assert!(
+            name == want_name && value == want_value,
+            "{what}: {err:?}, expected {want:?}"
+        ),
+        _ => assert_eq!(&err, want, "{what}"),
+    }
+}
+
 /// Runs `check(args, want)` for every row, all of them even when one fails,
 /// then fails naming every row that failed (each row's own message is
 /// printed as it fails). `check` makes the calls and asserts; a row that
 /// makes no call would pass, so every `check` must assert on a result.
-pub fn run_table<A>(rows: &[Row<A>], check: impl Fn(&A, &EmbeddingError)) {
+pub fn run_table<A, W>(rows: &[Row<A, W>], check: impl Fn(&A, &W)) {
     assert!(!rows.is_empty(), "an empty table checks nothing");
     let mut names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
     names.sort_unstable();
