@@ -344,7 +344,7 @@ fn workload_table(s: &mut String, report: &Report, stamp: &Stamp) -> std::fmt::R
     for w in &report.workloads {
         writeln!(
             s,
-            "| {} | {} | {} | {:.0} | {} | {} | {:.1} |",
+            "| {} | {} | {} | {:.1} | {} | {} | {:.1} |",
             w.name,
             w.num_embeddings,
             w.dim,
@@ -434,7 +434,7 @@ fn layer_table(s: &mut String, report: &Report, stamp: &Stamp) -> std::fmt::Resu
     }
     // The legend's lines are wrapped for a terminal; one paragraph here.
     let legend: Vec<&str> = layer::LEGEND.lines().map(str::trim).collect();
-    writeln!(s, "\n{}\n", legend.join(" "))
+    writeln!(s, "\n{}.\n", legend.join(" "))
 }
 
 fn target_table(s: &mut String, report: &Report, stamp: &Stamp) -> std::fmt::Result {
@@ -577,7 +577,15 @@ fn chart(
                 .color(if x.pct > y_max { &RED } else { &BLACK })
                 .transform(FontTransform::Rotate270)
                 .pos(Pos::new(HPos::Left, VPos::Center));
-            root.draw_text(&format!("{:.0}", x.pct), &style, (px, py - 3))?;
+            let text = format!("{:.0}", x.pct);
+            // A white backing, so the 100 % line and the grid do not run
+            // through the digits (under 6 px a digit at this size).
+            let len = 6 * text.len() as i32 + 5;
+            root.draw(&Rectangle::new(
+                [(px - 6, py - 3 - len), (px + 6, py - 1)],
+                WHITE.filled(),
+            ))?;
+            root.draw_text(&text, &style, (px, py - 3))?;
         }
 
         // The workload names under their groups, with their shapes.
