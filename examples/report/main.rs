@@ -5,7 +5,14 @@
 //! cargo run --release --example report                      # everything
 //! cargo run --release --example report -- --workloads recsys --kernels gather
 //! cargo run --release --example report -- --json | python3 -m json.tool
+//! cargo run --release --example report -- --markdown docs/report
 //! ```
+//!
+//! The last one also writes `docs/report/report.md` (the tables in
+//! markdown, each headed by the date, machine and command) and
+//! `docs/report/roofline.svg` (each operation's speed as a share of the
+//! same-run memcpy, per workload), both from the run's own measurements
+//! (see `markdown.rs`).
 //!
 //! How a row is measured (all of it in [`measure`], the one timing loop):
 //!
@@ -28,6 +35,7 @@
 #[path = "../../benches/common/mod.rs"]
 mod common;
 mod layer;
+mod markdown;
 
 use candle_core::Tensor;
 use clap::{Parser, ValueEnum};
@@ -44,6 +52,7 @@ use std::error::Error;
 use std::hint::black_box;
 use std::io::{self, IsTerminal, Write};
 use std::num::NonZeroUsize;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// Warm-up calls of every case before the timed repetitions.
@@ -111,6 +120,13 @@ struct Args {
     /// Print one JSON document to stdout (the table goes to stderr).
     #[arg(long)]
     json: bool,
+
+    /// After measuring, also write DIR/report.md (the tables in markdown,
+    /// each headed by the date, machine and command) and DIR/roofline.svg
+    /// (each operation's speed as a share of the same-run memcpy), e.g.
+    /// `--markdown docs/report`.
+    #[arg(long, value_name = "DIR")]
+    markdown: Option<PathBuf>,
 }
 
 fn parse_workload(name: &str) -> Result<Workload, String> {
@@ -1015,6 +1031,10 @@ fn main() -> Result<(), Box<dyn Error>> {
         pb
     };
 
+    if let Some(dir) = &args.markdown {
+        // Fail before measuring, not after, when the folder cannot be made.
+        std::fs::create_dir_all(dir)?;
+    }
     let command = command_line();
     let mut machine = machine(threads, huge_pages);
     pb.suspend(|| header(&mut human, &command, &machine, budget))?;
@@ -1057,6 +1077,10 @@ fn main() -> Result<(), Box<dyn Error>> {
         let mut lock = stdout.lock();
         serde_json::to_writer_pretty(&mut lock, &report)?;
         writeln!(lock)?;
+    }
+    if let Some(dir) = &args.markdown {
+        let [md, svg] = markdown::write(dir, &report)?;
+        eprintln!("wrote {} and {}", md.display(), svg.display());
     }
     Ok(())
 }
