@@ -34,6 +34,9 @@ What the file holds, per case (a small f32 table `weight` of `rows` x `dim`):
 
 Cases without bags (`bags: []`) hold rows with inf or NaN: what PyTorch writes
 for them is recorded as it is, garbage included.
+
+`tests/data/check_pytorch_rules.py` (numpy only) checks written-down prepack,
+unpack and bag-sum rules against this file bit for bit.
 """
 
 import json
@@ -233,6 +236,10 @@ def special_finite_case(rng, dim):
         np.zeros(dim, np.float32),                          # zeros
         np.full(dim, -0.0, np.float32),                     # all -0.0
         np.array([(-0.0 if k % 2 else 0.0) for k in range(dim)], np.float32),  # +-0
+        np.array([(0.0 if k % 2 else -0.0) for k in range(dim)], np.float32),  # -+0
+        np.array([(0.0 if k < 8 else -0.0) for k in range(dim)], np.float32),   # +0 then -0
+        np.array([-1.0] + [(0.0 if k % 2 else -0.0) for k in range(dim - 1)],
+                 np.float32),                               # max over +-0
         np.array([(k % 5) * tiny for k in range(dim)], np.float32),   # subnormals
         np.array([-(k % 3) * tiny for k in range(dim)], np.float32),  # negative subnormals
         np.array([1e-7 * (1 + (k % 4)) for k in range(dim)], np.float32),  # f16 scale underflows
@@ -241,6 +248,10 @@ def special_finite_case(rng, dim):
                  np.float32),                                # range overflows f32
         np.array([7e4 * (k % 7) for k in range(dim)], np.float32),  # max above f16's max
         np.array([-7e4] + [1.0] * (dim - 1), np.float32),  # min below f16's lowest
+        # f16 rounds the minimum 1000.3 up to 1000.5, above the maximum 1000.33
+        np.array([1000.3 + 0.01 * (k % 4) for k in range(dim)], np.float32),
+        # ... and here 0.2 above a value in a row whose 4-bit scale is 0.2: q = -1, clamped
+        np.array([1000.3 + (k % 4) for k in range(dim)], np.float32),
     ]
     weight = np.stack(rows).astype(np.float32)
     return make_case(f"special_finite_{dim}", weight, bag_sets(rng, weight.shape[0]))
