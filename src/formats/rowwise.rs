@@ -12,17 +12,26 @@
 //!     scale     = f32(f16((max - min) / L)), or 1 when max == min
 //!                 (and 1 when that rounds to 0, or its inverse is infinite)
 //!     q[c]      = clamp(round_half_even((x[c] - min) * (1 / scale)), 0, L)
-//! a value reads back as scale · q + bias
+//! a value reads back as fma(q, scale, bias)     (one rounding)
 //! ```
 //!
 //! * **Ties to even.** `round_half_even` is C's `lrintf` in the default
 //!   rounding mode: a value exactly between two levels goes to the even one.
-//! * **Smallest and largest** are found as C++'s `std::min_element` and
-//!   `std::max_element` do (a later value replaces only when strictly
-//!   smaller or larger), which only matters for `-0.0` and `+0.0`.
+//! * **Smallest and largest** are found as FBGEMM's AVX2 packer finds them,
+//!   which decides the sign of a zero minimum (and so the bias's bits):
+//!   eight lanes, from `f32::MAX` (`-f32::MAX` for the largest), each whole
+//!   block of eight columns updating lane `j` with `min(lane, x)` where an
+//!   equal new value replaces the lane; then the lanes in order, then the
+//!   last `dim % 8` columns, each replacing only when strictly smaller
+//!   (larger).
+//! * **Readback** is one fused multiply-add, `fma(q, scale, bias)`, as
+//!   PyTorch's unpack computes it (for 4 and 2 bits `q · scale` is exact, so
+//!   the fusion only matters at 8 bits).
 //! * **A constant row** (`max == min`) packs every value as level 0: with
 //!   8 bits the scale is 0 and the bias the value; with 4 and 2 the scale
-//!   is 1. It reads back exactly.
+//!   is 1 (unless the `f16` bias moved the minimum, when the levels make up
+//!   the difference). 4-bit and 2-bit rows of any width pack here; PyTorch's
+//!   packers want widths that are multiples of 2 and 4.
 //! * **What PyTorch packs into garbage is an error here.** A row holding an
 //!   infinity or a NaN has no meaningful scale
 //!   ([`EmbeddingError::NotFinite`]); neither does a row whose range
@@ -196,7 +205,7 @@ impl RowWise {
     }
 
     /// Unpacks a packed table into `out` (`rows × dim` values, each
-    /// `scale · q + bias`): [`dequantize_with`](Self::dequantize_with) with
+    /// `fma(q, scale, bias)`): [`dequantize_with`](Self::dequantize_with) with
     /// [`Parallelism::Auto`].
     ///
     /// # Errors
@@ -211,8 +220,8 @@ impl RowWise {
     }
 
     /// Unpacks a packed table into `out`, `rows × dim` values, value `c` of
-    /// row `r` being `scale_r · q_rc + bias_r` (a rounded product, then a
-    /// rounded sum).
+    /// row `r` being `fma(q_rc, scale_r, bias_r)`, rounded once (as
+    /// PyTorch's unpack).
     ///
     /// # Errors
     /// [`EmbeddingError::PackedLength`] unless `packed` is whole rows, or
@@ -245,16 +254,27 @@ impl RowWise {
     }
 }
 
-/// The smallest and the largest value of a non-empty row, as
-/// `std::min_element` and `std::max_element` find them (the first of equal
-/// values wins); `(0, 0)` for an empty row.
+/// The smallest and the largest value of a row, in FBGEMM's order (the
+/// module notes): it decides which of `-0.0` and `+0.0` is the minimum.
 fn min_max(x: &[f32]) -> (f32, f32) {
-    let Some((&first, rest)) = x.split_first() else {
-        return (0.0, 0.0);
-    };
-    rest.iter().fold((first, first), |(lo, hi), &v| {
-        (if v < lo { v } else { lo }, if hi < v { v } else { hi })
-    })
+    let (mut lo, mut hi) = ([f32::MAX; 8], [-f32::MAX; 8]);
+    let (blocks, tail) = x.as_chunks::<8>();
+    for block in blocks {
+        for ((l, h), &v) in lo.iter_mut().zip(&mut hi).zip(block) {
+            // `vminps`/`vmaxps`: the new value wins unless the lane is
+            // strictly smaller (larger).
+            *l = if *l < v { *l } else { v };
+            *h = if *h > v { *h } else { v };
+        }
+    }
+    let (mut min, mut max) = (f32::MAX, -f32::MAX);
+    for &v in lo.iter().chain(tail) {
+        min = if v < min { v } else { min };
+    }
+    for &v in hi.iter().chain(tail) {
+        max = if v > max { v } else { max };
+    }
+    (min, max)
 }
 
 /// A packed table checked against its format and width: whole rows of
@@ -331,6 +351,17 @@ impl<'a> PackedTable<'a> {
         })
     }
 
+    /// The level of value `c` of row `r`, or `None` outside the table.
+    pub fn code(&self, r: usize, c: usize) -> Option<u8> {
+        if r >= self.rows || c >= self.dim {
+            return None;
+        }
+        let per_byte = self.format.per_byte();
+        let byte = self.bytes[r * self.row_bytes + c / per_byte];
+        let shift = (c % per_byte) as u32 * self.format.bits();
+        Some((byte >> shift) & self.format.levels() as u8)
+    }
+
     /// Row `r` as `f32`s into `out` (`dim` values); `r` must be a row.
     fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         let (scale, bias) = self.scale_bias(r).expect("a row of the table");
@@ -340,7 +371,7 @@ impl<'a> PackedTable<'a> {
         for (c, v) in out.iter_mut().enumerate() {
             let byte = codes[c / per_byte];
             let q = (byte >> ((c % per_byte) as u32 * bits)) & mask;
-            *v = scale * f32::from(q) + bias;
+            *v = f32::from(q).mul_add(scale, bias);
         }
     }
 }

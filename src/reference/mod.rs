@@ -26,6 +26,9 @@
 //! checked by [`check_ids`], comparing signed values.
 
 pub mod loops;
+mod packed;
+
+pub use packed::packed_bag_sum;
 
 use crate::bags::Bags;
 use crate::error::{EmbeddingError, Operand};
