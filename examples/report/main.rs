@@ -761,12 +761,18 @@ fn machine(pool_threads: usize, huge_pages: bool) -> Machine {
         .lines()
         .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
         .map_or_else(|| "unknown".to_string(), |(_, m)| m.trim().to_string());
-    let simd = if cfg!(target_feature = "avx2") {
-        "f32x8 on AVX2 (compiled with avx2)"
-    } else if cfg!(target_feature = "avx") {
-        "f32x8 on AVX (compiled with avx)"
+    // The kernels choose their registers at run time (`src/simd/`): AVX
+    // where the CPU has it, else `wide::f32x8` as the build targets.
+    #[cfg(target_arch = "x86_64")]
+    let avx = std::arch::is_x86_feature_detected!("avx");
+    #[cfg(not(target_arch = "x86_64"))]
+    let avx = false;
+    let simd = if avx {
+        "256-bit AVX registers, chosen at run time"
+    } else if cfg!(target_feature = "sse2") {
+        "f32x8 as 2x128-bit SSE2 (this CPU has no AVX)"
     } else {
-        "f32x8 as 2x128-bit SSE2 (baseline x86-64 build; RUSTFLAGS='-C target-cpu=native' for AVX2)"
+        "f32x8 as the build targets"
     };
     Machine {
         cpu,
