@@ -581,6 +581,20 @@ struct Target {
     met: Option<bool>,
 }
 
+impl Target {
+    /// The measured value in its unit (`percent` written after a `%`
+    /// value) and whether it meets the goal; `None` if not measured.
+    fn shown(&self, percent: &str) -> Option<(String, bool)> {
+        let (v, met) = (self.value?, self.met?);
+        let text = match self.unit {
+            "%" => format!("{v:.1}{percent}"),
+            "ms" => format!("{v:.2} ms"),
+            _ => format!("{v:.2}x"),
+        };
+        Some((text, met))
+    }
+}
+
 /// The issues' goals, checked (not asserted) against the simd_rayon rows
 /// and the layer rows.
 fn targets(rows: &[Row], layer_rows: &[layer::LayerRow]) -> Vec<Target> {
@@ -955,16 +969,9 @@ gather_scaled for candle is index_select then affine (two passes); bytes use the
     writeln!(out)?;
     writeln!(out, "targets (checked, not asserted):")?;
     for t in &report.targets {
-        let (value, verdict) = match (t.value, t.met) {
-            (Some(v), Some(met)) => {
-                let v = match t.unit {
-                    "%" => format!("{v:.1}%"),
-                    "ms" => format!("{v:.2} ms"),
-                    _ => format!("{v:.2}x"),
-                };
-                (v, if met { "met" } else { "NOT MET" })
-            }
-            _ => ("-".to_string(), "not measured in this run"),
+        let (value, verdict) = match t.shown("%") {
+            Some((v, met)) => (v, if met { "met" } else { "NOT MET" }),
+            None => ("-".to_string(), "not measured in this run"),
         };
         writeln!(out, "  {:<82} {:>7}  {verdict}", t.goal, value)?;
     }

@@ -443,16 +443,9 @@ fn target_table(s: &mut String, report: &Report, stamp: &Stamp) -> std::fmt::Res
     writeln!(s, "| goal | measured | verdict |")?;
     writeln!(s, "| --- | ---: | --- |")?;
     for t in &report.targets {
-        let (value, verdict) = match (t.value, t.met) {
-            (Some(v), Some(met)) => {
-                let v = match t.unit {
-                    "%" => format!("{v:.1} %"),
-                    "ms" => format!("{v:.2} ms"),
-                    _ => format!("{v:.2}x"),
-                };
-                (v, if met { "met" } else { "**not met**" })
-            }
-            _ => ("-".to_string(), "not measured in this run"),
+        let (value, verdict) = match t.shown(" %") {
+            Some((v, met)) => (v, if met { "met" } else { "**not met**" }),
+            None => ("-".to_string(), "not measured in this run"),
         };
         writeln!(s, "| {} | {value} | {verdict} |", t.goal)?;
     }
