@@ -148,9 +148,9 @@ pub use kernels::{
     bag_backward, bag_backward_with, bag_forward, bag_forward_with, bag_max_backward,
     bag_max_backward_with, bag_sparse_backward, bag_sparse_backward_with, dense_backward,
     dense_backward_with, embed_positions, embed_positions_backward, embed_positions_backward_with,
-    embed_positions_with, gather, gather_scaled, gather_scaled_with, gather_with, scatter_add,
-    scatter_add_scaled, scatter_add_scaled_with, scatter_add_with, sparse_backward,
-    sparse_backward_with,
+    embed_positions_with, gather, gather_scaled, gather_scaled_with, gather_with,
+    packed_bag_forward, packed_bag_forward_with, scatter_add, scatter_add_scaled,
+    scatter_add_scaled_with, scatter_add_with, sparse_backward, sparse_backward_with,
 };
 pub use optim::{Adagrad, RowWiseAdagrad, Sgd, SparseOptimizer};
 pub use parallel::Parallelism;

@@ -267,3 +267,158 @@ fn half_tables_round_to_nearest_even() {
     assert_eq!(b[0], 1.0);
     assert!((b[1] - 3e38).abs() / 3e38 < 1e-2);
 }
+
+/// The packed bag kernel against the oracles, at every width (vector edges
+/// and tails), on every pool: sums (with and without weights) equal
+/// `reference::packed_bag_sum` bit for bit; max equals the `f32` kernel's
+/// max over the read-back table, values and winners; mean is the sum over
+/// the count, divided once.
+#[test]
+fn packed_bags_follow_the_oracles() {
+    use embedding_kernels::{bag_forward, packed_bag_forward_with, reference, Bags, Mode, Pooling};
+    let mut rng = SplitMix(21);
+    for dim in [1, 2, 3, 7, 8, 9, 16, 31, 64, 65, 130, 136, 264] {
+        let rows = 30;
+        let table = rng.wilds(rows * dim);
+        let n = 120;
+        let ids: Vec<u32> = (0..n).map(|_| (rng.next() % rows as u64) as u32).collect();
+        let weights = rng.units(n);
+        let offsets: Vec<usize> = (0..n).step_by(7).collect();
+        let bags = Bags::from_offsets(&offsets, n, false).unwrap();
+        for format in ALL {
+            let bytes = format.prepack(&table, dim).unwrap();
+            let packed = PackedTable::new(format, dim, &bytes).unwrap();
+            let back = unpack(format, &bytes, dim);
+            let run = |pooling: &Pooling<'_>, with_at: bool| {
+                let mut results = Vec::new();
+                for pool in pools() {
+                    for par in [Parallelism::Serial, Parallelism::Rayon] {
+                        let mut out = vec![f32::NAN; bags.len() * dim];
+                        let mut at = vec![-2i64; if with_at { out.len() } else { 0 }];
+                        pool.install(|| {
+                            packed_bag_forward_with(
+                                par, &packed, &ids, &bags, pooling, &mut out, &mut at,
+                            )
+                        })
+                        .unwrap();
+                        results.push((common::bits(&out), at));
+                    }
+                }
+                assert!(
+                    results.windows(2).all(|w| w[0] == w[1]),
+                    "{format:?} dim {dim}: same on every pool"
+                );
+                results.swap_remove(0)
+            };
+            for w in [None, Some(&weights[..])] {
+                let pooling = Pooling {
+                    mode: Mode::Sum,
+                    per_sample_weights: w,
+                    ..Pooling::default()
+                };
+                let want = reference::packed_bag_sum(&packed, &ids, &bags, w).unwrap();
+                let (got, _) = run(&pooling, false);
+                assert_eq!(
+                    got,
+                    common::bits(&want),
+                    "{format:?} dim {dim} sum, weights {}",
+                    w.is_some()
+                );
+            }
+            let sum = reference::packed_bag_sum(&packed, &ids, &bags, None).unwrap();
+            let mean_want: Vec<f32> = (0..bags.len())
+                .flat_map(|b| {
+                    let count = bags.bag(b).len() as f32;
+                    sum[b * dim..(b + 1) * dim]
+                        .iter()
+                        .map(move |s| s / count)
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            let (mean, _) = run(
+                &Pooling {
+                    mode: Mode::Mean,
+                    ..Pooling::default()
+                },
+                false,
+            );
+            assert_eq!(mean, common::bits(&mean_want), "{format:?} dim {dim} mean");
+            let max_pooling = Pooling {
+                mode: Mode::Max,
+                ..Pooling::default()
+            };
+            let (mut want, mut want_at) =
+                (vec![0.0; bags.len() * dim], vec![0i64; bags.len() * dim]);
+            bag_forward(
+                &back,
+                dim,
+                &ids,
+                &bags,
+                &max_pooling,
+                &mut want,
+                &mut want_at,
+            )
+            .unwrap();
+            let (max, at) = run(&max_pooling, true);
+            assert_eq!(max, common::bits(&want), "{format:?} dim {dim} max");
+            assert_eq!(at, want_at, "{format:?} dim {dim} max winners");
+        }
+    }
+}
+
+/// The packed bag kernel refuses what `bag_forward` refuses, with the same
+/// error, and writes nothing.
+#[test]
+fn packed_bag_errors_are_bag_forward_errors() {
+    use embedding_kernels::{bag_forward, packed_bag_forward, Bags, Mode, Pooling};
+    let (rows, dim) = (4, 6);
+    let table: Vec<f32> = (0..rows * dim).map(|x| x as f32).collect();
+    let bytes = RowWise::Int4.prepack(&table, dim).unwrap();
+    let packed = PackedTable::new(RowWise::Int4, dim, &bytes).unwrap();
+    let weights = [1.0f32; 3];
+    let cases: Vec<(&str, Vec<i64>, Pooling<'_>, usize)> = vec![
+        ("id past the table", vec![0, 4, 1], Pooling::default(), 2),
+        (
+            "negative id",
+            vec![0, -1, 1],
+            Pooling {
+                mode: Mode::Sum,
+                ..Pooling::default()
+            },
+            2,
+        ),
+        (
+            "weights with mean",
+            vec![0, 1, 2],
+            Pooling {
+                per_sample_weights: Some(&weights),
+                ..Pooling::default()
+            },
+            2,
+        ),
+        (
+            "padding past the table",
+            vec![0, 1, 2],
+            Pooling {
+                padding_idx: Some(9),
+                ..Pooling::default()
+            },
+            2,
+        ),
+        ("output too short", vec![0, 1, 2], Pooling::default(), 1),
+    ];
+    for (name, ids, pooling, out_bags) in cases {
+        let bags = Bags::fixed(2, 0)
+            .ok()
+            .filter(|_| false)
+            .unwrap_or(Bags::from_offsets(&[0usize, 1], 3, false).unwrap());
+        let mut ours = vec![f32::NAN; out_bags * dim];
+        let mut theirs = ours.clone();
+        let got =
+            packed_bag_forward(&packed, &ids, &bags, &pooling, &mut ours, &mut []).unwrap_err();
+        let want =
+            bag_forward(&table, dim, &ids, &bags, &pooling, &mut theirs, &mut []).unwrap_err();
+        assert_eq!(got, want, "{name}");
+        assert!(ours.iter().all(|x| x.is_nan()), "{name}: nothing written");
+    }
+}

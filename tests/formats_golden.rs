@@ -192,3 +192,75 @@ fn reference_bag_sums_have_pytorchs_bits() {
     }
     assert!(bags_compared > 50, "compared {bags_compared} bag sets");
 }
+
+#[test]
+fn packed_bag_kernel_sums_have_pytorchs_bits() {
+    use embedding_kernels::{packed_bag_forward_with, Mode, Parallelism, Pooling};
+    let golden = golden();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(3)
+        .build()
+        .unwrap();
+    let mut bags_compared = 0;
+    for case in golden["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let dim = case["dim"].as_u64().unwrap() as usize;
+        for (format, key) in FORMATS {
+            let Some(theirs) = case[format!("{key}_prepack")].as_array() else {
+                continue;
+            };
+            let packed: Vec<u8> = theirs.iter().map(|b| b.as_u64().unwrap() as u8).collect();
+            let table = PackedTable::new(format, dim, &packed).unwrap();
+            for (k, bag) in case["bags"].as_array().unwrap().iter().enumerate() {
+                let Some(want) = bag[format!("{key}_sum_f32_bits")].as_array() else {
+                    continue;
+                };
+                let want: Vec<f32> = want
+                    .iter()
+                    .map(|b| f32::from_bits(b.as_u64().unwrap() as u32))
+                    .collect();
+                let ids: Vec<i64> = numbers(&bag["indices"])
+                    .into_iter()
+                    .map(|i| i as i64)
+                    .collect();
+                let offsets: Vec<i64> = numbers(&bag["offsets"])
+                    .into_iter()
+                    .map(|i| i as i64)
+                    .collect();
+                let last = bag["include_last_offset"].as_bool().unwrap();
+                let bags = Bags::from_offsets(&offsets, ids.len(), last).unwrap();
+                let weights = bag["per_sample_weights_bits"]
+                    .as_array()
+                    .map(|_| floats(&bag["per_sample_weights_bits"]));
+                let pooling = Pooling {
+                    mode: Mode::Sum,
+                    per_sample_weights: weights.as_deref(),
+                    ..Pooling::default()
+                };
+                for par in [Parallelism::Serial, Parallelism::Rayon] {
+                    let mut out = vec![f32::NAN; want.len()];
+                    pool.install(|| {
+                        packed_bag_forward_with(
+                            par,
+                            &table,
+                            &ids,
+                            &bags,
+                            &pooling,
+                            &mut out,
+                            &mut [],
+                        )
+                    })
+                    .unwrap();
+                    for (v, (&g, &w)) in out.iter().zip(&want).enumerate() {
+                        assert!(
+                            same(g, w),
+                            "{name} {key} bag set {k} {par:?} value {v}: {g} vs {w}"
+                        );
+                    }
+                }
+                bags_compared += 1;
+            }
+        }
+    }
+    assert!(bags_compared > 50, "compared {bags_compared} bag sets");
+}

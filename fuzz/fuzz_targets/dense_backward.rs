@@ -8,9 +8,7 @@
 //! error, the buffer is untouched and both sides report the same error.
 #![no_main]
 
-use embedding_kernels::{
-    dense_backward, dense_backward_with, sparse_backward_with,
-};
+use embedding_kernels::{dense_backward, dense_backward_with, sparse_backward_with};
 use embedding_kernels::{reference, EmbeddingError, Parallelism};
 use embedding_kernels_fuzz::{run, Agreement, Call, Case, Id, Target, Values, Writes};
 use libfuzzer_sys::fuzz_target;

@@ -165,3 +165,46 @@ fn bag_backwards_agree_on_every_isa() {
         });
     }
 }
+
+#[test]
+fn packed_bags_agree_on_every_isa() {
+    use crate::formats::{PackedTable, RowWise};
+    use crate::{Bags, Mode, Pooling};
+    let serial = Parallelism::Serial;
+    for (k, &dim) in DIMS.iter().enumerate() {
+        let (rows, n) = (40, 96);
+        let table = values(rows * dim, 700 + k as u64);
+        let ids = ids(n, rows, 13 + k as u64);
+        let bags = Bags::fixed(n / 6, 6).unwrap();
+        let weights = values(n, 800 + k as u64);
+        for format in [RowWise::Int8, RowWise::Int4, RowWise::Int2] {
+            let bytes = format.prepack(&table, dim).unwrap();
+            let packed = PackedTable::new(format, dim, &bytes).unwrap();
+            same_on_every_isa(&format!("{format:?} dim {dim}"), || {
+                let mut outs = Vec::new();
+                for (mode, w, padding_idx) in [
+                    (Mode::Sum, Some(&weights[..]), None),
+                    (Mode::Sum, None, Some(5)),
+                    (Mode::Mean, None, Some(5)),
+                    (Mode::Max, None, None),
+                ] {
+                    let pooling = Pooling {
+                        mode,
+                        per_sample_weights: w,
+                        padding_idx,
+                        ..Pooling::default()
+                    };
+                    let mut out = vec![f32::NAN; bags.len() * dim];
+                    let mut at = vec![-2i64; if mode == Mode::Max { out.len() } else { 0 }];
+                    crate::packed_bag_forward_with(
+                        serial, &packed, &ids, &bags, &pooling, &mut out, &mut at,
+                    )
+                    .unwrap();
+                    outs.push(out);
+                    outs.push(at.iter().map(|&i| i as f32).collect());
+                }
+                outs
+            });
+        }
+    }
+}

@@ -20,7 +20,8 @@ pub(crate) mod tuning;
 
 pub use bag::{
     bag_backward, bag_backward_with, bag_forward, bag_forward_with, bag_max_backward,
-    bag_max_backward_with, bag_sparse_backward, bag_sparse_backward_with,
+    bag_max_backward_with, bag_sparse_backward, bag_sparse_backward_with, packed_bag_forward,
+    packed_bag_forward_with,
 };
 pub use gather::{gather, gather_scaled, gather_scaled_with, gather_with};
 pub use grouped::{dense_backward, dense_backward_with, sparse_backward, sparse_backward_with};

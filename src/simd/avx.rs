@@ -3,55 +3,89 @@
 //!
 //! Soundness rests on one rule: the lane type, [`Avx256`], is private to
 //! this file, and the only code that names it is [`run`], which takes an
-//! [`Avx`], a proof that the CPU has AVX. So every AVX instruction below
-//! runs on a CPU that has it, though the trait's methods are safe.
+//! [`Avx`], a proof that the CPU has AVX (and, for `Avx256<true>`, FMA). So
+//! every AVX and FMA instruction below runs on a CPU that has it, though the
+//! trait's methods are safe.
 
 #![cfg(target_arch = "x86_64")]
 #![allow(unsafe_code)]
 
 use super::{Body, Lanes, LANES};
 use core::arch::x86_64::{
-    __m256, _mm256_add_ps, _mm256_blendv_ps, _mm256_cmp_ps, _mm256_div_ps, _mm256_mul_ps,
-    _mm256_set1_ps, _mm256_stream_ps, _CMP_GT_OQ,
+    __m256, _mm256_add_ps, _mm256_blendv_ps, _mm256_cmp_ps, _mm256_div_ps, _mm256_fmadd_ps,
+    _mm256_mul_ps, _mm256_set1_ps, _mm256_stream_ps, _CMP_GT_OQ,
 };
 
-/// Proof that this CPU has AVX: only [`Avx::detect`] makes one.
+/// Proof that this CPU has AVX, and whether it has FMA too: only
+/// [`Avx::detect`] makes one (and [`Avx::without_fma`] one that claims less).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Avx(());
+pub(crate) struct Avx {
+    fma: bool,
+}
 
 impl Avx {
-    /// An `Avx` where this CPU has AVX.
+    /// An `Avx` where this CPU has AVX, with `fma` where it has FMA.
     #[inline]
     pub(crate) fn detect() -> Option<Avx> {
-        std::arch::is_x86_feature_detected!("avx").then_some(Avx(()))
+        std::arch::is_x86_feature_detected!("avx").then(|| Avx {
+            fma: std::arch::is_x86_feature_detected!("fma"),
+        })
+    }
+
+    /// The same proof without FMA (tests): the AVX wrapper whose fused
+    /// multiply-add is `f32::mul_add` (the tests run it beside the other).
+    #[cfg(test)]
+    pub(crate) fn without_fma(self) -> Avx {
+        Avx { fma: false }
+    }
+
+    /// Whether this proof includes FMA.
+    #[cfg(test)]
+    pub(crate) fn has_fma(self) -> bool {
+        self.fma
     }
 }
 
-/// Runs `body` with 256-bit lanes, compiled with AVX enabled.
+/// Runs `body` with 256-bit lanes, compiled with AVX (and FMA, where the
+/// proof says the CPU has it) enabled.
 #[inline(always)]
-pub(super) fn run<B: Body>(_proof: Avx, body: B) -> B::Output {
-    // SAFETY: `run_avx` needs a CPU with AVX, and `_proof` is an `Avx`,
-    // which only `Avx::detect` makes, after the CPU reported AVX.
-    unsafe { run_avx(body) }
+pub(super) fn run<B: Body>(proof: Avx, body: B) -> B::Output {
+    if proof.fma {
+        // SAFETY: `run_avx_fma` needs a CPU with AVX and FMA, and `proof`
+        // is an `Avx` with `fma`, which only `Avx::detect` makes, after the
+        // CPU reported both.
+        unsafe { run_avx_fma(body) }
+    } else {
+        // SAFETY: `run_avx` needs a CPU with AVX, and `proof` is an `Avx`,
+        // which only `Avx::detect` makes, after the CPU reported AVX.
+        unsafe { run_avx(body) }
+    }
 }
 
 /// The body instantiated with [`Avx256`]; everything it calls is
 /// `#[inline(always)]`, so it all compiles here, with AVX.
 #[target_feature(enable = "avx")]
 fn run_avx<B: Body>(body: B) -> B::Output {
-    body.run::<Avx256>()
+    body.run::<Avx256<false>>()
 }
 
-/// One 256-bit register of eight `f32`s. Private: see the module notes.
+/// [`run_avx`] with FMA as well: the fused multiply-add is one instruction.
+#[target_feature(enable = "avx,fma")]
+fn run_avx_fma<B: Body>(body: B) -> B::Output {
+    body.run::<Avx256<true>>()
+}
+
+/// One 256-bit register of eight `f32`s, on a CPU with FMA when `FMA`.
+/// Private: see the module notes.
 #[derive(Clone, Copy)]
 #[repr(transparent)]
-struct Avx256(__m256);
+struct Avx256<const FMA: bool>(__m256);
 
 // The SAFETY of every `unsafe` block below: the intrinsic needs AVX, and an
 // `Avx256` is only reachable through `run_avx`, which `run` calls only with
 // an `Avx`, made after the CPU reported AVX (the module notes); the
 // intrinsics touch no memory.
-impl Lanes for Avx256 {
+impl<const FMA: bool> Lanes for Avx256<FMA> {
     const REGISTERS: usize = 16;
 
     #[inline(always)]
@@ -86,6 +120,21 @@ impl Lanes for Avx256 {
     fn div(self, other: Self) -> Self {
         // SAFETY: see above the impl.
         Avx256(unsafe { _mm256_div_ps(self.0, other.0) })
+    }
+
+    #[inline(always)]
+    fn mul_add(self, b: Self, c: Self) -> Self {
+        if FMA {
+            // SAFETY: see above the impl; an `Avx256<true>` is only
+            // reachable through `run_avx_fma`, on a CPU with FMA.
+            Avx256(unsafe { _mm256_fmadd_ps(self.0, b.0, c.0) })
+        } else {
+            Avx256(bytemuck::cast(super::fused_lanes(
+                bytemuck::cast(self.0),
+                bytemuck::cast(b.0),
+                bytemuck::cast(c.0),
+            )))
+        }
     }
 
     #[inline(always)]

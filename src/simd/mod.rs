@@ -53,6 +53,10 @@ pub(crate) trait Lanes: Copy + Send + Sync + 'static {
     fn mul(self, other: Self) -> Self;
     /// `self / other`, lane by lane.
     fn div(self, other: Self) -> Self;
+    /// `self × b + c`, lane by lane, rounded once (a fused multiply-add: the
+    /// instruction where the CPU has FMA, else `f32::mul_add`, which gives
+    /// the same bits). Only the packed-table sums use it.
+    fn mul_add(self, b: Self, c: Self) -> Self;
     /// All ones where `self > other` (ordered: false if either is NaN),
     /// zeros elsewhere.
     fn greater(self, other: Self) -> Self;
@@ -62,6 +66,13 @@ pub(crate) trait Lanes: Copy + Send + Sync + 'static {
     /// `dst = src`, or zeros when `src` is `None`, with non-temporal stores
     /// where `dst` is aligned for this register (see [`stream`]).
     fn stream(dst: &mut [f32], src: Option<&[f32]>);
+}
+
+/// `a × b + c` lane by lane, each rounded once: the fused multiply-add of
+/// lane types without an FMA instruction.
+#[inline(always)]
+fn fused_lanes(a: [f32; LANES], b: [f32; LANES], c: [f32; LANES]) -> [f32; LANES] {
+    core::array::from_fn(|i| a[i].mul_add(b[i], c[i]))
 }
 
 /// A kernel body that runs on any lane type: what [`Isa::run`] calls.
@@ -105,8 +116,12 @@ impl Isa {
     #[cfg(test)]
     pub(crate) fn all() -> Vec<Isa> {
         let mut all = vec![Isa::Portable];
-        if Isa::detect() != Isa::Portable {
-            all.push(Isa::detect());
+        #[cfg(target_arch = "x86_64")]
+        if let Some(avx) = avx::Avx::detect() {
+            all.push(Isa::Avx(avx.without_fma()));
+            if avx.has_fma() {
+                all.push(Isa::Avx(avx));
+            }
         }
         all
     }

@@ -37,6 +37,15 @@ impl Lanes for f32x8 {
     }
 
     #[inline(always)]
+    fn mul_add(self, b: Self, c: Self) -> Self {
+        bytemuck::cast(super::fused_lanes(
+            bytemuck::cast(self),
+            bytemuck::cast(b),
+            bytemuck::cast(c),
+        ))
+    }
+
+    #[inline(always)]
     fn greater(self, other: Self) -> Self {
         self.simd_gt(other)
     }

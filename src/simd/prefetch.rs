@@ -77,3 +77,21 @@ fn hint(addr: usize) {
     // no memory.
     unsafe { _mm_prefetch::<_MM_HINT_T0>(addr as *const i8) };
 }
+
+/// [`row`] for a row of bytes (a packed row): a hint at every 64 bytes and
+/// at the last byte.
+#[inline(always)]
+pub(crate) fn bytes(row: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let Some(last) = row.last() else { return };
+        let first = row.as_ptr() as usize & !63;
+        let mut line = first;
+        while line <= last as *const u8 as usize {
+            hint(line);
+            line += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = row;
+}

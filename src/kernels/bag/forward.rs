@@ -4,6 +4,7 @@
 
 use super::{max, sum};
 use crate::bags::Bags;
+use crate::formats::PackedTable;
 use crate::index::{Index, ValidIds};
 use crate::kernels::tuning::{prefetch_ahead, BAG_MAX_AHEAD_ROWS, PARALLEL_MIN_BYTES, TASK_BYTES};
 use crate::parallel::Parallelism;
@@ -27,16 +28,17 @@ pub(crate) fn forward_valid<I: Index>(
     max_indices: &mut [i64],
 ) {
     let isa = Isa::detect();
-    forward_on(isa, par, table, dim, ids, bags, pooling, out, max_indices);
+    let table = F32Rows { table, dim };
+    forward_on(isa, par, table, ids, bags, pooling, out, max_indices);
 }
 
-/// [`forward_valid`] on a chosen instruction set; the tests run each.
+/// [`forward_valid`] on a chosen instruction set and table format; the
+/// tests run each.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn forward_on<I: Index>(
+pub(super) fn forward_on<I: Index, T: BagTable>(
     isa: Isa,
     par: Parallelism,
-    table: &[f32],
-    dim: usize,
+    table: T,
     ids: ValidIds<'_, I>,
     bags: &Bags,
     pooling: &Pooling<'_>,
@@ -44,6 +46,7 @@ pub(super) fn forward_on<I: Index>(
     max_indices: &mut [i64],
 ) {
     let is_max = pooling.mode == Mode::Max;
+    let dim = table.dim();
     if dim == 0 || bags.is_empty() {
         return;
     }
@@ -65,8 +68,8 @@ pub(super) fn forward_on<I: Index>(
         });
     };
     let max_indices = if is_max { max_indices } else { &mut [][..] };
-    let read = ids.len().saturating_mul(dim * 4);
-    if !par.splits(core::mem::size_of_val(table).min(read), PARALLEL_MIN_BYTES) {
+    let read = ids.len().saturating_mul(table.row_bytes());
+    if !par.splits(table.bytes().min(read), PARALLEL_MIN_BYTES) {
         task(0, out, max_indices);
         return;
     }
@@ -84,11 +87,130 @@ pub(super) fn forward_on<I: Index>(
     }
 }
 
+/// A table a bag reads: its rows as `f32` lanes, a block at a time. An
+/// `f32` table lends its memory; a packed one decodes its levels into a
+/// buffer and hands over each row's scale and bias, which the sum applies
+/// with FBGEMM's fused multiply-add (see `sum.rs`).
+pub(crate) trait BagTable: Copy + Sync {
+    /// Where a sum starts: `-0.0` for `f32` rows (the exact identity, so the
+    /// first row comes through to the bit, as in the reference's product),
+    /// `+0.0` for packed rows (FBGEMM's start, which PyTorch's bits need).
+    const SUM_FROM: f32;
+    /// Values per row.
+    fn dim(&self) -> usize;
+    /// Bytes per row, and of the whole table (what decides the split).
+    fn row_bytes(&self) -> usize;
+    /// Bytes of the whole table.
+    fn bytes(&self) -> usize;
+    /// Block `cols` of row `r` as lanes, from the table or decoded into
+    /// `buf`; and the row's scale and bias for a packed table.
+    fn block<'s, const N: usize>(
+        &'s self,
+        r: usize,
+        cols: Cols<N>,
+        buf: &'s mut [[f32; LANES]; N],
+    ) -> (&'s [[f32; LANES]; N], Option<(f32, f32)>);
+    /// Hints for block `cols` of row `r`.
+    fn prefetch_block<const N: usize>(&self, r: usize, cols: Cols<N>);
+    /// Hints for all of row `r`.
+    fn prefetch_row(&self, r: usize);
+}
+
+/// An `f32` table of rows of `dim`.
+#[derive(Clone, Copy)]
+pub(crate) struct F32Rows<'a> {
+    pub(crate) table: &'a [f32],
+    pub(crate) dim: usize,
+}
+
+impl BagTable for F32Rows<'_> {
+    const SUM_FROM: f32 = -0.0;
+
+    fn dim(&self) -> usize {
+        self.dim
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.dim * 4
+    }
+
+    fn bytes(&self) -> usize {
+        core::mem::size_of_val(self.table)
+    }
+
+    #[inline(always)]
+    fn block<'s, const N: usize>(
+        &'s self,
+        r: usize,
+        cols: Cols<N>,
+        buf: &'s mut [[f32; LANES]; N],
+    ) -> (&'s [[f32; LANES]; N], Option<(f32, f32)>) {
+        let at = r * self.dim + cols.start;
+        if cols.is_whole() {
+            let (block, _) = self.table[at..at + N * LANES].as_chunks::<LANES>();
+            (block.try_into().expect("N blocks of 8"), None)
+        } else {
+            buf.as_flattened_mut()[..cols.width].copy_from_slice(&self.table[at..at + cols.width]);
+            (buf, None)
+        }
+    }
+
+    #[inline(always)]
+    fn prefetch_block<const N: usize>(&self, r: usize, cols: Cols<N>) {
+        prefetch::block::<N>(self.table, r * self.dim + cols.start);
+    }
+
+    #[inline(always)]
+    fn prefetch_row(&self, r: usize) {
+        prefetch::row(&self.table[r * self.dim..(r + 1) * self.dim]);
+    }
+}
+
+impl BagTable for PackedTable<'_> {
+    const SUM_FROM: f32 = 0.0;
+
+    fn dim(&self) -> usize {
+        PackedTable::dim(self)
+    }
+
+    fn row_bytes(&self) -> usize {
+        PackedTable::row_bytes(self)
+    }
+
+    fn bytes(&self) -> usize {
+        PackedTable::bytes(self).len()
+    }
+
+    #[inline(always)]
+    fn block<'s, const N: usize>(
+        &'s self,
+        r: usize,
+        cols: Cols<N>,
+        buf: &'s mut [[f32; LANES]; N],
+    ) -> (&'s [[f32; LANES]; N], Option<(f32, f32)>) {
+        let levels = &mut buf.as_flattened_mut()[..cols.width];
+        self.levels_into(r, cols.start, levels);
+        (buf, Some(self.scale_bias_of(r)))
+    }
+
+    #[inline(always)]
+    fn prefetch_block<const N: usize>(&self, r: usize, _cols: Cols<N>) {
+        self.prefetch_row(r);
+    }
+
+    #[inline(always)]
+    fn prefetch_row(&self, r: usize) {
+        let row_bytes = PackedTable::row_bytes(self);
+        let bytes = PackedTable::bytes(self);
+        prefetch::bytes(&bytes[r * row_bytes..(r + 1) * row_bytes]);
+    }
+}
+
 /// What every block of every bag reads: the table, the checked ids, the
 /// padding row and the prefetch distance.
 #[derive(Clone, Copy)]
-pub(super) struct Rows<'a, 'i, I: Index> {
-    pub(super) table: &'a [f32],
+pub(super) struct Rows<'i, I: Index, T> {
+    pub(super) table: T,
     pub(super) dim: usize,
     pub(super) ids: ValidIds<'i, I>,
     pub(super) padding_idx: Option<usize>,
@@ -149,14 +271,7 @@ impl Cols<1> {
     }
 }
 
-impl<I: Index> Rows<'_, '_, I> {
-    /// Position `p`'s table row.
-    #[inline(always)]
-    fn row_of(&self, p: usize) -> &[f32] {
-        let r = self.ids.row(p) * self.dim;
-        &self.table[r..r + self.dim]
-    }
-
+impl<I: Index, T: BagTable> Rows<'_, I, T> {
     /// Hands `f` columns `cols` of each kept row of `bag`, in order, and
     /// returns how many rows were kept. Before each position it prefetches
     /// the same block of the row `ahead` positions on (from the task's last
@@ -202,12 +317,12 @@ impl<I: Index> Rows<'_, '_, I> {
     /// most position `last`).
     #[inline(always)]
     fn prefetch_block<const N: usize>(&self, p: usize, last: usize, cols: Cols<N>) {
-        let at = self.ids.row((p + self.ahead).min(last)) * self.dim + cols.start;
-        prefetch::block::<N>(self.table, at);
+        let r = self.ids.row((p + self.ahead).min(last));
+        self.table.prefetch_block::<N>(r, cols);
     }
 
     /// Hands `f` block `cols` of row `r` (position `p`): straight from the
-    /// table when whole, else through `buf`, zero-padded.
+    /// table when it can, else through `buf`.
     #[inline(always)]
     fn visit<const N: usize, F: Visit<N>>(
         &self,
@@ -217,14 +332,8 @@ impl<I: Index> Rows<'_, '_, I> {
         buf: &mut [[f32; LANES]; N],
         f: &mut F,
     ) {
-        let at = r * self.dim + cols.start;
-        if cols.is_whole() {
-            let (block, _) = self.table[at..at + N * LANES].as_chunks::<LANES>();
-            f.visit(p, block.try_into().expect("N blocks of 8"));
-        } else {
-            buf.as_flattened_mut()[..cols.width].copy_from_slice(&self.table[at..at + cols.width]);
-            f.visit(p, buf);
-        }
+        let (block, affine) = self.table.block::<N>(r, cols, buf);
+        f.visit(p, block, affine);
     }
 }
 
@@ -277,14 +386,16 @@ pub(super) fn each_block<V: Lanes, B: BlockBody>(dim: usize, widest: usize, body
 /// closure: a closure is compiled as a function of its own, without the AVX
 /// of [`Isa::run`]'s wrapper, and calls each instruction it holds.
 pub(super) trait Visit<const N: usize> {
-    /// Takes block `block` of the row at position `p`.
-    fn visit(&mut self, p: usize, block: &[[f32; LANES]; N]);
+    /// Takes block `block` of the row at position `p`: its values, or, with
+    /// `affine = Some((scale, bias))`, its levels `q` (a value being
+    /// `fma(q, scale, bias)`).
+    fn visit(&mut self, p: usize, block: &[[f32; LANES]; N], affine: Option<(f32, f32)>);
 }
 
 /// One task of the forward: the bags from `first_bag` whose rows `out` (and
 /// `max_indices`, for max) hold.
-struct BagTask<'a, 'i, I: Index> {
-    rows: Rows<'a, 'i, I>,
+struct BagTask<'a, 'i, I: Index, T> {
+    rows: Rows<'i, I, T>,
     bags: &'a Bags,
     pooling: &'a Pooling<'a>,
     first_bag: usize,
@@ -292,7 +403,7 @@ struct BagTask<'a, 'i, I: Index> {
     max_indices: &'a mut [i64],
 }
 
-impl<I: Index> Body for BagTask<'_, '_, I> {
+impl<I: Index, T: BagTable> Body for BagTask<'_, '_, I, T> {
     type Output = ();
 
     #[inline(always)]
@@ -311,7 +422,7 @@ impl<I: Index> Body for BagTask<'_, '_, I> {
         let limit = bags.starts()[first_bag + count];
         // Warm the first rows: a task starts cold.
         for p in first..limit.min(first + rows.ahead) {
-            prefetch::row(rows.row_of(p));
+            rows.table.prefetch_row(rows.ids.row(p));
         }
         for (k, dst) in out.chunks_exact_mut(dim).enumerate() {
             let bag = bags.bag(first_bag + k);
@@ -319,11 +430,11 @@ impl<I: Index> Body for BagTask<'_, '_, I> {
                 Mode::Sum | Mode::Mean => {
                     let weights = pooling.per_sample_weights;
                     let mean = pooling.mode == Mode::Mean;
-                    sum::pool::<V, I>(&rows, bag, limit, weights, mean, dst);
+                    sum::pool::<V, I, T>(&rows, bag, limit, weights, mean, dst);
                 }
                 Mode::Max => {
                     let args = &mut max_indices[k * dim..(k + 1) * dim];
-                    max::pool::<V, I>(&rows, bag, limit, dst, args);
+                    max::pool::<V, I, T>(&rows, bag, limit, dst, args);
                 }
             }
         }

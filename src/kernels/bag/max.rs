@@ -1,7 +1,7 @@
 //! The max of one bag, a column block at a time in registers, with the
 //! position each column's winner came from.
 
-use super::forward::{each_block, BlockBody, Cols, Rows, Visit};
+use super::forward::{each_block, BagTable, BlockBody, Cols, Rows, Visit};
 use crate::index::Index;
 use crate::simd::{Lanes, LANES};
 use core::ops::Range;
@@ -14,8 +14,8 @@ use core::ops::Range;
 /// The bag must hold at most `2^32` positions (the positions ride in the
 /// bits of an `f32` lane); the checks refuse longer ones.
 #[inline(always)]
-pub(super) fn pool<V: Lanes, I: Index>(
-    rows: &Rows<'_, '_, I>,
+pub(super) fn pool<V: Lanes, I: Index, T: BagTable>(
+    rows: &Rows<'_, I, T>,
     bag: Range<usize>,
     limit: usize,
     dst: &mut [f32],
@@ -36,15 +36,15 @@ pub(super) fn pool<V: Lanes, I: Index>(
 }
 
 /// One bag's max: its rows, and where the values and winners go.
-struct Max<'r, 'a, 'i, I: Index> {
-    rows: &'r Rows<'a, 'i, I>,
+struct Max<'r, 'i, I: Index, T> {
+    rows: &'r Rows<'i, I, T>,
     bag: Range<usize>,
     limit: usize,
     dst: &'r mut [f32],
     args: &'r mut [i64],
 }
 
-impl<I: Index> BlockBody for Max<'_, '_, '_, I> {
+impl<I: Index, T: BagTable> BlockBody for Max<'_, '_, I, T> {
     /// Columns `cols` of the bag's max into `dst` and the winners' ids into
     /// `args`; returns how many rows were kept (and writes nothing when none
     /// was). The first kept row is taken as it is; after it a strictly
@@ -88,21 +88,33 @@ struct Running<V, const N: usize> {
 
 impl<V: Lanes, const N: usize> Visit<N> for Running<V, N> {
     #[inline(always)]
-    fn visit(&mut self, p: usize, row: &[[f32; LANES]; N]) {
+    fn visit(&mut self, p: usize, row: &[[f32; LANES]; N], affine: Option<(f32, f32)>) {
         // The position's bits as a lane: only ever selected and stored.
         let here = V::splat(f32::from_bits((p - self.start) as u32));
+
         let lanes = self.best.iter_mut().zip(&mut self.from).zip(row);
         if self.first {
             for ((b, f), x) in lanes {
-                (*b, *f) = (V::load(x), here);
+                (*b, *f) = (value::<V>(x, affine), here);
             }
             self.first = false;
         } else {
             for ((b, f), x) in lanes {
-                let v = V::load(x);
+                let v = value::<V>(x, affine);
                 let wins = v.greater(*b);
                 (*b, *f) = (wins.select(v, *b), wins.select(here, *f));
             }
         }
+    }
+}
+
+/// The values of a block: as they are, or for a packed row its levels read
+/// back as `fma(q, scale, bias)`. A function, not a closure: a closure would
+/// be compiled without the wrapper's AVX (see `Visit`).
+#[inline(always)]
+fn value<V: Lanes>(x: &[f32; LANES], affine: Option<(f32, f32)>) -> V {
+    match affine {
+        None => V::load(x),
+        Some((scale, bias)) => V::load(x).mul_add(V::splat(scale), V::splat(bias)),
     }
 }

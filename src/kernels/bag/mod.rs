@@ -74,10 +74,12 @@ pub(crate) use forward::forward_valid;
 
 use crate::bags::Bags;
 use crate::error::{EmbeddingError, Operand};
+use crate::formats::PackedTable;
 use crate::index::{Index, ValidIds};
 use crate::parallel::Parallelism;
 use crate::pooling::{Mode, Pooling};
 use crate::shape::{check_len, rows_len, table_rows};
+use crate::simd::Isa;
 
 /// The argument checks every bag call shares, in the crate's order: table,
 /// bags against the ids, `per_sample_weights` (mode, then length), the
@@ -91,6 +93,18 @@ fn check_arguments<I: Index>(
     pooling: &Pooling<'_>,
 ) -> Result<usize, EmbeddingError> {
     let rows = table_rows(table_len, dim, Operand::Table)?;
+    check_pooling(rows, ids, bags, pooling)?;
+    Ok(rows)
+}
+
+/// [`check_arguments`] after the table: bags against the ids,
+/// `per_sample_weights`, the padding row, for a table of `rows` rows.
+fn check_pooling<I: Index>(
+    rows: usize,
+    ids: &[I],
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+) -> Result<(), EmbeddingError> {
     check_len(Operand::Ids, bags.num_ids(), ids.len())?;
     if let Some(weights) = pooling.per_sample_weights {
         if pooling.mode != Mode::Sum {
@@ -106,7 +120,7 @@ fn check_arguments<I: Index>(
             });
         }
     }
-    Ok(rows)
+    Ok(())
 }
 
 /// Every check of a sum or mean backward, in order (max mode is refused:
@@ -139,6 +153,20 @@ pub(crate) fn check_forward<'a, I: Index>(
     max_indices: &[i64],
 ) -> Result<ValidIds<'a, I>, EmbeddingError> {
     let rows = check_arguments(table.len(), dim, ids, bags, pooling)?;
+    check_outputs(rows, dim, ids, bags, pooling, out, max_indices)
+}
+
+/// The rest of the forward's checks, after the table's and the pooling's:
+/// the output buffers, max's bag lengths, then every id.
+fn check_outputs<'a, I: Index>(
+    rows: usize,
+    dim: usize,
+    ids: &'a [I],
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    out: &[f32],
+    max_indices: &[i64],
+) -> Result<ValidIds<'a, I>, EmbeddingError> {
     let out_len = rows_len(bags.len(), dim)?;
     check_len(Operand::Output, out_len, out.len())?;
     if pooling.mode == Mode::Max {
@@ -241,4 +269,57 @@ fn check_max_bag_lengths(bags: &Bags) -> Result<(), EmbeddingError> {
         }),
         None => Ok(()),
     }
+}
+
+/// The bags of a row-wise quantized table ([`PackedTable`]): sum, mean or
+/// max of each bag's rows, read in place, never unpacked. A packed row's
+/// value `c` is `fma(q_c, scale, bias)`; the sum adds a row with FBGEMM's
+/// rule, `acc = fma(w · scale, q, acc + w · bias)`, in position order from
+/// `+0.0` (`w` the per-sample weight, or 1), which gives PyTorch's quantized
+/// bag sum bit for bit
+/// ([`reference::packed_bag_sum`](crate::reference::packed_bag_sum)); mean
+/// divides that sum by the count; max compares the read-back values.
+/// [`packed_bag_forward_with`] with [`Parallelism::Auto`].
+///
+/// # Errors
+/// As [`packed_bag_forward_with`].
+pub fn packed_bag_forward<I: Index>(
+    table: &PackedTable<'_>,
+    ids: &[I],
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    out: &mut [f32],
+    max_indices: &mut [i64],
+) -> Result<(), EmbeddingError> {
+    packed_bag_forward_with(
+        Parallelism::Auto,
+        table,
+        ids,
+        bags,
+        pooling,
+        out,
+        max_indices,
+    )
+}
+
+/// [`packed_bag_forward`] with an explicit [`Parallelism`].
+///
+/// # Errors
+/// As [`bag_forward`] (the table is already checked into its
+/// [`PackedTable`]); then nothing is written.
+pub fn packed_bag_forward_with<I: Index>(
+    par: Parallelism,
+    table: &PackedTable<'_>,
+    ids: &[I],
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    out: &mut [f32],
+    max_indices: &mut [i64],
+) -> Result<(), EmbeddingError> {
+    let (rows, dim) = (table.rows(), table.dim());
+    check_pooling(rows, ids, bags, pooling)?;
+    let ids = check_outputs(rows, dim, ids, bags, pooling, out, max_indices)?;
+    let isa = Isa::detect();
+    forward::forward_on(isa, par, *table, ids, bags, pooling, out, max_indices);
+    Ok(())
 }

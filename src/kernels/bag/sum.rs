@@ -1,6 +1,6 @@
 //! The sum (and mean) of one bag, a column block at a time in registers.
 
-use super::forward::{each_block, BlockBody, Cols, Rows, Visit};
+use super::forward::{each_block, BagTable, BlockBody, Cols, Rows, Visit};
 use crate::index::Index;
 use crate::simd::{Lanes, LANES};
 use core::ops::Range;
@@ -9,8 +9,8 @@ use core::ops::Range;
 /// by their count when `mean`; zeros when it kept none. Blocks of 16
 /// vectors where the lanes have sixteen registers, else of 8.
 #[inline(always)]
-pub(super) fn pool<V: Lanes, I: Index>(
-    rows: &Rows<'_, '_, I>,
+pub(super) fn pool<V: Lanes, I: Index, T: BagTable>(
+    rows: &Rows<'_, I, T>,
     bag: Range<usize>,
     limit: usize,
     weights: Option<&[f32]>,
@@ -31,8 +31,8 @@ pub(super) fn pool<V: Lanes, I: Index>(
 }
 
 /// One bag's sum: its rows, weights and mode, and where it goes.
-struct Sum<'r, 'a, 'i, I: Index> {
-    rows: &'r Rows<'a, 'i, I>,
+struct Sum<'r, 'i, I: Index, T> {
+    rows: &'r Rows<'i, I, T>,
     bag: Range<usize>,
     weights: Option<&'r [f32]>,
     mean: bool,
@@ -40,7 +40,7 @@ struct Sum<'r, 'a, 'i, I: Index> {
     dst: &'r mut [f32],
 }
 
-impl<I: Index> BlockBody for Sum<'_, '_, '_, I> {
+impl<I: Index, T: BagTable> BlockBody for Sum<'_, '_, I, T> {
     /// Columns `cols` of the bag's sum into `dst`; returns how many rows
     /// were kept. The sums start from `-0.0`, so the first kept term comes
     /// through to the bit (`-0.0 + x == x`); a mean divides in the registers
@@ -52,13 +52,13 @@ impl<I: Index> BlockBody for Sum<'_, '_, '_, I> {
         let bag = self.bag.clone();
         let (mut acc, kept) = match self.weights {
             None => {
-                let mut plain = Plain([V::splat(-0.0); N]);
+                let mut plain = Plain([V::splat(T::SUM_FROM); N]);
                 let kept = self.rows.blocks::<N, _>(bag, self.limit, cols, &mut plain);
                 (plain.0, kept)
             }
             Some(weights) => {
                 let mut weighted = Weighted {
-                    acc: [V::splat(-0.0); N],
+                    acc: [V::splat(T::SUM_FROM); N],
                     weights,
                 };
                 let kept = self
@@ -78,19 +78,30 @@ impl<I: Index> BlockBody for Sum<'_, '_, '_, I> {
     }
 }
 
-/// `acc += row`.
+/// `acc += row`; for a packed row, FBGEMM's `acc = fma(scale, q, acc + bias)`.
 struct Plain<V, const N: usize>([V; N]);
 
 impl<V: Lanes, const N: usize> Visit<N> for Plain<V, N> {
     #[inline(always)]
-    fn visit(&mut self, _p: usize, row: &[[f32; LANES]; N]) {
-        for (a, x) in self.0.iter_mut().zip(row) {
-            *a = a.add(V::load(x));
+    fn visit(&mut self, _p: usize, row: &[[f32; LANES]; N], affine: Option<(f32, f32)>) {
+        match affine {
+            None => {
+                for (a, x) in self.0.iter_mut().zip(row) {
+                    *a = a.add(V::load(x));
+                }
+            }
+            Some((scale, bias)) => {
+                let (s, b) = (V::splat(scale), V::splat(bias));
+                for (a, q) in self.0.iter_mut().zip(row) {
+                    *a = s.mul_add(V::load(q), a.add(b));
+                }
+            }
         }
     }
 }
 
-/// `acc += row × weights[p]`, the product rounded first.
+/// `acc += row × weights[p]`, the product rounded first; for a packed row
+/// FBGEMM's `acc = fma(w · scale, q, acc + w · bias)`.
 struct Weighted<'w, V, const N: usize> {
     acc: [V; N],
     weights: &'w [f32],
@@ -98,10 +109,21 @@ struct Weighted<'w, V, const N: usize> {
 
 impl<V: Lanes, const N: usize> Visit<N> for Weighted<'_, V, N> {
     #[inline(always)]
-    fn visit(&mut self, p: usize, row: &[[f32; LANES]; N]) {
-        let w = V::splat(self.weights[p]);
-        for (a, x) in self.acc.iter_mut().zip(row) {
-            *a = a.add(V::load(x).mul(w));
+    fn visit(&mut self, p: usize, row: &[[f32; LANES]; N], affine: Option<(f32, f32)>) {
+        let w = self.weights[p];
+        match affine {
+            None => {
+                let w = V::splat(w);
+                for (a, x) in self.acc.iter_mut().zip(row) {
+                    *a = a.add(V::load(x).mul(w));
+                }
+            }
+            Some((scale, bias)) => {
+                let (s, b) = (V::splat(w * scale), V::splat(w * bias));
+                for (a, q) in self.acc.iter_mut().zip(row) {
+                    *a = s.mul_add(V::load(q), a.add(b));
+                }
+            }
         }
     }
 }

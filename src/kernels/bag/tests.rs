@@ -1,6 +1,6 @@
 //! The bag forward on every instruction set against the reference.
 
-use super::forward::forward_on;
+use super::forward::{forward_on, F32Rows};
 use super::*;
 use crate::simd::Isa;
 
@@ -46,7 +46,14 @@ fn empty_bags_give_zeros_on_every_path() {
                         let mut out = vec![f32::NAN; want.len()];
                         let mut at = vec![7; want_at.len()];
                         forward_on(
-                            isa, par, table, dim, valid, &bags, &pooling, &mut out, &mut at,
+                            isa,
+                            par,
+                            F32Rows { table, dim },
+                            valid,
+                            &bags,
+                            &pooling,
+                            &mut out,
+                            &mut at,
                         );
                         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                         let what = format!("{offsets:?} dim {dim} {mode:?} {par:?} {isa:?}");
@@ -120,8 +127,7 @@ fn every_isa_gives_the_reference_bits() {
                     forward_on(
                         isa,
                         par,
-                        &table,
-                        dim,
+                        F32Rows { table: &table, dim },
                         valid,
                         &bags,
                         &pooling,
@@ -171,7 +177,14 @@ fn every_isa_gives_the_reference_bits() {
                 for par in [Parallelism::Serial, Parallelism::Rayon] {
                     let (mut out, mut at) = (vec![f32::NAN; size], vec![-2; size]);
                     forward_on(
-                        isa, par, &ties, dim, valid, &bags, &pooling, &mut out, &mut at,
+                        isa,
+                        par,
+                        F32Rows { table: &ties, dim },
+                        valid,
+                        &bags,
+                        &pooling,
+                        &mut out,
+                        &mut at,
                     );
                     let what = format!("max dim {dim} rows {rows} n {n} padded {padded} {isa:?}");
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
