@@ -338,47 +338,6 @@ impl<'a> PackedTable<'a> {
         self.row_bytes
     }
 
-    /// Row `r`'s scale and bias; `r` must be a row (a checked id).
-    #[inline(always)]
-    pub(crate) fn scale_bias_of(&self, r: usize) -> (f32, f32) {
-        let at = r * self.row_bytes + self.format.code_bytes(self.dim);
-        let tail = &self.bytes[at..at + self.format.scale_bias_bytes()];
-        match self.format {
-            RowWise::Int8 => (
-                f32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]),
-                f32::from_le_bytes([tail[4], tail[5], tail[6], tail[7]]),
-            ),
-            RowWise::Int4 | RowWise::Int2 => (
-                f16::from_le_bytes([tail[0], tail[1]]).to_f32(),
-                f16::from_le_bytes([tail[2], tail[3]]).to_f32(),
-            ),
-        }
-    }
-
-    /// The levels of values `start..start + out.len()` of row `r`, as
-    /// `f32`s, into `out`; `r` must be a row and the values within it.
-    #[inline(always)]
-    pub(crate) fn levels_into(&self, r: usize, start: usize, out: &mut [f32]) {
-        let row = &self.bytes[r * self.row_bytes..(r + 1) * self.row_bytes];
-        match self.format {
-            RowWise::Int8 => {
-                let len = out.len();
-                for (o, &q) in out.iter_mut().zip(&row[start..start + len]) {
-                    *o = f32::from(q);
-                }
-            }
-            RowWise::Int4 | RowWise::Int2 => {
-                let (bits, per_byte) = (self.format.bits(), self.format.per_byte());
-                let mask = self.format.levels() as u8;
-                for (k, o) in out.iter_mut().enumerate() {
-                    let c = start + k;
-                    let q = (row[c / per_byte] >> ((c % per_byte) as u32 * bits)) & mask;
-                    *o = f32::from(q);
-                }
-            }
-        }
-    }
-
     /// Row `r`'s scale and bias, or `None` past the last row.
     pub fn scale_bias(&self, r: usize) -> Option<(f32, f32)> {
         let row = self

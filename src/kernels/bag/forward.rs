@@ -166,19 +166,48 @@ impl BagTable for F32Rows<'_> {
     }
 }
 
-impl BagTable for PackedTable<'_> {
+/// A row-wise quantized table of `BITS` bits a value (8, 4 or 2), its
+/// layout known at compile time so that decoding a block is a short loop of
+/// constant shifts (see `formats/rowwise.rs` for the layout).
+#[derive(Clone, Copy)]
+pub(crate) struct Packed<'a, const BITS: u32> {
+    bytes: &'a [u8],
+    dim: usize,
+    row_bytes: usize,
+    /// Bytes of codes at the start of each row.
+    code_bytes: usize,
+}
+
+impl<'a, const BITS: u32> Packed<'a, BITS> {
+    /// Values per byte.
+    const PER_BYTE: usize = 8 / BITS as usize;
+
+    /// The table's bytes, laid out for `BITS` (the caller matched the
+    /// table's format to `BITS`).
+    pub(crate) fn new(table: &PackedTable<'a>) -> Self {
+        debug_assert_eq!(table.format().bits(), BITS);
+        Packed {
+            bytes: table.bytes(),
+            dim: table.dim(),
+            row_bytes: table.row_bytes(),
+            code_bytes: table.dim().div_ceil(Self::PER_BYTE),
+        }
+    }
+}
+
+impl<const BITS: u32> BagTable for Packed<'_, BITS> {
     const SUM_FROM: f32 = 0.0;
 
     fn dim(&self) -> usize {
-        PackedTable::dim(self)
+        self.dim
     }
 
     fn row_bytes(&self) -> usize {
-        PackedTable::row_bytes(self)
+        self.row_bytes
     }
 
     fn bytes(&self) -> usize {
-        PackedTable::bytes(self).len()
+        self.bytes.len()
     }
 
     #[inline(always)]
@@ -188,21 +217,57 @@ impl BagTable for PackedTable<'_> {
         cols: Cols<N>,
         buf: &'s mut [[f32; LANES]; N],
     ) -> (&'s [[f32; LANES]; N], Option<(f32, f32)>) {
-        let levels = &mut buf.as_flattened_mut()[..cols.width];
-        self.levels_into(r, cols.start, levels);
-        (buf, Some(self.scale_bias_of(r)))
+        let row = &self.bytes[r * self.row_bytes..(r + 1) * self.row_bytes];
+        let (codes, tail) = row.split_at(self.code_bytes);
+        let out = &mut buf.as_flattened_mut()[..cols.width];
+        // Blocks start at multiples of 8 columns, so at whole bytes.
+        let codes = &codes[cols.start / Self::PER_BYTE..];
+        let mask = ((1u32 << BITS) - 1) as u8;
+        let per = Self::PER_BYTE;
+        let (whole, rest) = out.split_at_mut(out.len() / per * per);
+        // Each code byte holds `per` values, the lowest bits first.
+        for (o, &byte) in whole.chunks_exact_mut(per).zip(codes) {
+            for (j, v) in o.iter_mut().enumerate() {
+                *v = f32::from((byte >> (j as u32 * BITS)) & mask);
+            }
+        }
+        if let Some(&byte) = codes.get(whole.len() / per) {
+            for (j, v) in rest.iter_mut().enumerate() {
+                *v = f32::from((byte >> (j as u32 * BITS)) & mask);
+            }
+        }
+        let affine = if BITS == 8 {
+            (
+                f32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]),
+                f32::from_le_bytes([tail[4], tail[5], tail[6], tail[7]]),
+            )
+        } else {
+            (
+                half::f16::from_le_bytes([tail[0], tail[1]]).to_f32(),
+                half::f16::from_le_bytes([tail[2], tail[3]]).to_f32(),
+            )
+        };
+        (buf, Some(affine))
     }
 
     #[inline(always)]
-    fn prefetch_block<const N: usize>(&self, r: usize, _cols: Cols<N>) {
-        self.prefetch_row(r);
+    fn prefetch_block<const N: usize>(&self, r: usize, cols: Cols<N>) {
+        // The block's codes, then the scale and bias at the row's end.
+        let at = r * self.row_bytes;
+        let first = at + cols.start / Self::PER_BYTE;
+        let last = (at + (cols.start + cols.width).div_ceil(Self::PER_BYTE)).max(first + 1);
+        prefetch::bytes(self.bytes.get(first..last).unwrap_or(&[]));
+        prefetch::bytes(
+            self.bytes
+                .get(at + self.code_bytes..at + self.row_bytes)
+                .unwrap_or(&[]),
+        );
     }
 
     #[inline(always)]
     fn prefetch_row(&self, r: usize) {
-        let row_bytes = PackedTable::row_bytes(self);
-        let bytes = PackedTable::bytes(self);
-        prefetch::bytes(&bytes[r * row_bytes..(r + 1) * row_bytes]);
+        let at = r * self.row_bytes;
+        prefetch::bytes(&self.bytes[at..at + self.row_bytes]);
     }
 }
 

@@ -74,12 +74,13 @@ pub(crate) use forward::forward_valid;
 
 use crate::bags::Bags;
 use crate::error::{EmbeddingError, Operand};
-use crate::formats::PackedTable;
+use crate::formats::{PackedTable, RowWise};
 use crate::index::{Index, ValidIds};
 use crate::parallel::Parallelism;
 use crate::pooling::{Mode, Pooling};
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::Isa;
+use forward::Packed;
 
 /// The argument checks every bag call shares, in the crate's order: table,
 /// bags against the ids, `per_sample_weights` (mode, then length), the
@@ -320,6 +321,19 @@ pub fn packed_bag_forward_with<I: Index>(
     check_pooling(rows, ids, bags, pooling)?;
     let ids = check_outputs(rows, dim, ids, bags, pooling, out, max_indices)?;
     let isa = Isa::detect();
-    forward::forward_on(isa, par, *table, ids, bags, pooling, out, max_indices);
+    match table.format() {
+        RowWise::Int8 => {
+            let table = Packed::<8>::new(table);
+            forward::forward_on(isa, par, table, ids, bags, pooling, out, max_indices);
+        }
+        RowWise::Int4 => {
+            let table = Packed::<4>::new(table);
+            forward::forward_on(isa, par, table, ids, bags, pooling, out, max_indices);
+        }
+        RowWise::Int2 => {
+            let table = Packed::<2>::new(table);
+            forward::forward_on(isa, par, table, ids, bags, pooling, out, max_indices);
+        }
+    }
     Ok(())
 }
