@@ -49,6 +49,7 @@
 //! | token + position lookup, and its backward | [`embed_positions`], [`embed_positions_backward`] | `kernels/token_position.rs` |
 //! | bag forward: sum, mean, max ([`Bags`], [`Pooling`]) | [`bag_forward`] | `kernels/bag/` |
 //! | bag backward: dense, sparse, max | [`bag_backward`], [`bag_sparse_backward`], [`bag_max_backward`] | `kernels/bag/backward.rs` |
+//! | bags of a row-wise quantized table ([`formats`]) | [`packed_bag_forward`] | `kernels/bag/` (`forward.rs`: `Packed`) |
 //! | the one-hot oracle, and plain loops | [`reference`](mod@reference), [`reference::loops`] | `reference/` |
 //!
 //! Under them: `simd/` (one lane trait, for `wide::f32x8` and for AVX
