@@ -17,7 +17,8 @@ use core::arch::x86_64::{
 };
 
 /// Proof that this CPU has AVX, and whether it has FMA too: only
-/// [`Avx::detect`] makes one (and [`Avx::without_fma`] one that claims less).
+/// [`Avx::detect`] makes one (and, in tests, `Avx::without_fma` one that
+/// claims less).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Avx {
     fma: bool,
