@@ -146,10 +146,21 @@ fn unpacking_pytorchs_bytes_gives_pytorchs_values() {
     }
 }
 
-#[test]
-fn reference_bag_sums_have_pytorchs_bits() {
+/// One set of golden bags over one of PyTorch's packed tables.
+struct GoldenBags<'a> {
+    what: String,
+    table: PackedTable<'a>,
+    ids: Vec<i64>,
+    bags: Bags,
+    weights: Option<Vec<f32>>,
+    want: Vec<f32>,
+}
+
+/// Calls `check` on every set of golden bags that PyTorch summed, and
+/// returns how many there were.
+fn for_each_golden_bag_sum(check: impl Fn(&GoldenBags<'_>)) -> usize {
     let golden = golden();
-    let mut bags_compared = 0;
+    let mut count = 0;
     for case in golden["cases"].as_array().unwrap() {
         let name = case["name"].as_str().unwrap();
         let dim = case["dim"].as_u64().unwrap() as usize;
@@ -160,107 +171,74 @@ fn reference_bag_sums_have_pytorchs_bits() {
             let packed: Vec<u8> = theirs.iter().map(|b| b.as_u64().unwrap() as u8).collect();
             let table = PackedTable::new(format, dim, &packed).unwrap();
             for (k, bag) in case["bags"].as_array().unwrap().iter().enumerate() {
-                let Some(want) = bag[format!("{key}_sum_f32_bits")].as_array() else {
+                if !bag[format!("{key}_sum_f32_bits")].is_array() {
                     continue;
-                };
-                let want: Vec<f32> = want
-                    .iter()
-                    .map(|b| f32::from_bits(b.as_u64().unwrap() as u32))
-                    .collect();
-                let ids: Vec<i64> = numbers(&bag["indices"])
+                }
+                let ids = numbers(&bag["indices"])
                     .into_iter()
                     .map(|i| i as i64)
-                    .collect();
+                    .collect::<Vec<_>>();
                 let offsets: Vec<i64> = numbers(&bag["offsets"])
                     .into_iter()
                     .map(|i| i as i64)
                     .collect();
                 let last = bag["include_last_offset"].as_bool().unwrap();
-                let bags = Bags::from_offsets(&offsets, ids.len(), last).unwrap();
-                let weights = bag["per_sample_weights_bits"]
-                    .as_array()
-                    .map(|_| floats(&bag["per_sample_weights_bits"]));
-                let got =
-                    reference::packed_bag_sum(&table, &ids, &bags, weights.as_deref()).unwrap();
-                assert_eq!(got.len(), want.len(), "{name} {key} bag set {k}");
-                for (v, (&g, &w)) in got.iter().zip(&want).enumerate() {
-                    assert!(same(g, w), "{name} {key} bag set {k} value {v}: {g} vs {w}");
-                }
-                bags_compared += 1;
+                check(&GoldenBags {
+                    what: format!("{name} {key} bag set {k}"),
+                    table,
+                    bags: Bags::from_offsets(&offsets, ids.len(), last).unwrap(),
+                    ids,
+                    weights: bag["per_sample_weights_bits"]
+                        .as_array()
+                        .map(|_| floats(&bag["per_sample_weights_bits"])),
+                    want: floats(&bag[format!("{key}_sum_f32_bits")]),
+                });
+                count += 1;
             }
         }
     }
-    assert!(bags_compared > 50, "compared {bags_compared} bag sets");
+    count
+}
+
+/// `got` has `want`'s bits (NaN as NaN).
+fn assert_same(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (v, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(same(g, w), "{what} value {v}: {g} vs {w}");
+    }
+}
+
+#[test]
+fn reference_bag_sums_have_pytorchs_bits() {
+    let count = for_each_golden_bag_sum(|g| {
+        let got =
+            reference::packed_bag_sum(&g.table, &g.ids, &g.bags, g.weights.as_deref()).unwrap();
+        assert_same(&g.what, &got, &g.want);
+    });
+    assert!(count > 50, "compared {count} bag sets");
 }
 
 #[test]
 fn packed_bag_kernel_sums_have_pytorchs_bits() {
     use embedding_kernels::{packed_bag_forward_with, Mode, Parallelism, Pooling};
-    let golden = golden();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(3)
         .build()
         .unwrap();
-    let mut bags_compared = 0;
-    for case in golden["cases"].as_array().unwrap() {
-        let name = case["name"].as_str().unwrap();
-        let dim = case["dim"].as_u64().unwrap() as usize;
-        for (format, key) in FORMATS {
-            let Some(theirs) = case[format!("{key}_prepack")].as_array() else {
-                continue;
-            };
-            let packed: Vec<u8> = theirs.iter().map(|b| b.as_u64().unwrap() as u8).collect();
-            let table = PackedTable::new(format, dim, &packed).unwrap();
-            for (k, bag) in case["bags"].as_array().unwrap().iter().enumerate() {
-                let Some(want) = bag[format!("{key}_sum_f32_bits")].as_array() else {
-                    continue;
-                };
-                let want: Vec<f32> = want
-                    .iter()
-                    .map(|b| f32::from_bits(b.as_u64().unwrap() as u32))
-                    .collect();
-                let ids: Vec<i64> = numbers(&bag["indices"])
-                    .into_iter()
-                    .map(|i| i as i64)
-                    .collect();
-                let offsets: Vec<i64> = numbers(&bag["offsets"])
-                    .into_iter()
-                    .map(|i| i as i64)
-                    .collect();
-                let last = bag["include_last_offset"].as_bool().unwrap();
-                let bags = Bags::from_offsets(&offsets, ids.len(), last).unwrap();
-                let weights = bag["per_sample_weights_bits"]
-                    .as_array()
-                    .map(|_| floats(&bag["per_sample_weights_bits"]));
-                let pooling = Pooling {
-                    mode: Mode::Sum,
-                    per_sample_weights: weights.as_deref(),
-                    ..Pooling::default()
-                };
-                for par in [Parallelism::Serial, Parallelism::Rayon] {
-                    let mut out = vec![f32::NAN; want.len()];
-                    pool.install(|| {
-                        packed_bag_forward_with(
-                            par,
-                            &table,
-                            &ids,
-                            &bags,
-                            &pooling,
-                            &mut out,
-                            &mut [],
-                        )
-                    })
-                    .unwrap();
-                    for (v, (&g, &w)) in out.iter().zip(&want).enumerate() {
-                        assert!(
-                            same(g, w),
-                            "{name} {key} bag set {k} {par:?} value {v}: {g} vs {w}"
-                        );
-                    }
-                }
-                bags_compared += 1;
-            }
+    let count = for_each_golden_bag_sum(|g| {
+        let pooling = Pooling {
+            mode: Mode::Sum,
+            per_sample_weights: g.weights.as_deref(),
+            ..Pooling::default()
+        };
+        for par in [Parallelism::Serial, Parallelism::Rayon] {
+            let mut out = vec![f32::NAN; g.want.len()];
+            pool.install(|| {
+                packed_bag_forward_with(par, &g.table, &g.ids, &g.bags, &pooling, &mut out, &mut [])
+            })
+            .unwrap();
+            assert_same(&format!("{} {par:?}", g.what), &out, &g.want);
         }
-    }
-    assert!(bags_compared > 50, "compared {bags_compared} bag sets");
+    });
+    assert!(count > 50, "compared {count} bag sets");
 }
