@@ -70,6 +70,10 @@ fn nbit_codes_pack_low_bits_first_with_ties_to_even() {
         let table = PackedTable::new(format, dim, &packed).unwrap();
         assert_eq!(table.scale_bias(0), Some((1.0, 0.0)), "{format:?}");
         assert_eq!(table.scale_bias(1), None);
+        // Far past the table, where `r · row_bytes` would overflow.
+        assert_eq!(table.scale_bias(1 << 60), None);
+        assert_eq!(table.scale_bias(usize::MAX), None);
+        assert_eq!(table.code(usize::MAX, 0), None);
     }
 }
 

@@ -340,9 +340,10 @@ impl<'a> PackedTable<'a> {
 
     /// Row `r`'s scale and bias, or `None` past the last row.
     pub fn scale_bias(&self, r: usize) -> Option<(f32, f32)> {
-        let row = self
-            .bytes
-            .get(r * self.row_bytes..(r + 1) * self.row_bytes)?;
+        if r >= self.rows {
+            return None;
+        }
+        let row = &self.bytes[r * self.row_bytes..(r + 1) * self.row_bytes];
         let tail = &row[self.format.code_bytes(self.dim)..];
         Some(match self.format {
             RowWise::Int8 => (
