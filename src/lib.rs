@@ -49,7 +49,7 @@
 //! | token + position lookup, and its backward | [`embed_positions`], [`embed_positions_backward`] | `kernels/token_position.rs` |
 //! | bag forward: sum, mean, max ([`Bags`], [`Pooling`]) | [`bag_forward`] | `kernels/bag/` |
 //! | bag backward: dense, sparse, max | [`bag_backward`], [`bag_sparse_backward`], [`bag_max_backward`] | `kernels/bag/backward.rs` |
-//! | bags of a row-wise quantized table ([`formats`]) | [`packed_bag_forward`] | `kernels/bag/` (`forward.rs`: `Packed`) |
+//! | lookup and bags on tables of any [`formats::Format`] (`f16`, `bf16`, row-wise 8/4/2-bit) | [`table_gather`], [`table_bag_forward`], [`gather_half`] | `kernels/lookup.rs`, `kernels/bag/`, `kernels/row_format.rs` |
 //! | the one-hot oracle, and plain loops | [`reference`](mod@reference), [`reference::loops`] | `reference/` |
 //!
 //! Under them: `simd/` (one lane trait, for `wide::f32x8` and for AVX
@@ -149,9 +149,10 @@ pub use kernels::{
     bag_backward, bag_backward_with, bag_forward, bag_forward_with, bag_max_backward,
     bag_max_backward_with, bag_sparse_backward, bag_sparse_backward_with, dense_backward,
     dense_backward_with, embed_positions, embed_positions_backward, embed_positions_backward_with,
-    embed_positions_with, gather, gather_scaled, gather_scaled_with, gather_with,
-    packed_bag_forward, packed_bag_forward_with, scatter_add, scatter_add_scaled,
-    scatter_add_scaled_with, scatter_add_with, sparse_backward, sparse_backward_with,
+    embed_positions_with, gather, gather_half, gather_half_with, gather_scaled, gather_scaled_with,
+    gather_with, scatter_add, scatter_add_scaled, scatter_add_scaled_with, scatter_add_with,
+    sparse_backward, sparse_backward_with, table_bag_forward, table_bag_forward_with, table_gather,
+    table_gather_with, Half,
 };
 pub use optim::{Adagrad, RowWiseAdagrad, Sgd, SparseOptimizer};
 pub use parallel::Parallelism;

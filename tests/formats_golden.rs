@@ -220,7 +220,7 @@ fn reference_bag_sums_have_pytorchs_bits() {
 
 #[test]
 fn packed_bag_kernel_sums_have_pytorchs_bits() {
-    use embedding_kernels::{packed_bag_forward_with, Mode, Parallelism, Pooling};
+    use embedding_kernels::{table_bag_forward_with, Mode, Parallelism, Pooling};
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(3)
         .build()
@@ -234,7 +234,15 @@ fn packed_bag_kernel_sums_have_pytorchs_bits() {
         for par in [Parallelism::Serial, Parallelism::Rayon] {
             let mut out = vec![f32::NAN; g.want.len()];
             pool.install(|| {
-                packed_bag_forward_with(par, &g.table, &g.ids, &g.bags, &pooling, &mut out, &mut [])
+                table_bag_forward_with(
+                    par,
+                    g.table.into(),
+                    &g.ids,
+                    &g.bags,
+                    &pooling,
+                    &mut out,
+                    &mut [],
+                )
             })
             .unwrap();
             assert_same(&format!("{} {par:?}", g.what), &out, &g.want);

@@ -17,6 +17,9 @@
 
 mod half_rows;
 mod rowwise;
+mod table_ref;
 
 pub use half_rows::{bf16_to_f32, f16_to_f32, to_bf16, to_f16};
 pub use rowwise::{PackedTable, RowWise};
+pub(crate) use table_ref::Data;
+pub use table_ref::{Format, TableRef};

@@ -167,8 +167,8 @@ fn bag_backwards_agree_on_every_isa() {
 }
 
 #[test]
-fn packed_bags_agree_on_every_isa() {
-    use crate::formats::{PackedTable, RowWise};
+fn every_format_agrees_on_every_isa() {
+    use crate::formats::{to_bf16, to_f16, Format, PackedTable, RowWise, TableRef};
     use crate::{Bags, Mode, Pooling};
     let serial = Parallelism::Serial;
     for (k, &dim) in DIMS.iter().enumerate() {
@@ -177,11 +177,22 @@ fn packed_bags_agree_on_every_isa() {
         let ids = ids(n, rows, 13 + k as u64);
         let bags = Bags::fixed(n / 6, 6).unwrap();
         let weights = values(n, 800 + k as u64);
-        for format in [RowWise::Int8, RowWise::Int4, RowWise::Int2] {
-            let bytes = format.prepack(&table, dim).unwrap();
-            let packed = PackedTable::new(format, dim, &bytes).unwrap();
-            same_on_every_isa(&format!("{format:?} dim {dim}"), || {
-                let mut outs = Vec::new();
+        let (f16s, bf16s) = (to_f16(&table), to_bf16(&table));
+        let packs = [RowWise::Int8, RowWise::Int4, RowWise::Int2]
+            .map(|format| (format, format.prepack(&table, dim).unwrap()));
+        let mut tables = vec![
+            TableRef::f16(&f16s, dim).unwrap(),
+            TableRef::bf16(&bf16s, dim).unwrap(),
+        ];
+        for (format, bytes) in &packs {
+            tables.push(PackedTable::new(*format, dim, bytes).unwrap().into());
+        }
+        for table in tables {
+            let format: Format = table.format();
+            same_on_every_isa(&format!("{format} dim {dim}"), || {
+                let mut looked_up = vec![f32::NAN; n * dim];
+                crate::table_gather_with(serial, table, &ids, &mut looked_up).unwrap();
+                let mut outs = vec![looked_up];
                 for (mode, w, padding_idx) in [
                     (Mode::Sum, Some(&weights[..]), None),
                     (Mode::Sum, None, Some(5)),
@@ -196,8 +207,8 @@ fn packed_bags_agree_on_every_isa() {
                     };
                     let mut out = vec![f32::NAN; bags.len() * dim];
                     let mut at = vec![-2i64; if mode == Mode::Max { out.len() } else { 0 }];
-                    crate::packed_bag_forward_with(
-                        serial, &packed, &ids, &bags, &pooling, &mut out, &mut at,
+                    crate::table_bag_forward_with(
+                        serial, table, &ids, &bags, &pooling, &mut out, &mut at,
                     )
                     .unwrap();
                     outs.push(out);

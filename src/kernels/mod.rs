@@ -13,6 +13,8 @@ mod gather;
 mod grouped;
 #[cfg(test)]
 mod isa_tests;
+mod lookup;
+mod row_format;
 mod scatter;
 mod spare;
 mod token_position;
@@ -20,11 +22,12 @@ pub(crate) mod tuning;
 
 pub use bag::{
     bag_backward, bag_backward_with, bag_forward, bag_forward_with, bag_max_backward,
-    bag_max_backward_with, bag_sparse_backward, bag_sparse_backward_with, packed_bag_forward,
-    packed_bag_forward_with,
+    bag_max_backward_with, bag_sparse_backward, bag_sparse_backward_with, table_bag_forward,
+    table_bag_forward_with,
 };
 pub use gather::{gather, gather_scaled, gather_scaled_with, gather_with};
 pub use grouped::{dense_backward, dense_backward_with, sparse_backward, sparse_backward_with};
+pub use lookup::{gather_half, gather_half_with, table_gather, table_gather_with, Half};
 pub(crate) use scatter::check as check_scatter;
 pub use scatter::{scatter_add, scatter_add_scaled, scatter_add_scaled_with, scatter_add_with};
 pub use token_position::{

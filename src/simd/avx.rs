@@ -1,65 +1,92 @@
-//! [`Lanes`] for 256-bit AVX registers, and the one wrapper that runs a
+//! [`Lanes`] for 256-bit AVX registers, and the wrappers that run a
 //! [`Body`] compiled with AVX enabled.
+//!
+//! Three levels, each a wrapper compiled with its own target features:
+//!
+//! | level | features | what it adds |
+//! | --- | --- | --- |
+//! | `Level::Avx` | `avx` | 256-bit loads, adds, multiplies, compares |
+//! | `Level::Fma` | `avx,fma` | the fused multiply-add as one instruction |
+//! | `Level::Avx2` | `avx,avx2,fma,f16c` | packed tables decoded in registers: bytes widened (`vpmovzxbd`), nibbles shifted apart (`vpsrlvd`), `f16` converted (`vcvtph2ps`) |
+//!
+//! Below `Avx2` the decoders widen each value on its own, then load the
+//! eight as a vector: the same numbers (every decode is exact), more
+//! instructions.
 //!
 //! Soundness rests on one rule: the lane type, [`Avx256`], is private to
 //! this file, and the only code that names it is [`run`], which takes an
-//! [`Avx`], a proof that the CPU has AVX (and, for `Avx256<true>`, FMA). So
-//! every AVX and FMA instruction below runs on a CPU that has it, though the
-//! trait's methods are safe.
+//! [`Avx`], a proof that the CPU has the level's features. So every
+//! instruction below runs on a CPU that has it, though the trait's methods
+//! are safe.
 
 #![cfg(target_arch = "x86_64")]
 #![allow(unsafe_code)]
 
 use super::{Body, Lanes, LANES};
 use core::arch::x86_64::{
-    __m256, _mm256_add_ps, _mm256_blendv_ps, _mm256_cmp_ps, _mm256_div_ps, _mm256_fmadd_ps,
-    _mm256_mul_ps, _mm256_set1_ps, _mm256_stream_ps, _CMP_GT_OQ,
+    __m128i, __m256, _mm256_add_ps, _mm256_and_si256, _mm256_blendv_ps, _mm256_castsi256_ps,
+    _mm256_cmp_ps, _mm256_cvtepi32_ps, _mm256_cvtepu16_epi32, _mm256_cvtepu8_epi32,
+    _mm256_cvtph_ps, _mm256_div_ps, _mm256_fmadd_ps, _mm256_mul_ps, _mm256_set1_epi32,
+    _mm256_set1_ps, _mm256_setr_epi32, _mm256_slli_epi32, _mm256_srlv_epi32, _mm256_stream_ps,
+    _CMP_GT_OQ,
 };
 
-/// Proof that this CPU has AVX, and whether it has FMA too: only
-/// [`Avx::detect`] makes one (and, in tests, `Avx::without_fma` one that
-/// claims less).
+/// What an [`Avx`] proves the CPU has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Level {
+    /// AVX.
+    Avx,
+    /// AVX and FMA.
+    Fma,
+    /// AVX, AVX2, FMA and F16C (every x86-64 CPU with AVX2 so far).
+    Avx2,
+}
+
+/// Proof that this CPU has AVX, and how much more: only [`Avx::detect`]
+/// makes one (and, in tests, [`Avx::at`] one that claims less).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Avx {
-    fma: bool,
+    level: Level,
 }
 
 impl Avx {
-    /// An `Avx` where this CPU has AVX, with `fma` where it has FMA.
+    /// An `Avx` where this CPU has AVX, at the highest level it has.
     #[inline]
     pub(crate) fn detect() -> Option<Avx> {
-        std::arch::is_x86_feature_detected!("avx").then(|| Avx {
-            fma: std::arch::is_x86_feature_detected!("fma"),
-        })
+        use std::arch::is_x86_feature_detected as has;
+        if !has!("avx") {
+            return None;
+        }
+        let level = if has!("avx2") && has!("fma") && has!("f16c") {
+            Level::Avx2
+        } else if has!("fma") {
+            Level::Fma
+        } else {
+            Level::Avx
+        };
+        Some(Avx { level })
     }
 
-    /// The same proof without FMA (tests): the AVX wrapper whose fused
-    /// multiply-add is `f32::mul_add` (the tests run it beside the other).
+    /// The same proof claiming `level` (tests: the lower wrappers run beside
+    /// the highest); `None` above what this proof holds.
     #[cfg(test)]
-    pub(crate) fn without_fma(self) -> Avx {
-        Avx { fma: false }
-    }
-
-    /// Whether this proof includes FMA.
-    #[cfg(test)]
-    pub(crate) fn has_fma(self) -> bool {
-        self.fma
+    pub(crate) fn at(self, level: Level) -> Option<Avx> {
+        (level <= self.level).then_some(Avx { level })
     }
 }
 
-/// Runs `body` with 256-bit lanes, compiled with AVX (and FMA, where the
-/// proof says the CPU has it) enabled.
+/// Runs `body` with 256-bit lanes, compiled with the features of the
+/// proof's level.
 #[inline(always)]
 pub(super) fn run<B: Body>(proof: Avx, body: B) -> B::Output {
-    if proof.fma {
-        // SAFETY: `run_avx_fma` needs a CPU with AVX and FMA, and `proof`
-        // is an `Avx` with `fma`, which only `Avx::detect` makes, after the
-        // CPU reported both.
-        unsafe { run_avx_fma(body) }
-    } else {
-        // SAFETY: `run_avx` needs a CPU with AVX, and `proof` is an `Avx`,
-        // which only `Avx::detect` makes, after the CPU reported AVX.
-        unsafe { run_avx(body) }
+    match proof.level {
+        // SAFETY (each arm): the wrapper needs a CPU with its level's
+        // features, and `proof` claims that level, which only
+        // `Avx::detect` makes (or `Avx::at` lowers), after the CPU reported
+        // those features.
+        Level::Avx => unsafe { run_avx(body) },
+        Level::Fma => unsafe { run_fma(body) },
+        Level::Avx2 => unsafe { run_avx2(body) },
     }
 }
 
@@ -67,26 +94,38 @@ pub(super) fn run<B: Body>(proof: Avx, body: B) -> B::Output {
 /// `#[inline(always)]`, so it all compiles here, with AVX.
 #[target_feature(enable = "avx")]
 fn run_avx<B: Body>(body: B) -> B::Output {
-    body.run::<Avx256<false>>()
+    body.run::<Avx256<AVX>>()
 }
 
 /// [`run_avx`] with FMA as well: the fused multiply-add is one instruction.
 #[target_feature(enable = "avx,fma")]
-fn run_avx_fma<B: Body>(body: B) -> B::Output {
-    body.run::<Avx256<true>>()
+fn run_fma<B: Body>(body: B) -> B::Output {
+    body.run::<Avx256<FMA>>()
 }
 
-/// One 256-bit register of eight `f32`s, on a CPU with FMA when `FMA`.
-/// Private: see the module notes.
+/// [`run_fma`] with AVX2 and F16C: packed rows decode in registers.
+#[target_feature(enable = "avx,avx2,fma,f16c")]
+fn run_avx2<B: Body>(body: B) -> B::Output {
+    body.run::<Avx256<AVX2>>()
+}
+
+/// [`Level`]s as the lane type's parameter.
+const AVX: u8 = 0;
+const FMA: u8 = 1;
+const AVX2: u8 = 2;
+
+/// One 256-bit register of eight `f32`s, on a CPU at level `L` (one of
+/// [`AVX`], [`FMA`], [`AVX2`]). Private: see the module notes.
 #[derive(Clone, Copy)]
 #[repr(transparent)]
-struct Avx256<const FMA: bool>(__m256);
+struct Avx256<const L: u8>(__m256);
 
-// The SAFETY of every `unsafe` block below: the intrinsic needs AVX, and an
-// `Avx256` is only reachable through `run_avx`, which `run` calls only with
-// an `Avx`, made after the CPU reported AVX (the module notes); the
-// intrinsics touch no memory.
-impl<const FMA: bool> Lanes for Avx256<FMA> {
+// The SAFETY of every `unsafe` block below: the intrinsic needs AVX (and,
+// where the block tests `L`, the features of that level), and an
+// `Avx256<L>` is only reachable through the wrapper of level `L`, which
+// `run` calls only with an `Avx` proving that level (the module notes);
+// the intrinsics touch no memory.
+impl<const L: u8> Lanes for Avx256<L> {
     const REGISTERS: usize = 16;
 
     #[inline(always)]
@@ -125,9 +164,8 @@ impl<const FMA: bool> Lanes for Avx256<FMA> {
 
     #[inline(always)]
     fn mul_add(self, b: Self, c: Self) -> Self {
-        if FMA {
-            // SAFETY: see above the impl; an `Avx256<true>` is only
-            // reachable through `run_avx_fma`, on a CPU with FMA.
+        if L >= FMA {
+            // SAFETY: see above the impl (FMA at this level).
             Avx256(unsafe { _mm256_fmadd_ps(self.0, b.0, c.0) })
         } else {
             Avx256(bytemuck::cast(super::fused_lanes(
@@ -148,6 +186,57 @@ impl<const FMA: bool> Lanes for Avx256<FMA> {
     fn select(self, if_true: Self, if_false: Self) -> Self {
         // SAFETY: see above the impl.
         Avx256(unsafe { _mm256_blendv_ps(if_false.0, if_true.0, self.0) })
+    }
+
+    #[inline(always)]
+    fn from_u8(bytes: [u8; LANES]) -> Self {
+        if L >= AVX2 {
+            let wide: __m128i = bytemuck::cast([bytes, [0; 8]]);
+            // SAFETY: see above the impl (AVX2 at this level).
+            Avx256(unsafe { _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(wide)) })
+        } else {
+            Self::load(&super::widen_u8(bytes))
+        }
+    }
+
+    #[inline(always)]
+    fn from_packed<const BITS: u32>(word: u32) -> Self {
+        if L >= AVX2 {
+            let b = BITS as i32;
+            // SAFETY: see above the impl (AVX2 at this level).
+            Avx256(unsafe {
+                let shifts = _mm256_setr_epi32(0, b, 2 * b, 3 * b, 4 * b, 5 * b, 6 * b, 7 * b);
+                let mask = _mm256_set1_epi32((1 << BITS) - 1);
+                let spread = _mm256_srlv_epi32(_mm256_set1_epi32(word as i32), shifts);
+                _mm256_cvtepi32_ps(_mm256_and_si256(spread, mask))
+            })
+        } else {
+            Self::load(&super::widen_packed::<BITS>(word))
+        }
+    }
+
+    #[inline(always)]
+    fn from_f16(halves: [u16; LANES]) -> Self {
+        if L >= AVX2 {
+            let halves: __m128i = bytemuck::cast(halves);
+            // SAFETY: see above the impl (F16C at this level).
+            Avx256(unsafe { _mm256_cvtph_ps(halves) })
+        } else {
+            Self::load(&super::widen_f16(halves))
+        }
+    }
+
+    #[inline(always)]
+    fn from_bf16(halves: [u16; LANES]) -> Self {
+        if L >= AVX2 {
+            let halves: __m128i = bytemuck::cast(halves);
+            // SAFETY: see above the impl (AVX2 at this level).
+            Avx256(unsafe {
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(halves)))
+            })
+        } else {
+            Self::load(&super::widen_bf16(halves))
+        }
     }
 
     #[inline(always)]

@@ -5,9 +5,11 @@
 //! need), and runs through [`Isa::run`], which picks the registers:
 //!
 //! * **AVX** (`avx.rs`), where the CPU reports it: the body is instantiated
-//!   with a `__m256` lane type inside one function compiled with
-//!   `#[target_feature(enable = "avx")]`, so every load, add and compare in
+//!   with a `__m256` lane type inside a function compiled with
+//!   `#[target_feature(enable = ...)]`, so every load, add and compare in
 //!   it is a 256-bit instruction and sixteen registers hold 128 columns.
+//!   Three such wrappers, one per level the CPU may have: AVX; AVX and FMA;
+//!   AVX2, FMA and F16C, where reduced-precision rows decode in registers.
 //! * **Portable** (`portable.rs`): `wide::f32x8`, which picks its
 //!   instructions when the crate is compiled: two SSE2 halves in a default
 //!   x86-64 build, one AVX register with `-C target-cpu=native`, NEON pairs
@@ -15,11 +17,13 @@
 //!
 //! `wide` decides its width at compile time, so run-time detection around
 //! `wide` code alone could never reach AVX in a default build; this module is
-//! how a default build still gets it. Both lane types do the same IEEE
-//! operation per lane (one rounded add, multiply or divide; an ordered
-//! compare; a bitwise select; never a fused multiply-add), so both give the
-//! same bits, and the tests run every kernel on both (`kernels/isa_tests.rs`
-//! runs each public kernel under `Isa::force`, a test-only switch).
+//! how a default build still gets it. Every lane type does the same IEEE
+//! operation per lane (one rounded add, multiply or divide; a fused
+//! multiply-add only where asked for, as the instruction or as
+//! `f32::mul_add`; an ordered compare; a bitwise select; exact decodes of
+//! bytes, levels and halves), so all give the same bits, and the tests run
+//! every kernel on each (`kernels/isa_tests.rs` runs each public kernel
+//! under `Isa::force`, a test-only switch).
 //!
 //! The rest of the folder: [`row`] (whole-row operations over any lane
 //! type), [`prefetch`] (cache hints), [`stream`] (non-temporal stores).
@@ -63,6 +67,15 @@ pub(crate) trait Lanes: Copy + Send + Sync + 'static {
     /// `if_true` where `self` (a mask of [`Lanes::greater`]) is set,
     /// `if_false` elsewhere, bit for bit.
     fn select(self, if_true: Self, if_false: Self) -> Self;
+    /// Eight bytes as eight lanes (`0.0..=255.0`), the first byte in lane 0.
+    fn from_u8(bytes: [u8; LANES]) -> Self;
+    /// Eight `BITS`-bit levels (4 or 2 bits) packed in `word`, lowest bits
+    /// first, as eight lanes: lane `j` is `(word >> j·BITS) & (2^BITS - 1)`.
+    fn from_packed<const BITS: u32>(word: u32) -> Self;
+    /// Eight `f16`s (their bits) as eight lanes, exactly.
+    fn from_f16(halves: [u16; LANES]) -> Self;
+    /// Eight `bf16`s (their bits) as eight lanes, exactly.
+    fn from_bf16(halves: [u16; LANES]) -> Self;
     /// `dst = src`, or zeros when `src` is `None`, with non-temporal stores
     /// where `dst` is aligned for this register (see [`stream`]).
     fn stream(dst: &mut [f32], src: Option<&[f32]>);
@@ -73,6 +86,32 @@ pub(crate) trait Lanes: Copy + Send + Sync + 'static {
 #[inline(always)]
 fn fused_lanes(a: [f32; LANES], b: [f32; LANES], c: [f32; LANES]) -> [f32; LANES] {
     core::array::from_fn(|i| a[i].mul_add(b[i], c[i]))
+}
+
+/// [`Lanes::from_u8`] a value at a time.
+#[inline(always)]
+fn widen_u8(bytes: [u8; LANES]) -> [f32; LANES] {
+    bytes.map(f32::from)
+}
+
+/// [`Lanes::from_packed`] a value at a time.
+#[inline(always)]
+fn widen_packed<const BITS: u32>(word: u32) -> [f32; LANES] {
+    let mask = (1u32 << BITS) - 1;
+    core::array::from_fn(|j| ((word >> (j as u32 * BITS)) & mask) as f32)
+}
+
+/// [`Lanes::from_f16`] a value at a time.
+#[inline(always)]
+fn widen_f16(halves: [u16; LANES]) -> [f32; LANES] {
+    halves.map(|h| half::f16::from_bits(h).to_f32())
+}
+
+/// [`Lanes::from_bf16`] a value at a time: a `bf16` is the top half of an
+/// `f32`'s bits.
+#[inline(always)]
+fn widen_bf16(halves: [u16; LANES]) -> [f32; LANES] {
+    halves.map(|h| f32::from_bits(u32::from(h) << 16))
 }
 
 /// A kernel body that runs on any lane type: what [`Isa::run`] calls.
@@ -118,10 +157,9 @@ impl Isa {
         let mut all = vec![Isa::Portable];
         #[cfg(target_arch = "x86_64")]
         if let Some(avx) = avx::Avx::detect() {
-            all.push(Isa::Avx(avx.without_fma()));
-            if avx.has_fma() {
-                all.push(Isa::Avx(avx));
-            }
+            use avx::Level;
+            let levels = [Level::Avx, Level::Fma, Level::Avx2];
+            all.extend(levels.into_iter().filter_map(|l| avx.at(l)).map(Isa::Avx));
         }
         all
     }

@@ -56,6 +56,26 @@ impl Lanes for f32x8 {
     }
 
     #[inline(always)]
+    fn from_u8(bytes: [u8; LANES]) -> Self {
+        Self::load(&super::widen_u8(bytes))
+    }
+
+    #[inline(always)]
+    fn from_packed<const BITS: u32>(word: u32) -> Self {
+        Self::load(&super::widen_packed::<BITS>(word))
+    }
+
+    #[inline(always)]
+    fn from_f16(halves: [u16; LANES]) -> Self {
+        Self::load(&super::widen_f16(halves))
+    }
+
+    #[inline(always)]
+    fn from_bf16(halves: [u16; LANES]) -> Self {
+        Self::load(&super::widen_bf16(halves))
+    }
+
+    #[inline(always)]
     fn stream(dst: &mut [f32], src: Option<&[f32]>) {
         super::stream::sse(dst, src);
     }

@@ -65,7 +65,7 @@ pub(crate) fn block<const N: usize>(table: &[f32], at: usize) {
 }
 
 /// One `T0` prefetch of the line holding `addr`: the single hint of
-/// [`row`] and [`block`].
+/// [`row`], [`block`] and [`span`].
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 #[allow(unsafe_code)]
@@ -78,20 +78,23 @@ fn hint(addr: usize) {
     unsafe { _mm_prefetch::<_MM_HINT_T0>(addr as *const i8) };
 }
 
-/// [`row`] for a row of bytes (a packed row): a hint at every 64 bytes and
-/// at the last byte.
+/// Hints for the bytes `base[from..to]`: one at every 64 bytes from
+/// `from` and one at the last byte. Like [`block`], the range is not
+/// checked: the hints are only addresses (`wrapping_add`), and a wrong one
+/// costs a wasted fetch, never a fault.
 #[inline(always)]
-pub(crate) fn bytes(row: &[u8]) {
+pub(crate) fn span(base: *const u8, from: usize, to: usize) {
     #[cfg(target_arch = "x86_64")]
-    {
-        let Some(last) = row.last() else { return };
-        let first = row.as_ptr() as usize & !63;
-        let mut line = first;
-        while line <= last as *const u8 as usize {
-            hint(line);
-            line += 64;
+    if from < to {
+        let start = base.wrapping_add(from) as usize;
+        let last = base.wrapping_add(to - 1) as usize;
+        let mut at = start;
+        while at < last {
+            hint(at);
+            at += 64;
         }
+        hint(last);
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = row;
+    let _ = (base, from, to);
 }

@@ -1,8 +1,9 @@
 //! The max of one bag, a column block at a time in registers, with the
 //! position each column's winner came from.
 
-use super::forward::{each_block, BagTable, BlockBody, Cols, Rows, Visit};
+use super::forward::{Rows, Visit};
 use crate::index::Index;
+use crate::kernels::row_format::{each_block, values, BlockBody, Cols, RowFormat};
 use crate::simd::{Lanes, LANES};
 use core::ops::Range;
 
@@ -14,7 +15,7 @@ use core::ops::Range;
 /// The bag must hold at most `2^32` positions (the positions ride in the
 /// bits of an `f32` lane); the checks refuse longer ones.
 #[inline(always)]
-pub(super) fn pool<V: Lanes, I: Index, T: BagTable>(
+pub(super) fn pool<V: Lanes, I: Index, T: RowFormat>(
     rows: &Rows<'_, I, T>,
     bag: Range<usize>,
     limit: usize,
@@ -44,7 +45,7 @@ struct Max<'r, 'i, I: Index, T> {
     args: &'r mut [i64],
 }
 
-impl<I: Index, T: BagTable> BlockBody for Max<'_, '_, I, T> {
+impl<I: Index, T: RowFormat> BlockBody for Max<'_, '_, I, T> {
     /// Columns `cols` of the bag's max into `dst` and the winners' ids into
     /// `args`; returns how many rows were kept (and writes nothing when none
     /// was). The first kept row is taken as it is; after it a strictly
@@ -60,7 +61,7 @@ impl<I: Index, T: BagTable> BlockBody for Max<'_, '_, I, T> {
             first: true,
             start,
         };
-        let kept = self.rows.blocks::<N, _>(bag, self.limit, cols, &mut max);
+        let kept = self.rows.blocks::<V, N, _>(bag, self.limit, cols, &mut max);
         let Running { best, from, .. } = max;
         if kept > 0 {
             cols.store(best, self.dst);
@@ -86,35 +87,24 @@ struct Running<V, const N: usize> {
     start: usize,
 }
 
-impl<V: Lanes, const N: usize> Visit<N> for Running<V, N> {
+impl<V: Lanes, const N: usize> Visit<V, N> for Running<V, N> {
     #[inline(always)]
-    fn visit(&mut self, p: usize, row: &[[f32; LANES]; N], affine: Option<(f32, f32)>) {
+    fn visit(&mut self, p: usize, row: [V; N], affine: Option<(f32, f32)>) {
         // The position's bits as a lane: only ever selected and stored.
         let here = V::splat(f32::from_bits((p - self.start) as u32));
 
+        let row = values(row, affine);
         let lanes = self.best.iter_mut().zip(&mut self.from).zip(row);
         if self.first {
             for ((b, f), x) in lanes {
-                (*b, *f) = (value::<V>(x, affine), here);
+                (*b, *f) = (x, here);
             }
             self.first = false;
         } else {
             for ((b, f), x) in lanes {
-                let v = value::<V>(x, affine);
-                let wins = v.greater(*b);
-                (*b, *f) = (wins.select(v, *b), wins.select(here, *f));
+                let wins = x.greater(*b);
+                (*b, *f) = (wins.select(x, *b), wins.select(here, *f));
             }
         }
-    }
-}
-
-/// The values of a block: as they are, or for a packed row its levels read
-/// back as `fma(q, scale, bias)`. A function, not a closure: a closure would
-/// be compiled without the wrapper's AVX (see `Visit`).
-#[inline(always)]
-fn value<V: Lanes>(x: &[f32; LANES], affine: Option<(f32, f32)>) -> V {
-    match affine {
-        None => V::load(x),
-        Some((scale, bias)) => V::load(x).mul_add(V::splat(scale), V::splat(bias)),
     }
 }

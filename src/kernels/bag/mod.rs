@@ -74,13 +74,13 @@ pub(crate) use forward::forward_valid;
 
 use crate::bags::Bags;
 use crate::error::{EmbeddingError, Operand};
-use crate::formats::{PackedTable, RowWise};
+use crate::formats::TableRef;
 use crate::index::{Index, ValidIds};
+use crate::kernels::row_format::dispatch;
 use crate::parallel::Parallelism;
 use crate::pooling::{Mode, Pooling};
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::Isa;
-use forward::Packed;
 
 /// The argument checks every bag call shares, in the crate's order: table,
 /// bags against the ids, `per_sample_weights` (mode, then length), the
@@ -272,27 +272,21 @@ fn check_max_bag_lengths(bags: &Bags) -> Result<(), EmbeddingError> {
     }
 }
 
-/// The bags of a row-wise quantized table ([`PackedTable`]): sum, mean or
-/// max of each bag's rows, read in place, never unpacked. A packed row's
-/// value `c` is `fma(q_c, scale, bias)`; the sum adds a row with FBGEMM's
-/// rule, `acc = fma(w · scale, q, acc + w · bias)`, in position order from
-/// `+0.0` (`w` the per-sample weight, or 1), which gives PyTorch's quantized
-/// bag sum bit for bit
-/// ([`reference::packed_bag_sum`](crate::reference::packed_bag_sum)); mean
-/// divides that sum by the count; max compares the read-back values.
-/// [`packed_bag_forward_with`] with [`Parallelism::Auto`].
+/// The bags of a table of any [`Format`](crate::formats::Format): sum,
+/// mean or max of each bag's rows, read in place, never converted whole.
+/// [`table_bag_forward_with`] with [`Parallelism::Auto`].
 ///
 /// # Errors
-/// As [`packed_bag_forward_with`].
-pub fn packed_bag_forward<I: Index>(
-    table: &PackedTable<'_>,
+/// As [`table_bag_forward_with`].
+pub fn table_bag_forward<I: Index>(
+    table: TableRef<'_>,
     ids: &[I],
     bags: &Bags,
     pooling: &Pooling<'_>,
     out: &mut [f32],
     max_indices: &mut [i64],
 ) -> Result<(), EmbeddingError> {
-    packed_bag_forward_with(
+    table_bag_forward_with(
         Parallelism::Auto,
         table,
         ids,
@@ -303,14 +297,24 @@ pub fn packed_bag_forward<I: Index>(
     )
 }
 
-/// [`packed_bag_forward`] with an explicit [`Parallelism`].
+/// [`bag_forward_with`] on a table of any format, `out` in `f32`.
+///
+/// * `f32`: exactly [`bag_forward_with`].
+/// * `f16`, `bf16`: each row widened to `f32` (exactly), then pooled as an
+///   `f32` row: the sum of the widened table, bit for bit.
+/// * Row-wise quantized: a value is `fma(q, scale, bias)`. The sum adds a
+///   row with FBGEMM's rule, `acc = fma(w · scale, q, acc + w · bias)`, in
+///   position order from `+0.0` (`w` the per-sample weight, or 1), which
+///   gives PyTorch's quantized bag sum bit for bit
+///   ([`reference::packed_bag_sum`](crate::reference::packed_bag_sum));
+///   mean divides that sum by the count; max compares the read-back values.
 ///
 /// # Errors
-/// As [`bag_forward`] (the table is already checked into its
-/// [`PackedTable`]); then nothing is written.
-pub fn packed_bag_forward_with<I: Index>(
+/// As [`bag_forward`] (the table was checked into its [`TableRef`]); then
+/// nothing is written.
+pub fn table_bag_forward_with<I: Index>(
     par: Parallelism,
-    table: &PackedTable<'_>,
+    table: TableRef<'_>,
     ids: &[I],
     bags: &Bags,
     pooling: &Pooling<'_>,
@@ -320,20 +324,15 @@ pub fn packed_bag_forward_with<I: Index>(
     let (rows, dim) = (table.rows(), table.dim());
     check_pooling(rows, ids, bags, pooling)?;
     let ids = check_outputs(rows, dim, ids, bags, pooling, out, max_indices)?;
-    let isa = Isa::detect();
-    match table.format() {
-        RowWise::Int8 => {
-            let table = Packed::<8>::new(table);
-            forward::forward_on(isa, par, table, ids, bags, pooling, out, max_indices);
-        }
-        RowWise::Int4 => {
-            let table = Packed::<4>::new(table);
-            forward::forward_on(isa, par, table, ids, bags, pooling, out, max_indices);
-        }
-        RowWise::Int2 => {
-            let table = Packed::<2>::new(table);
-            forward::forward_on(isa, par, table, ids, bags, pooling, out, max_indices);
-        }
-    }
+    let op = forward::Forward {
+        isa: Isa::detect(),
+        par,
+        ids,
+        bags,
+        pooling,
+        out,
+        max_indices,
+    };
+    dispatch(&table, op);
     Ok(())
 }

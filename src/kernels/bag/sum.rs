@@ -1,15 +1,16 @@
 //! The sum (and mean) of one bag, a column block at a time in registers.
 
-use super::forward::{each_block, BagTable, BlockBody, Cols, Rows, Visit};
+use super::forward::{Rows, Visit};
 use crate::index::Index;
-use crate::simd::{Lanes, LANES};
+use crate::kernels::row_format::{each_block, BlockBody, Cols, RowFormat};
+use crate::simd::Lanes;
 use core::ops::Range;
 
 /// `dst` = the sum of bag `bag`'s kept rows (times their weights), divided
 /// by their count when `mean`; zeros when it kept none. Blocks of 16
 /// vectors where the lanes have sixteen registers, else of 8.
 #[inline(always)]
-pub(super) fn pool<V: Lanes, I: Index, T: BagTable>(
+pub(super) fn pool<V: Lanes, I: Index, T: RowFormat>(
     rows: &Rows<'_, I, T>,
     bag: Range<usize>,
     limit: usize,
@@ -40,7 +41,7 @@ struct Sum<'r, 'i, I: Index, T> {
     dst: &'r mut [f32],
 }
 
-impl<I: Index, T: BagTable> BlockBody for Sum<'_, '_, I, T> {
+impl<I: Index, T: RowFormat> BlockBody for Sum<'_, '_, I, T> {
     /// Columns `cols` of the bag's sum into `dst`; returns how many rows
     /// were kept. The sums start from `-0.0`, so the first kept term comes
     /// through to the bit (`-0.0 + x == x`); a mean divides in the registers
@@ -53,7 +54,9 @@ impl<I: Index, T: BagTable> BlockBody for Sum<'_, '_, I, T> {
         let (mut acc, kept) = match self.weights {
             None => {
                 let mut plain = Plain([V::splat(T::SUM_FROM); N]);
-                let kept = self.rows.blocks::<N, _>(bag, self.limit, cols, &mut plain);
+                let kept = self
+                    .rows
+                    .blocks::<V, N, _>(bag, self.limit, cols, &mut plain);
                 (plain.0, kept)
             }
             Some(weights) => {
@@ -63,7 +66,7 @@ impl<I: Index, T: BagTable> BlockBody for Sum<'_, '_, I, T> {
                 };
                 let kept = self
                     .rows
-                    .blocks::<N, _>(bag, self.limit, cols, &mut weighted);
+                    .blocks::<V, N, _>(bag, self.limit, cols, &mut weighted);
                 (weighted.acc, kept)
             }
         };
@@ -81,19 +84,19 @@ impl<I: Index, T: BagTable> BlockBody for Sum<'_, '_, I, T> {
 /// `acc += row`; for a packed row, FBGEMM's `acc = fma(scale, q, acc + bias)`.
 struct Plain<V, const N: usize>([V; N]);
 
-impl<V: Lanes, const N: usize> Visit<N> for Plain<V, N> {
+impl<V: Lanes, const N: usize> Visit<V, N> for Plain<V, N> {
     #[inline(always)]
-    fn visit(&mut self, _p: usize, row: &[[f32; LANES]; N], affine: Option<(f32, f32)>) {
+    fn visit(&mut self, _p: usize, row: [V; N], affine: Option<(f32, f32)>) {
         match affine {
             None => {
                 for (a, x) in self.0.iter_mut().zip(row) {
-                    *a = a.add(V::load(x));
+                    *a = a.add(x);
                 }
             }
             Some((scale, bias)) => {
                 let (s, b) = (V::splat(scale), V::splat(bias));
                 for (a, q) in self.0.iter_mut().zip(row) {
-                    *a = s.mul_add(V::load(q), a.add(b));
+                    *a = s.mul_add(q, a.add(b));
                 }
             }
         }
@@ -107,21 +110,21 @@ struct Weighted<'w, V, const N: usize> {
     weights: &'w [f32],
 }
 
-impl<V: Lanes, const N: usize> Visit<N> for Weighted<'_, V, N> {
+impl<V: Lanes, const N: usize> Visit<V, N> for Weighted<'_, V, N> {
     #[inline(always)]
-    fn visit(&mut self, p: usize, row: &[[f32; LANES]; N], affine: Option<(f32, f32)>) {
+    fn visit(&mut self, p: usize, row: [V; N], affine: Option<(f32, f32)>) {
         let w = self.weights[p];
         match affine {
             None => {
                 let w = V::splat(w);
                 for (a, x) in self.acc.iter_mut().zip(row) {
-                    *a = a.add(V::load(x).mul(w));
+                    *a = a.add(x.mul(w));
                 }
             }
             Some((scale, bias)) => {
                 let (s, b) = (V::splat(w * scale), V::splat(w * bias));
                 for (a, q) in self.acc.iter_mut().zip(row) {
-                    *a = s.mul_add(V::load(q), a.add(b));
+                    *a = s.mul_add(q, a.add(b));
                 }
             }
         }

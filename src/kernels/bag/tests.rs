@@ -1,7 +1,8 @@
 //! The bag forward on every instruction set against the reference.
 
-use super::forward::{forward_on, F32Rows};
+use super::forward::forward_on;
 use super::*;
+use crate::kernels::row_format::F32Rows;
 use crate::simd::Isa;
 
 fn mix(state: &mut u64) -> u64 {

@@ -1,0 +1,230 @@
+//! The lookup on tables of every format: `out[i, :]` = row `ids[i]` read
+//! back as `f32` ([`table_gather`]), and the raw copy of half rows
+//! ([`gather_half`]).
+//!
+//! ```text
+//! check out length, every id                    (nothing written yet)
+//! for i in 0..ids.len():                        (split across threads)
+//!     prefetch row ids[i + ahead]
+//!     for each column block of the row:         (as the bags: 16 vectors, ...)
+//!         out[i, block] = decode(row ids[i], block)   (packed: fma(q, scale, bias))
+//! ```
+//!
+//! An `f32` table goes to [`gather`](super::gather) itself. The other
+//! formats decode through [`RowFormat`], the bags' abstraction, so a looked
+//! up value has the bits of [`dequantize`](crate::formats::RowWise::dequantize)
+//! (or of the widened half) and of a bag holding that one id. Tasks of whole
+//! output rows, as the `f32` gather: the bits cannot depend on the thread
+//! count.
+
+use super::gather::gather_valid;
+use super::row_format::{dispatch, each_block, values, BlockBody, Cols, OnRows, RowFormat};
+use super::tuning::{prefetch_ahead, PARALLEL_MIN_BYTES, TASK_BYTES};
+use crate::error::{EmbeddingError, Operand};
+use crate::formats::{Data, TableRef};
+use crate::index::{Index, ValidIds};
+use crate::parallel::Parallelism;
+use crate::shape::{check_len, rows_len, table_rows};
+use crate::simd::{prefetch, Body, Isa, Lanes};
+use rayon::prelude::*;
+
+/// `out[i, :]` = row `ids[i]` of `table` as `f32`s, for every `i`:
+/// [`table_gather_with`] with [`Parallelism::Auto`].
+///
+/// # Errors
+/// As [`table_gather_with`].
+///
+/// # Example
+/// ```
+/// use embedding_kernels::formats::{PackedTable, RowWise, TableRef};
+/// use embedding_kernels::table_gather;
+/// let table = [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]; // 3 rows of dim 2
+/// let packed = RowWise::Int8.prepack(&table, 2)?;
+/// let packed = PackedTable::new(RowWise::Int8, 2, &packed)?;
+/// let mut out = [0.0f32; 4];
+/// table_gather(packed.into(), &[2i64, 0], &mut out)?;
+/// assert_eq!(out, [2.0, 2.5, 0.0, 0.5]);
+/// # Ok::<(), embedding_kernels::EmbeddingError>(())
+/// ```
+pub fn table_gather<I: Index>(
+    table: TableRef<'_>,
+    ids: &[I],
+    out: &mut [f32],
+) -> Result<(), EmbeddingError> {
+    table_gather_with(Parallelism::Auto, table, ids, out)
+}
+
+/// [`gather_with`](crate::gather_with) on a table of any format: `out[i, :]`
+/// = row `ids[i]` read back as `f32` (an `f16` or `bf16` widened exactly, a
+/// packed value `fma(q, scale, bias)`, the bits of
+/// [`RowWise::dequantize`](crate::formats::RowWise::dequantize)). `out`
+/// holds `ids.len() × dim` values.
+///
+/// # Errors
+/// [`EmbeddingError::SizeOverflow`], a length error for `out`, or
+/// [`EmbeddingError::IndexOutOfRange`]; then `out` is untouched.
+pub fn table_gather_with<I: Index>(
+    par: Parallelism,
+    table: TableRef<'_>,
+    ids: &[I],
+    out: &mut [f32],
+) -> Result<(), EmbeddingError> {
+    let dim = table.dim();
+    check_len(Operand::Output, rows_len(ids.len(), dim)?, out.len())?;
+    let ids = ValidIds::new(ids, table.rows())?;
+    if let Data::F32(values) = table.data() {
+        gather_valid(par, values, dim, ids, out);
+        return Ok(());
+    }
+    dispatch(&table, Lookup { par, ids, out });
+    Ok(())
+}
+
+/// The lookup of a decoded format, as an operation over any [`RowFormat`].
+struct Lookup<'a, 'i, I: Index> {
+    par: Parallelism,
+    ids: ValidIds<'i, I>,
+    out: &'a mut [f32],
+}
+
+impl<I: Index> OnRows for Lookup<'_, '_, I> {
+    type Output = ();
+
+    fn on<T: RowFormat>(self, table: T) {
+        let Lookup { par, ids, out } = self;
+        let dim = table.dim();
+        if dim == 0 || ids.is_empty() {
+            return;
+        }
+        let isa = Isa::detect();
+        let task = |first: usize, out: &mut [f32]| {
+            let ids = ids.slice(first..first + out.len() / dim);
+            isa.run(LookupTask { table, ids, out });
+        };
+        if !par.splits(core::mem::size_of_val(out), PARALLEL_MIN_BYTES) {
+            task(0, out);
+            return;
+        }
+        let rows_per_task = (TASK_BYTES / (dim * 4)).max(1);
+        out.par_chunks_mut(rows_per_task * dim)
+            .enumerate()
+            .for_each(|(k, out)| task(k * rows_per_task, out));
+    }
+}
+
+/// One task of the lookup: `out` holds the rows of `ids`.
+struct LookupTask<'a, 'i, I: Index, T> {
+    table: T,
+    ids: ValidIds<'i, I>,
+    out: &'a mut [f32],
+}
+
+impl<I: Index, T: RowFormat> Body for LookupTask<'_, '_, I, T> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<V: Lanes>(self) {
+        let LookupTask { table, ids, out } = self;
+        let dim = table.dim();
+        let ahead = prefetch_ahead(table.row_bytes().div_ceil(4));
+        for i in 0..ahead.min(ids.len()) {
+            table.prefetch_row(ids.row(i));
+        }
+        for (i, dst) in out.chunks_exact_mut(dim).enumerate() {
+            if i + ahead < ids.len() {
+                table.prefetch_row(ids.row(i + ahead));
+            }
+            let mut row = DecodeRow {
+                table,
+                r: ids.row(i),
+                dst,
+            };
+            each_block::<V, _>(dim, V::REGISTERS, &mut row);
+        }
+    }
+}
+
+/// One row of the lookup: each column block decoded and written.
+struct DecodeRow<'a, T> {
+    table: T,
+    r: usize,
+    dst: &'a mut [f32],
+}
+
+impl<T: RowFormat> BlockBody for DecodeRow<'_, T> {
+    #[inline(always)]
+    fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize {
+        let (block, affine) = self.table.block::<V, N>(self.r, cols);
+        cols.store(values(block, affine), self.dst);
+        1
+    }
+}
+
+/// A half-precision value type: what [`gather_half`] copies.
+pub trait Half: Copy + Send + Sync + private::Sealed {}
+
+impl Half for half::f16 {}
+impl Half for half::bf16 {}
+
+mod private {
+    /// Only `f16` and `bf16` are [`Half`](super::Half).
+    pub trait Sealed {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
+}
+
+/// `out[i, :] = table[ids[i], :]` for a half table, the rows copied as they
+/// are (no conversion): [`gather_half_with`] with [`Parallelism::Auto`].
+///
+/// # Errors
+/// As [`gather`](crate::gather).
+pub fn gather_half<H: Half, I: Index>(
+    table: &[H],
+    dim: usize,
+    ids: &[I],
+    out: &mut [H],
+) -> Result<(), EmbeddingError> {
+    gather_half_with(Parallelism::Auto, table, dim, ids, out)
+}
+
+/// [`gather_half`] with an explicit [`Parallelism`].
+///
+/// # Errors
+/// As [`gather`](crate::gather); then `out` is untouched.
+pub fn gather_half_with<H: Half, I: Index>(
+    par: Parallelism,
+    table: &[H],
+    dim: usize,
+    ids: &[I],
+    out: &mut [H],
+) -> Result<(), EmbeddingError> {
+    let rows = table_rows(table.len(), dim, Operand::Table)?;
+    check_len(Operand::Output, rows_len(ids.len(), dim)?, out.len())?;
+    let ids = ValidIds::new(ids, rows)?;
+    if dim == 0 || ids.is_empty() {
+        return Ok(());
+    }
+    let row_bytes = dim * 2;
+    let copy = |first: usize, out: &mut [H]| {
+        let ids = ids.slice(first..first + out.len() / dim);
+        let ahead = prefetch_ahead(dim.div_ceil(2));
+        let base = table.as_ptr().cast::<u8>();
+        for (i, dst) in out.chunks_exact_mut(dim).enumerate() {
+            if i + ahead < ids.len() {
+                let at = ids.row(i + ahead) * row_bytes;
+                prefetch::span(base, at, at + row_bytes);
+            }
+            let r = ids.row(i);
+            dst.copy_from_slice(&table[r * dim..(r + 1) * dim]);
+        }
+    };
+    if !par.splits(core::mem::size_of_val(out), PARALLEL_MIN_BYTES) {
+        copy(0, out);
+        return Ok(());
+    }
+    let rows_per_task = (TASK_BYTES / row_bytes).max(1);
+    out.par_chunks_mut(rows_per_task * dim)
+        .enumerate()
+        .for_each(|(k, out)| copy(k * rows_per_task, out));
+    Ok(())
+}
