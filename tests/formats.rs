@@ -271,3 +271,56 @@ fn half_tables_round_to_nearest_even() {
     assert_eq!(b[0], 1.0);
     assert!((b[1] - 3e38).abs() / 3e38 < 1e-2);
 }
+
+/// An owned table of every format: its bytes read back as the same table,
+/// its `f32` readback is the format's conversion, its lent view has its
+/// shape; bytes that are not whole rows are refused.
+#[test]
+fn owned_tables_round_trip_through_their_bytes() {
+    use embedding_kernels::formats::{Format, OwnedTable};
+    let mut rng = SplitMix(41);
+    for dim in [1, 3, 8, 13] {
+        let rows = 9;
+        let table = rng.wilds(rows * dim);
+        for format in Format::ALL {
+            let owned = OwnedTable::from_f32(&table, dim, format).unwrap();
+            assert_eq!(
+                (owned.format(), owned.dim(), owned.rows()),
+                (format, dim, rows)
+            );
+            let bytes = owned.to_le_bytes();
+            assert_eq!(
+                bytes.len(),
+                rows * format.row_bytes(dim).unwrap(),
+                "{format}"
+            );
+            assert_eq!(owned.byte_len(), bytes.len());
+            let back = OwnedTable::from_le_bytes(format, dim, &bytes).unwrap();
+            assert_eq!(back, owned, "{format} dim {dim}");
+            let want = match format {
+                Format::F32 => table.clone(),
+                Format::F16 => formats::f16_to_f32(&formats::to_f16(&table)),
+                Format::Bf16 => formats::bf16_to_f32(&formats::to_bf16(&table)),
+                _ => unpack(format.row_wise().unwrap(), &bytes, dim),
+            };
+            assert_eq!(common::bits(&owned.to_f32().unwrap()), common::bits(&want));
+            let view = owned.as_ref();
+            assert_eq!(
+                (view.format(), view.dim(), view.rows()),
+                (format, dim, rows)
+            );
+            let err = OwnedTable::from_le_bytes(format, dim, &bytes[1..]).unwrap_err();
+            assert_eq!(
+                err,
+                EmbeddingError::PackedLength {
+                    len: bytes.len() - 1,
+                    row_bytes: format.row_bytes(dim).unwrap()
+                }
+            );
+        }
+    }
+    assert_eq!(Format::from_name("int4"), Some(Format::Int4));
+    assert!(Format::ALL
+        .iter()
+        .all(|f| Format::from_name(f.name()) == Some(*f)));
+}

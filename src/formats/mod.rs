@@ -16,10 +16,12 @@
 //! golden test (`tests/formats.rs`) holds them to PyTorch's bytes.
 
 mod half_rows;
+mod owned;
 mod rowwise;
 mod table_ref;
 
 pub use half_rows::{bf16_to_f32, f16_to_f32, to_bf16, to_f16};
+pub use owned::OwnedTable;
 pub use rowwise::{PackedTable, RowWise};
 pub(crate) use table_ref::Data;
 pub use table_ref::{Format, TableRef};

@@ -313,6 +313,26 @@ impl<'a> PackedTable<'a> {
         })
     }
 
+    /// A table whose owner already checked `bytes` to be `rows` rows of
+    /// `row_bytes` ([`OwnedTable`](super::OwnedTable)).
+    pub(crate) fn from_checked(
+        format: RowWise,
+        dim: usize,
+        rows: usize,
+        row_bytes: usize,
+        bytes: &'a [u8],
+    ) -> Self {
+        debug_assert_eq!(format.row_bytes(dim), Some(row_bytes));
+        debug_assert_eq!(bytes.len(), rows * row_bytes);
+        PackedTable {
+            format,
+            dim,
+            rows,
+            row_bytes,
+            bytes,
+        }
+    }
+
     /// The format.
     pub fn format(&self) -> RowWise {
         self.format

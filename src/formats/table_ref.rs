@@ -189,6 +189,12 @@ impl<'a> TableRef<'a> {
         }
     }
 
+    /// A table whose length its owner already checked against `dim` and
+    /// `rows` ([`OwnedTable`](super::OwnedTable)).
+    pub(crate) fn from_checked(data: Data<'a>, dim: usize, rows: usize) -> Self {
+        TableRef { data, dim, rows }
+    }
+
     /// The values, by format (for the kernels).
     pub(crate) fn data(&self) -> Data<'a> {
         self.data
