@@ -244,8 +244,10 @@ pub enum EmbeddingError {
         row: usize,
     },
 
-    /// A packed table is not a whole number of packed rows.
-    #[error("a packed table of {len} bytes is not a whole number of {row_bytes}-byte rows")]
+    /// A table's bytes (packed rows, or the little-endian values of an
+    /// [`OwnedTable`](crate::formats::OwnedTable)) are not a whole number of
+    /// rows.
+    #[error("a table of {len} bytes is not a whole number of {row_bytes}-byte rows")]
     PackedLength {
         /// Its length in bytes.
         len: usize,
