@@ -8,6 +8,7 @@ itself never does.
 
     python3 benches/pytorch_peer.py                 # every row, cold and warm
     python3 benches/pytorch_peer.py --workloads recsys --ops bag_sum --json
+    python3 benches/pytorch_peer.py --ops bag_sum,forward --formats f32,int8
 
 Each row is timed two ways:
 
@@ -28,6 +29,28 @@ their outputs, and the dense gradients (`dense_backward`, the backward of
 writes into buffers it is given. The `sparse_sgd` set-up runs the forward
 (untimed) just before the timed backward and step, so the touched rows are
 warm there.
+
+Reduced-precision tables (`--formats`, default all: f32, f16, bf16, int8,
+int4) are measured for `bag_sum` and `forward` (the lookup); every other op
+is f32 only. Each format's table is made from the same f32 weight, untimed:
+
+* f16 / bf16: `weight.half()` / `weight.bfloat16()`, then the same
+  `F.embedding_bag(mode="sum")` / `F.embedding` call as for f32. PyTorch
+  returns f16 / bf16 outputs here (half the bytes written), while the crate
+  writes f32.
+* int8 / int4: PyTorch's row-wise packed tables,
+  `torch.ops.quantized.embedding_bag_byte_prepack` / `_4bit_prepack`
+  (codes, then the row's scale and bias: f32 for int8, f16 for int4), read
+  by `embedding_bag_byte_rowwise_offsets` / `_4bit_rowwise_offsets` with
+  `mode=0` (sum); the outputs are f32. PyTorch has no plain lookup over
+  these tables: its quantized `Embedding` module calls the same bag kernel
+  with bags of one id each (offsets = arange(num_ids)), and so does the
+  `forward` row here.
+
+The bags are the f32 row's in every format: BAG_SIZE consecutive ids each.
+The cold row's memcpy copies the rows the op reads, in the format's bytes
+(for int8 / int4 the packed rows, scale and bias included): the f32 rule,
+which does not add the output (see `rows_for`).
 """
 
 import argparse
@@ -49,6 +72,9 @@ WORKLOADS = {
 }
 BAG_SIZE = 16
 MAX_SEQ = 1024
+FORMATS = ["f32", "f16", "bf16", "int8", "int4"]
+# The ops measured in every format; the others are f32 only.
+FORMAT_OPS = ("forward", "bag_sum")
 OPS = [
     "forward",
     "dense_backward",
@@ -106,7 +132,32 @@ def nothing():
     pass
 
 
-def rows_for(name, op, args):
+def format_table(weight, fmt):
+    """The table `fmt` reads, made once from the f32 `weight` (untimed)."""
+    if fmt == "f32":
+        return weight
+    if fmt == "f16":
+        return weight.half()
+    if fmt == "bf16":
+        return weight.bfloat16()
+    if fmt == "int8":
+        return torch.ops.quantized.embedding_bag_byte_prepack(weight)
+    if fmt == "int4":
+        return torch.ops.quantized.embedding_bag_4bit_prepack(weight)
+    raise ValueError(fmt)
+
+
+def packed_bag_sum(fmt):
+    """PyTorch's bag sum over a row-wise packed table of `fmt`."""
+    return {
+        "int8": torch.ops.quantized.embedding_bag_byte_rowwise_offsets,
+        "int4": torch.ops.quantized.embedding_bag_4bit_rowwise_offsets,
+    }[fmt]
+
+
+def rows_for(name, op, fmt, args):
+    if fmt != "f32" and op not in FORMAT_OPS:
+        raise ValueError(f"{op} is measured in f32 only")
     rows, dim, n = WORKLOADS[name]
     gen = torch.Generator().manual_seed(0x5EED + rows)
     weight = torch.rand(rows, dim, generator=gen) * 2 - 1
@@ -114,9 +165,20 @@ def rows_for(name, op, args):
     grad_out = torch.rand(n, dim, generator=gen) * 2 - 1
     offsets = torch.arange(0, n, BAG_SIZE)
     grad_bags = torch.rand(n // BAG_SIZE, dim, generator=gen) * 2 - 1
-    # The yardstick: a copy of num_ids x dim floats (the rows a lookup reads),
-    # or a fill of the whole table for the ops that write a dense gradient.
-    src = np.ones(n * dim, dtype=np.float32)
+    table = format_table(weight, fmt)
+    # The bytes of one stored row: dim floats for f32, dim halves for f16 and
+    # bf16, and for int8 / int4 PyTorch's packed row (the codes, then the
+    # row's scale and bias).
+    row_bytes = table.shape[1] * table.element_size()
+    # The yardstick: a copy of the rows a lookup reads, num_ids rows of
+    # row_bytes (a repeated id counted each time, as the op reads it each
+    # time), or a fill of the whole table for the ops that write a dense
+    # gradient. The copy writes as many bytes as it reads, and the op's
+    # output is not added: that is the f32 rule (there, num_ids x dim
+    # floats; the forward's output is that size, a bag sum's is 1/BAG_SIZE
+    # of it), kept as it is for every format, so the f32 rows are unchanged.
+    # The buffers are whole floats, rounded up (at most 3 bytes more).
+    src = np.ones(-(-n * row_bytes // 4), dtype=np.float32)
     dst = np.zeros_like(src)
     tsrc, tdst = torch.from_numpy(src), torch.from_numpy(dst)
     table_sized = op in ("dense_backward", "bag_sum_fwd_bwd")
@@ -134,8 +196,14 @@ def rows_for(name, op, args):
         }
 
     state = {}
-    if op == "forward":
-        call = lambda: F.embedding(ids, weight)
+    if op == "forward" and fmt in ("int8", "int4"):
+        # A lookup is bags of one id each, as PyTorch's quantized Embedding.
+        bag_sum = packed_bag_sum(fmt)
+        singles = torch.arange(n)
+        call = lambda: bag_sum(table, ids, singles, mode=0, include_last_offset=False)
+        setup = nothing
+    elif op == "forward":
+        call = lambda: F.embedding(ids, table)
         setup = nothing
     elif op == "dense_backward":
         # The kernel under Embedding's dense backward: allocates and fills
@@ -167,7 +235,14 @@ def rows_for(name, op, args):
         scale = math.sqrt(dim)
         call = lambda: F.embedding(tok, weight) * scale + pos
         setup = nothing
-    elif op in ("bag_sum", "bag_mean", "bag_max"):
+    elif op == "bag_sum" and fmt in ("int8", "int4"):
+        bag_sum = packed_bag_sum(fmt)
+        call = lambda: bag_sum(table, ids, offsets, mode=0, include_last_offset=False)
+        setup = nothing
+    elif op == "bag_sum":
+        call = lambda: F.embedding_bag(ids, table, offsets, mode="sum")
+        setup = nothing
+    elif op in ("bag_mean", "bag_max"):
         mode = op.removeprefix("bag_")
         call = lambda: F.embedding_bag(ids, weight, offsets, mode=mode)
         setup = nothing
@@ -189,6 +264,7 @@ def rows_for(name, op, args):
     row = {
         "workload": name,
         "op": op,
+        "format": fmt,
         "cold_ms": medians["torch"],
         "baseline": "memset" if table_sized else "memcpy",
         "baseline_ms": medians[base_name],
@@ -203,11 +279,20 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workloads", default="minilm,gpt2,recsys")
     p.add_argument("--ops", default=",".join(OPS))
+    p.add_argument(
+        "--formats",
+        default=",".join(FORMATS),
+        help=f"table formats for {' and '.join(FORMAT_OPS)}; other ops run in f32 only",
+    )
     p.add_argument("--threads", type=int, default=0, help="default: all cores")
     p.add_argument("--budget-ms", type=float, default=500)
     p.add_argument("--no-warm", action="store_true")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    formats = args.formats.split(",")
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown:
+        p.error(f"unknown format {', '.join(unknown)} (one of: {', '.join(FORMATS)})")
     if args.threads:
         torch.set_num_threads(args.threads)
     out = []
@@ -215,17 +300,23 @@ def main():
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"cpu capability {torch.backends.cpu.get_cpu_capability()}"
     )
-    print(f"{'workload':8} {'op':16} {'cold ms':>9} {'warm ms':>9} {'baseline':>8} {'ms':>8}")
+    print(
+        f"{'workload':8} {'op':16} {'format':6} {'cold ms':>9} {'warm ms':>9} "
+        f"{'baseline':>8} {'ms':>8}"
+    )
     for name in args.workloads.split(","):
         for op in args.ops.split(","):
-            row = rows_for(name, op, args)
-            out.append(row)
-            w = row.get("warm_ms", float("nan"))
-            print(
-                f"{name:8} {op:16} {row['cold_ms']:9.2f} {w:9.2f} "
-                f"{row['baseline']:>8} {row['baseline_ms']:8.2f}",
-                flush=True,
-            )
+            for fmt in formats:
+                if fmt != "f32" and op not in FORMAT_OPS:
+                    continue
+                row = rows_for(name, op, fmt, args)
+                out.append(row)
+                w = row.get("warm_ms", float("nan"))
+                print(
+                    f"{name:8} {op:16} {fmt:6} {row['cold_ms']:9.2f} {w:9.2f} "
+                    f"{row['baseline']:>8} {row['baseline_ms']:8.2f}",
+                    flush=True,
+                )
     if args.json:
         print(json.dumps({"torch": torch.__version__, "rows": out}, indent=1))
 
