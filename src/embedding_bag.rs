@@ -218,6 +218,11 @@ impl EmbeddingBag {
         self.table.embedding_dim()
     }
 
+    /// Whether `offsets` carry the end of the last bag.
+    pub fn include_last_offset(&self) -> bool {
+        self.include_last_offset
+    }
+
     /// Checked bags from PyTorch-style `offsets` over `num_ids` ids, read
     /// with this layer's `include_last_offset`.
     ///

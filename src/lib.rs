@@ -17,6 +17,9 @@
 //!   [`Adagrad`], [`RowWiseAdagrad`]).
 //! * [`EmbeddingBag`] is `nn.EmbeddingBag`: sum, mean and max over
 //!   `offsets`, with `per_sample_weights` and `include_last_offset`.
+//! * [`QuantizedEmbedding`] and [`QuantizedEmbeddingBag`] are
+//!   `torch.ao.nn.quantized`'s, for inference over `f16`, `bf16` and
+//!   row-wise 8/4/2-bit tables ([`formats`]), built with `from_float`.
 //! * [`InputEmbedding`] is a transformer's input: token plus sinusoidal or
 //!   learned positions, in one fused pass.
 //! * [`Vocab`] turns text into ids; [`io`] reads and writes tables as
@@ -133,6 +136,7 @@ pub mod optim;
 mod parallel;
 mod pooling;
 pub mod positions;
+pub mod quantized;
 pub mod reference;
 mod shape;
 mod simd;
@@ -157,6 +161,7 @@ pub use kernels::{
 pub use optim::{Adagrad, RowWiseAdagrad, Sgd, SparseOptimizer};
 pub use parallel::Parallelism;
 pub use pooling::{Mode, Pooling};
+pub use quantized::{QuantizedEmbedding, QuantizedEmbeddingBag};
 pub use sparse_grad::SparseGrad;
 pub use vocab::Vocab;
 

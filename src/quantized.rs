@@ -1,0 +1,310 @@
+//! Inference layers over tables of every [`Format`]: PyTorch's
+//! `torch.ao.nn.quantized.Embedding` and `EmbeddingBag`, built the same way
+//! (`from_float`) and extended to `f16` and `bf16` tables.
+//!
+//! | PyTorch | here |
+//! | --- | --- |
+//! | `torch.ao.nn.quantized.EmbeddingBag.from_float(bag)` (8-bit: `dtype=torch.quint8`) | [`QuantizedEmbeddingBag::from_float`]`(&bag, Format::Int8)` |
+//! | the same with `dtype=torch.quint4x2` | `from_float(&bag, Format::Int4)` |
+//! | `bag.half()` / `bag.bfloat16()` | `from_float(&bag, Format::F16)` / `Format::Bf16` |
+//! | `qbag(input, offsets, per_sample_weights=w)` | [`QuantizedEmbeddingBag::forward`]`(&ids, &bags, Some(&w))` |
+//! | `torch.ao.nn.quantized.Embedding.from_float(emb)` | [`QuantizedEmbedding::from_float`]`(&emb, Format::Int8)` |
+//!
+//! The layers read their table in place, through
+//! [`table_gather`](crate::table_gather) and
+//! [`table_bag_forward`](crate::table_bag_forward): a packed table is never
+//! unpacked. They are for inference: no backward, and the table is never
+//! written.
+//!
+//! What differs from PyTorch, on purpose:
+//!
+//! * **Every mode.** PyTorch's quantized bag computes a sum whatever `mode`
+//!   says; here sum, mean and max each do what they say.
+//! * **`f32` out.** The output is `f32` for every format (PyTorch returns
+//!   `f16` from an `f16` table); a half table's bag sums in `f32`.
+//! * **`max_norm` is refused.** Renormalising would write the table, and a
+//!   packed row cannot be renormalised without packing it again; PyTorch's
+//!   quantized modules ignore it silently. A layer with `max_norm` set is
+//!   [`EmbeddingError::InvalidArgument`] here.
+//! * `padding_idx` keeps its meaning (the row is left out of every bag);
+//!   `scale_grad_by_freq` and `sparse` only shape gradients, so they have
+//!   nothing to do.
+
+use crate::bags::Bags;
+use crate::embedding::{check_shape, Embedded, Embedding};
+use crate::embedding_bag::{BagOutput, EmbeddingBag};
+use crate::error::EmbeddingError;
+use crate::formats::{Format, OwnedTable};
+use crate::index::Index;
+use crate::kernels::{table_bag_forward_with, table_gather_with};
+use crate::parallel::Parallelism;
+use crate::pooling::{Mode, Pooling};
+use crate::shape::rows_len;
+
+/// An embedding-bag layer for inference over a table of any format; see
+/// the [module notes](self).
+#[derive(Clone, Debug)]
+pub struct QuantizedEmbeddingBag {
+    table: OwnedTable,
+    mode: Mode,
+    padding_idx: Option<usize>,
+    include_last_offset: bool,
+    parallelism: Parallelism,
+}
+
+impl QuantizedEmbeddingBag {
+    /// `bag`'s table in `format` (converted, or packed by PyTorch's rules:
+    /// [`RowWise::prepack`](crate::formats::RowWise::prepack)), with its
+    /// mode, `padding_idx`, `include_last_offset` and threading.
+    ///
+    /// # Errors
+    /// [`EmbeddingError::InvalidArgument`] if `bag` has `max_norm` set, or
+    /// a packing error (a row holding a NaN or an infinity, or one whose
+    /// range overflows).
+    pub fn from_float(bag: &EmbeddingBag, format: Format) -> Result<Self, EmbeddingError> {
+        let emb = bag.table();
+        refuse_max_norm(emb)?;
+        let table = OwnedTable::from_f32(emb.weight(), emb.embedding_dim(), format)?;
+        Ok(QuantizedEmbeddingBag {
+            table,
+            mode: bag.mode(),
+            padding_idx: emb.padding_idx(),
+            include_last_offset: bag.include_last_offset(),
+            parallelism: emb.parallelism(),
+        })
+    }
+
+    /// A layer over a table already in hand (loaded from a file, say),
+    /// pooling with `mode`.
+    ///
+    /// # Errors
+    /// [`EmbeddingError::PaddingIdxOutOfRange`] if `padding_idx` is not a
+    /// row of `table`.
+    pub fn from_table(
+        table: OwnedTable,
+        mode: Mode,
+        padding_idx: Option<usize>,
+        include_last_offset: bool,
+    ) -> Result<Self, EmbeddingError> {
+        check_padding(&table, padding_idx)?;
+        Ok(QuantizedEmbeddingBag {
+            table,
+            mode,
+            padding_idx,
+            include_last_offset,
+            parallelism: Parallelism::Auto,
+        })
+    }
+
+    /// The same layer with another threading choice for its kernels.
+    pub fn with_parallelism(self, parallelism: Parallelism) -> Self {
+        QuantizedEmbeddingBag {
+            parallelism,
+            ..self
+        }
+    }
+
+    /// The table.
+    pub fn table(&self) -> &OwnedTable {
+        &self.table
+    }
+
+    /// The table's format.
+    pub fn format(&self) -> Format {
+        self.table.format()
+    }
+
+    /// The pooling mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The padding row, if any.
+    pub fn padding_idx(&self) -> Option<usize> {
+        self.padding_idx
+    }
+
+    /// The number of rows.
+    pub fn num_embeddings(&self) -> usize {
+        self.table.rows()
+    }
+
+    /// The row width.
+    pub fn embedding_dim(&self) -> usize {
+        self.table.dim()
+    }
+
+    /// Checked bags from PyTorch-style `offsets` over `num_ids` ids, read
+    /// with this layer's `include_last_offset`.
+    ///
+    /// # Errors
+    /// An offsets error (see [`Bags::from_offsets`]).
+    pub fn offsets<O: Index>(&self, offsets: &[O], num_ids: usize) -> Result<Bags, EmbeddingError> {
+        Bags::from_offsets(offsets, num_ids, self.include_last_offset)
+    }
+
+    /// Pools the rows of each bag of `ids`: `[bags, embedding_dim]` `f32`
+    /// values, and with max mode the winning ids.
+    ///
+    /// # Errors
+    /// As [`table_bag_forward`](crate::table_bag_forward).
+    pub fn forward<I: Index>(
+        &self,
+        ids: &[I],
+        bags: &Bags,
+        per_sample_weights: Option<&[f32]>,
+    ) -> Result<BagOutput, EmbeddingError> {
+        let len = rows_len(bags.len(), self.embedding_dim())?;
+        let mut values = crate::memory::zeroed_table(len);
+        let max = self.mode == Mode::Max;
+        let mut max_indices = if max { vec![0; len] } else { Vec::new() };
+        self.forward_into(ids, bags, per_sample_weights, &mut values, &mut max_indices)?;
+        Ok(BagOutput {
+            values,
+            shape: [bags.len(), self.embedding_dim()],
+            max_indices: max.then_some(max_indices),
+        })
+    }
+
+    /// [`forward`](Self::forward) into caller buffers (`max_indices` is
+    /// only written in max mode, and may be empty otherwise).
+    ///
+    /// # Errors
+    /// As [`forward`](Self::forward); then the buffers are untouched.
+    pub fn forward_into<I: Index>(
+        &self,
+        ids: &[I],
+        bags: &Bags,
+        per_sample_weights: Option<&[f32]>,
+        out: &mut [f32],
+        max_indices: &mut [i64],
+    ) -> Result<(), EmbeddingError> {
+        let pooling = Pooling {
+            mode: self.mode,
+            per_sample_weights,
+            padding_idx: self.padding_idx,
+            scale_grad_by_freq: false,
+        };
+        let table = self.table.as_ref();
+        table_bag_forward_with(
+            self.parallelism,
+            table,
+            ids,
+            bags,
+            &pooling,
+            out,
+            max_indices,
+        )
+    }
+}
+
+/// An embedding layer for inference over a table of any format; see the
+/// [module notes](self).
+#[derive(Clone, Debug)]
+pub struct QuantizedEmbedding {
+    table: OwnedTable,
+    parallelism: Parallelism,
+}
+
+impl QuantizedEmbedding {
+    /// `emb`'s table in `format`, with its threading. Its `padding_idx` row
+    /// is looked up like any other (as in PyTorch, where the padding row is
+    /// only special for gradients; it holds zeros if `emb` kept them).
+    ///
+    /// # Errors
+    /// As [`QuantizedEmbeddingBag::from_float`].
+    pub fn from_float(emb: &Embedding, format: Format) -> Result<Self, EmbeddingError> {
+        refuse_max_norm(emb)?;
+        let table = OwnedTable::from_f32(emb.weight(), emb.embedding_dim(), format)?;
+        Ok(QuantizedEmbedding {
+            table,
+            parallelism: emb.parallelism(),
+        })
+    }
+
+    /// A layer over a table already in hand.
+    pub fn from_table(table: OwnedTable) -> Self {
+        QuantizedEmbedding {
+            table,
+            parallelism: Parallelism::Auto,
+        }
+    }
+
+    /// The same layer with another threading choice for its kernels.
+    pub fn with_parallelism(self, parallelism: Parallelism) -> Self {
+        QuantizedEmbedding {
+            parallelism,
+            ..self
+        }
+    }
+
+    /// The table.
+    pub fn table(&self) -> &OwnedTable {
+        &self.table
+    }
+
+    /// The table's format.
+    pub fn format(&self) -> Format {
+        self.table.format()
+    }
+
+    /// The number of rows.
+    pub fn num_embeddings(&self) -> usize {
+        self.table.rows()
+    }
+
+    /// The row width.
+    pub fn embedding_dim(&self) -> usize {
+        self.table.dim()
+    }
+
+    /// Looks up `ids`, a batch of the given `shape`: the rows as `f32`s,
+    /// shaped `[shape…, embedding_dim]`.
+    ///
+    /// # Errors
+    /// [`EmbeddingError::IdsShape`] if `shape` does not hold `ids.len()`
+    /// ids, or as [`table_gather`](crate::table_gather).
+    pub fn forward<I: Index>(
+        &self,
+        ids: &[I],
+        shape: &[usize],
+    ) -> Result<Embedded, EmbeddingError> {
+        check_shape(ids.len(), shape)?;
+        let mut values = crate::memory::zeroed_table(rows_len(ids.len(), self.embedding_dim())?);
+        self.forward_into(ids, &mut values)?;
+        let mut shape = shape.to_vec();
+        shape.push(self.embedding_dim());
+        Ok(Embedded { values, shape })
+    }
+
+    /// The rows of `ids` into `out` (`ids.len() × embedding_dim`).
+    ///
+    /// # Errors
+    /// As [`table_gather`](crate::table_gather); then `out` is untouched.
+    pub fn forward_into<I: Index>(&self, ids: &[I], out: &mut [f32]) -> Result<(), EmbeddingError> {
+        table_gather_with(self.parallelism, self.table.as_ref(), ids, out)
+    }
+}
+
+/// A table with `max_norm` cannot be frozen into a read-only format.
+fn refuse_max_norm(emb: &Embedding) -> Result<(), EmbeddingError> {
+    match emb.max_norm() {
+        None => Ok(()),
+        Some(max_norm) => Err(EmbeddingError::InvalidArgument {
+            name: "max_norm",
+            value: max_norm.to_string(),
+            requirement: "unset: a quantized table is read-only, so rows cannot be renormalised",
+        }),
+    }
+}
+
+/// `padding_idx` must be a row of the table.
+fn check_padding(table: &OwnedTable, padding_idx: Option<usize>) -> Result<(), EmbeddingError> {
+    match padding_idx {
+        Some(p) if p >= table.rows() => Err(EmbeddingError::PaddingIdxOutOfRange {
+            padding_idx: i64::try_from(p).unwrap_or(i64::MAX),
+            num_embeddings: table.rows(),
+        }),
+        _ => Ok(()),
+    }
+}
