@@ -34,6 +34,7 @@
 
 #[path = "../../benches/common/mod.rs"]
 mod common;
+mod formats;
 mod layer;
 mod markdown;
 
@@ -41,6 +42,7 @@ use candle_core::Tensor;
 use clap::{Parser, ValueEnum};
 use common::candle_peer::Candle;
 use common::{table_buffer, Buffer, Data, Workload, WORKLOADS};
+use embedding_kernels::formats::Format;
 use embedding_kernels::reference::loops;
 use embedding_kernels::{gather_scaled_with, gather_with, scatter_add_with, Parallelism};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -112,6 +114,19 @@ struct Args {
     #[arg(long)]
     no_layer: bool,
 
+    /// Table formats of the format rows, comma-separated
+    /// [default: f32,f16,bf16,int8,int4] (also int2).
+    #[arg(long, value_delimiter = ',', value_parser = parse_format)]
+    formats: Vec<Format>,
+
+    /// Ops of the format rows, comma-separated [default: all].
+    #[arg(long, value_delimiter = ',', value_enum)]
+    format_ops: Vec<formats::FormatOp>,
+
+    /// Skip the format rows.
+    #[arg(long)]
+    no_formats: bool,
+
     /// Allocate tables and gradients as plain `vec!`s instead of in
     /// transparent huge pages (`embedding_kernels::memory::zeroed_table`).
     #[arg(long)]
@@ -127,6 +142,13 @@ struct Args {
     /// `--markdown docs/report`.
     #[arg(long, value_name = "DIR")]
     markdown: Option<PathBuf>,
+}
+
+fn parse_format(name: &str) -> Result<Format, String> {
+    Format::from_name(name).ok_or_else(|| {
+        let names: Vec<&str> = Format::ALL.iter().map(|f| f.name()).collect();
+        format!("unknown format `{name}` (one of: {})", names.join(", "))
+    })
 }
 
 fn parse_workload(name: &str) -> Result<Workload, String> {
@@ -421,6 +443,8 @@ struct Plan {
     kernels: Vec<Kernel>,
     impls: Vec<Impl>,
     layer_ops: Vec<layer::LayerOp>,
+    formats: Vec<Format>,
+    format_ops: Vec<formats::FormatOp>,
     budget: Budget,
     huge_pages: bool,
 }
@@ -429,6 +453,7 @@ struct Plan {
 struct Measured {
     rows: Vec<Row>,
     layer_rows: Vec<layer::LayerRow>,
+    format_rows: Vec<formats::FormatRow>,
     distinct: usize,
 }
 
@@ -558,9 +583,16 @@ fn run_workload(
     }
     let layer_rows = layer::run(&data, &plan.layer_ops, budget, huge_pages, pool);
     pb.inc(layer_rows.len() as u64);
+    if !plan.formats.is_empty() && !plan.format_ops.is_empty() {
+        pb.set_message(format!("{}: formats", w.name));
+    }
+    let (fmts, fops) = (&plan.formats[..], &plan.format_ops[..]);
+    let format_rows = formats::run(&data, fmts, fops, budget, huge_pages, pool);
+    pb.inc(format_rows.len() as u64);
     Ok(Measured {
         rows,
         layer_rows,
+        format_rows,
         distinct,
     })
 }
@@ -597,7 +629,11 @@ impl Target {
 
 /// The issues' goals, checked (not asserted) against the simd_rayon rows
 /// and the layer rows.
-fn targets(rows: &[Row], layer_rows: &[layer::LayerRow]) -> Vec<Target> {
+fn targets(
+    rows: &[Row],
+    layer_rows: &[layer::LayerRow],
+    format_rows: &[formats::FormatRow],
+) -> Vec<Target> {
     let find = |workload: &str, kernel: Kernel| {
         rows.iter().find(|r| {
             r.workload == workload
@@ -610,7 +646,17 @@ fn targets(rows: &[Row], layer_rows: &[layer::LayerRow]) -> Vec<Target> {
             .iter()
             .find(|r| r.workload == workload && r.op == op.name())
     };
-    let goals: [(&str, Option<f64>, f64, &str, bool); 14] = [
+    let vs_f32 = |workload: &str, format: Format| {
+        format_rows
+            .iter()
+            .find(|r| {
+                r.workload == workload
+                    && r.op == formats::FormatOp::BagSum.name()
+                    && r.format == format.name()
+            })
+            .and_then(|r| r.time_vs_f32)
+    };
+    let goals: [(&str, Option<f64>, f64, &str, bool); 18] = [
         (
             "recsys gather (simd_rayon) >= 50% of memcpy roofline",
             find("recsys", Kernel::Gather).map(|r| r.pct_of_roofline),
@@ -703,6 +749,34 @@ fn targets(rows: &[Row], layer_rows: &[layer::LayerRow]) -> Vec<Target> {
             true,
         ),
         (
+            "recsys bag_sum on int8 rows <= 0.40x the f32 bag_sum's time",
+            vs_f32("recsys", Format::Int8),
+            0.40,
+            "x",
+            true,
+        ),
+        (
+            "recsys bag_sum on f16 rows <= 0.55x the f32 bag_sum's time",
+            vs_f32("recsys", Format::F16),
+            0.55,
+            "x",
+            true,
+        ),
+        (
+            "recsys bag_sum on bf16 rows <= 0.55x the f32 bag_sum's time",
+            vs_f32("recsys", Format::Bf16),
+            0.55,
+            "x",
+            true,
+        ),
+        (
+            "recsys bag_sum on int4 rows <= 0.35x the f32 bag_sum's time",
+            vs_f32("recsys", Format::Int4),
+            0.35,
+            "x",
+            true,
+        ),
+        (
             "minilm bag_sum_fwd_bwd <= 9.8 ms (1/5 of PyTorch 2.15's 49 ms, quoted)",
             op("minilm", layer::LayerOp::BagSumFwdBwd).map(|r| r.stats.median_us / 1e3),
             9.8,
@@ -765,6 +839,7 @@ struct Report {
     workloads: Vec<WorkloadInfo>,
     rows: Vec<Row>,
     layer_rows: Vec<layer::LayerRow>,
+    format_rows: Vec<formats::FormatRow>,
     targets: Vec<Target>,
     wall_seconds: f64,
 }
@@ -778,10 +853,15 @@ fn machine(pool_threads: usize, huge_pages: bool) -> Machine {
     // The kernels choose their registers at run time (`src/simd/`): AVX
     // where the CPU has it, else `wide::f32x8` as the build targets.
     #[cfg(target_arch = "x86_64")]
-    let avx = std::arch::is_x86_feature_detected!("avx");
+    let (avx, avx2) = {
+        use std::arch::is_x86_feature_detected as has;
+        (has!("avx"), has!("avx2") && has!("fma") && has!("f16c"))
+    };
     #[cfg(not(target_arch = "x86_64"))]
-    let avx = false;
-    let simd = if avx {
+    let (avx, avx2) = (false, false);
+    let simd = if avx2 {
+        "256-bit AVX registers with AVX2, FMA and F16C, chosen at run time"
+    } else if avx {
         "256-bit AVX registers, chosen at run time"
     } else if cfg!(target_feature = "sse2") {
         "f32x8 as 2x128-bit SSE2 (this CPU has no AVX)"
@@ -966,6 +1046,13 @@ gather_scaled for candle is index_select then affine (two passes); bytes use the
         writeln!(out)?;
         writeln!(out, "{}", layer::LEGEND)?;
     }
+    if !report.format_rows.is_empty() {
+        writeln!(out)?;
+        formats::header(out)?;
+        formats::block(out, &report.format_rows)?;
+        writeln!(out)?;
+        writeln!(out, "{}", formats::LEGEND)?;
+    }
     writeln!(out)?;
     writeln!(out, "targets (checked, not asserted):")?;
     for t in &report.targets {
@@ -1014,10 +1101,20 @@ fn main() -> Result<(), Box<dyn Error>> {
     } else {
         or_all(&args.layer_ops, &layer::LayerOp::ALL)
     };
+    let (formats, format_ops) = if args.no_formats {
+        (Vec::new(), Vec::new())
+    } else {
+        (
+            or_all(&args.formats, &formats::DEFAULT_FORMATS),
+            or_all(&args.format_ops, &formats::FormatOp::ALL),
+        )
+    };
     let plan = Plan {
         kernels,
         impls,
         layer_ops,
+        formats,
+        format_ops,
         budget: Budget {
             per_row: Duration::from_millis(args.budget_ms),
             reps: args.reps.map(NonZeroUsize::get),
@@ -1035,7 +1132,9 @@ fn main() -> Result<(), Box<dyn Error>> {
     let pb = if args.json || !io::stderr().is_terminal() {
         ProgressBar::hidden()
     } else {
-        let per_workload = plan.kernels.len() * plan.impls.len() + plan.layer_ops.len();
+        let per_workload = plan.kernels.len() * plan.impls.len()
+            + plan.layer_ops.len()
+            + plan.formats.len() * plan.format_ops.len();
         let pb = ProgressBar::new((workloads.len() * per_workload) as u64);
         pb.set_style(ProgressStyle::with_template(
             "{bar:30} {pos}/{len} rows [{elapsed}] {msg}",
@@ -1053,6 +1152,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     pb.suspend(|| header(&mut human, &command, &machine, budget))?;
     let mut rows = Vec::new();
     let mut layer_rows = Vec::new();
+    let mut format_rows = Vec::new();
     let mut infos = Vec::new();
     for w in &workloads {
         let m = run_workload(*w, &plan, &pool, &pb)?;
@@ -1060,6 +1160,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         pb.suspend(|| workload_block(&mut human, w, distinct, &m.rows))?;
         rows.extend(m.rows);
         layer_rows.extend(m.layer_rows);
+        format_rows.extend(m.format_rows);
         infos.push(WorkloadInfo {
             name: w.name,
             num_embeddings: w.num_embeddings,
@@ -1078,9 +1179,10 @@ fn main() -> Result<(), Box<dyn Error>> {
         reps_per_row: budget.reps,
         bytes_rule: BYTES_RULE,
         workloads: infos,
-        targets: targets(&rows, &layer_rows),
+        targets: targets(&rows, &layer_rows, &format_rows),
         rows,
         layer_rows,
+        format_rows,
         wall_seconds: started.elapsed().as_secs_f64(),
     };
     footer(&mut human, &report)?;

@@ -19,7 +19,7 @@
 //! nothing here needs a font file, fontconfig or freetype (plotters lays the
 //! text out with its built-in size estimate).
 
-use super::{layer, Impl, Report, BYTES_RULE, MIN_REPS, WARMUP_REPS};
+use super::{formats, layer, Impl, Report, BYTES_RULE, MIN_REPS, WARMUP_REPS};
 use plotters::backend::SVGBackend;
 use plotters::element::DashedPathElement;
 use plotters::prelude::*;
@@ -208,7 +208,14 @@ fn shares(report: &Report) -> Vec<Share> {
             pct: 100.0 * r.speedup_vs_baseline,
         })
     });
-    kernels.chain(layers).collect()
+    let formats = report.format_rows.iter().map(|r| Share {
+        workload: r.workload,
+        op: r.op,
+        format: r.format,
+        against: "memcpy of the bytes it moves",
+        pct: r.pct_of_roofline,
+    });
+    kernels.chain(layers).chain(formats).collect()
 }
 
 /// The distinct values of `key` over `items`, in order of first appearance.
@@ -282,6 +289,7 @@ fn markdown(report: &Report, stamp: &Stamp, shares: &[Share]) -> Result<String, 
     workload_table(&mut s, report, stamp)?;
     kernel_table(&mut s, report, stamp)?;
     layer_table(&mut s, report, stamp)?;
+    format_table(&mut s, report, stamp)?;
     target_table(&mut s, report, stamp)?;
     Ok(s)
 }
@@ -434,6 +442,41 @@ fn layer_table(s: &mut String, report: &Report, stamp: &Stamp) -> std::fmt::Resu
     }
     // The legend's lines are wrapped for a terminal; one paragraph here.
     let legend: Vec<&str> = layer::LEGEND.lines().map(str::trim).collect();
+    writeln!(s, "\n{}.\n", legend.join(" "))
+}
+
+fn format_table(s: &mut String, report: &Report, stamp: &Stamp) -> std::fmt::Result {
+    writeln!(s, "## Table formats\n")?;
+    writeln!(s, "{}\n", stamp.heading())?;
+    if report.format_rows.is_empty() {
+        return writeln!(s, "No format rows in this run.\n");
+    }
+    writeln!(
+        s,
+        "| workload | op | format | median µs | GB/s | roof GB/s | % roof | vs f32 | reps |"
+    )?;
+    writeln!(
+        s,
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+    )?;
+    for r in &report.format_rows {
+        let vs = r
+            .time_vs_f32
+            .map_or("-".to_string(), |v| format!("{v:.2}x"));
+        writeln!(
+            s,
+            "| {} | {} | {} | {:.1} | {:.2} | {:.2} | {:.1} % | {vs} | {} |",
+            r.workload,
+            r.op,
+            r.format,
+            r.stats.median_us,
+            r.gbps,
+            r.roofline_gbps,
+            r.pct_of_roofline,
+            r.stats.reps
+        )?;
+    }
+    let legend: Vec<&str> = formats::LEGEND.lines().map(str::trim).collect();
     writeln!(s, "\n{}.\n", legend.join(" "))
 }
 

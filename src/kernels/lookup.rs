@@ -18,14 +18,16 @@
 //! count.
 
 use super::gather::gather_valid;
-use super::row_format::{dispatch, each_block, values, BlockBody, Cols, OnRows, RowFormat};
+use super::row_format::{
+    dispatch, each_block, value, Affine, BlockBody, Cols, OnRows, RowFormat, Sink,
+};
 use super::tuning::{prefetch_ahead, PARALLEL_MIN_BYTES, TASK_BYTES};
 use crate::error::{EmbeddingError, Operand};
 use crate::formats::{Data, TableRef};
 use crate::index::{Index, ValidIds};
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
-use crate::simd::{prefetch, Body, Isa, Lanes};
+use crate::simd::{prefetch, Body, Isa, Lanes, LANES};
 use rayon::prelude::*;
 
 /// `out[i, :]` = row `ids[i]` of `table` as `f32`s, for every `i`:
@@ -154,9 +156,35 @@ struct DecodeRow<'a, T> {
 impl<T: RowFormat> BlockBody for DecodeRow<'_, T> {
     #[inline(always)]
     fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize {
-        let (block, affine) = self.table.block::<V, N>(self.r, cols);
-        cols.store(values(block, affine), self.dst);
+        let affine = Affine::<V>::of(self.table.affine(self.r));
+        if cols.is_whole() {
+            let dst = &mut self.dst[cols.start..cols.start + N * LANES];
+            let (out, _) = dst.as_chunks_mut::<LANES>();
+            self.table.decode(self.r, cols, &mut Store { out, affine });
+        } else {
+            let mut buf = [[0.0f32; LANES]; 1];
+            let mut sink = Store {
+                out: &mut buf,
+                affine,
+            };
+            self.table.decode(self.r, cols, &mut sink);
+            let dst = &mut self.dst[cols.start..cols.start + cols.width];
+            dst.copy_from_slice(&buf[0][..cols.width]);
+        }
         1
+    }
+}
+
+/// `out[j]` = the values of vector `j`.
+struct Store<'a, V> {
+    out: &'a mut [[f32; LANES]],
+    affine: Option<Affine<V>>,
+}
+
+impl<V: Lanes> Sink<V> for Store<'_, V> {
+    #[inline(always)]
+    fn take(&mut self, j: usize, lanes: V) {
+        value(lanes, self.affine).store(&mut self.out[j]);
     }
 }
 

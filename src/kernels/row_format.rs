@@ -6,12 +6,18 @@
 //! | --- | --- | --- |
 //! | [`F32Rows`] | `dim` `f32`s | a load |
 //! | [`HalfRows`] | `dim` `f16` or `bf16` bits | [`Lanes::from_f16`] / [`Lanes::from_bf16`] |
-//! | [`Packed`] | FBGEMM's row-wise codes, then a scale and a bias | levels by [`Lanes::from_u8`] / [`Lanes::from_packed`], and the row's `(scale, bias)` |
+//! | [`Packed`] | FBGEMM's row-wise codes, then a scale and a bias | levels by [`Lanes::from_u8`] / [`Lanes::from_packed`]; the row's `(scale, bias)` from [`RowFormat::affine`] |
 //!
 //! Every decode is exact (a byte, a level, a half is an `f32` exactly), so
 //! the format adds no rounding of its own: a packed value is
-//! `fma(q, scale, bias)` ([`values`]), as PyTorch reads it back, and the
+//! `fma(q, scale, bias)` ([`value`]), as PyTorch reads it back, and the
 //! sums apply FBGEMM's rule to the levels directly.
+//!
+//! A block is handed over a vector at a time ([`RowFormat::decode`] into a
+//! [`Sink`]), not returned whole: a sum keeps sixteen accumulators in the
+//! sixteen AVX registers, and a whole decoded block beside them would not
+//! fit (it spilled every vector to the stack, measured 3x slower on 4-bit
+//! rows).
 //!
 //! No closure touches a lane here (no `array::from_fn`, no `map`): a
 //! closure is compiled apart from the wrapper that enables AVX, and would
@@ -38,37 +44,55 @@ pub(crate) trait RowFormat: Copy + Sync {
     fn row_bytes(&self) -> usize;
     /// Bytes of the whole table (what decides the split).
     fn bytes(&self) -> usize;
-    /// Block `cols` of row `r` as lanes: its values, or for a packed table
-    /// its levels and `Some((scale, bias))`. `r` is a row of the table (the
-    /// ids were checked).
-    fn block<V: Lanes, const N: usize>(
-        &self,
-        r: usize,
-        cols: Cols<N>,
-    ) -> ([V; N], Option<(f32, f32)>);
+    /// Row `r`'s scale and bias for a packed table, `None` for the others
+    /// (whose lanes are values). `r` is a row of the table (the ids were
+    /// checked).
+    fn affine(&self, r: usize) -> Option<(f32, f32)>;
+    /// Hands `sink` the `N` vectors of block `cols` of row `r`, in order:
+    /// its values, or for a packed table its levels. One vector at a time,
+    /// so a sink that adds each to an accumulator needs no registers for
+    /// the block beyond the one vector.
+    fn decode<V: Lanes, const N: usize, S: Sink<V>>(&self, r: usize, cols: Cols<N>, sink: &mut S);
     /// Hints for block `cols` of row `r`.
     fn prefetch_block<const N: usize>(&self, r: usize, cols: Cols<N>);
     /// Hints for all of row `r`.
     fn prefetch_row(&self, r: usize);
 }
 
-/// The values of a block from [`RowFormat::block`]: as they are, or for a
-/// packed row its levels read back as `fma(q, scale, bias)`.
-#[inline(always)]
-pub(crate) fn values<V: Lanes, const N: usize>(
-    block: [V; N],
-    affine: Option<(f32, f32)>,
-) -> [V; N] {
-    match affine {
-        None => block,
-        Some((scale, bias)) => {
-            let (s, b) = (V::splat(scale), V::splat(bias));
-            let mut out = block;
-            for v in &mut out {
-                *v = v.mul_add(s, b);
-            }
-            out
+/// What [`RowFormat::decode`] hands each vector of a block to.
+pub(crate) trait Sink<V: Lanes> {
+    /// Takes vector `j` of the block.
+    fn take(&mut self, j: usize, lanes: V);
+}
+
+/// A row's scale and bias as lanes, to read its levels back as values.
+#[derive(Clone, Copy)]
+pub(crate) struct Affine<V> {
+    pub(crate) scale: V,
+    pub(crate) bias: V,
+}
+
+impl<V: Lanes> Affine<V> {
+    /// [`RowFormat::affine`]'s answer as lanes.
+    #[inline(always)]
+    pub(crate) fn of(affine: Option<(f32, f32)>) -> Option<Self> {
+        match affine {
+            None => None,
+            Some((scale, bias)) => Some(Affine {
+                scale: V::splat(scale),
+                bias: V::splat(bias),
+            }),
         }
+    }
+}
+
+/// The values of decoded lanes: as they are, or levels read back as
+/// `fma(q, scale, bias)`.
+#[inline(always)]
+pub(crate) fn value<V: Lanes>(lanes: V, affine: Option<Affine<V>>) -> V {
+    match affine {
+        None => lanes,
+        Some(a) => lanes.mul_add(a.scale, a.bias),
     }
 }
 
@@ -192,23 +216,22 @@ impl RowFormat for F32Rows<'_> {
     }
 
     #[inline(always)]
-    fn block<V: Lanes, const N: usize>(
-        &self,
-        r: usize,
-        cols: Cols<N>,
-    ) -> ([V; N], Option<(f32, f32)>) {
+    fn affine(&self, _r: usize) -> Option<(f32, f32)> {
+        None
+    }
+
+    #[inline(always)]
+    fn decode<V: Lanes, const N: usize, S: Sink<V>>(&self, r: usize, cols: Cols<N>, sink: &mut S) {
         let at = r * self.dim + cols.start;
         if cols.is_whole() {
             let (block, _) = self.table[at..at + N * LANES].as_chunks::<LANES>();
-            let mut lanes = [V::splat(0.0); N];
-            for (v, x) in lanes.iter_mut().zip(block) {
-                *v = V::load(x);
+            for (j, x) in block.iter().enumerate() {
+                sink.take(j, V::load(x));
             }
-            (lanes, None)
         } else {
             let mut buf = [0.0f32; LANES];
             buf[..cols.width].copy_from_slice(&self.table[at..at + cols.width]);
-            ([V::load(&buf); N], None)
+            sink.take(0, V::load(&buf));
         }
     }
 
@@ -259,23 +282,22 @@ impl<const BF16: bool> RowFormat for HalfRows<'_, BF16> {
     }
 
     #[inline(always)]
-    fn block<V: Lanes, const N: usize>(
-        &self,
-        r: usize,
-        cols: Cols<N>,
-    ) -> ([V; N], Option<(f32, f32)>) {
+    fn affine(&self, _r: usize) -> Option<(f32, f32)> {
+        None
+    }
+
+    #[inline(always)]
+    fn decode<V: Lanes, const N: usize, S: Sink<V>>(&self, r: usize, cols: Cols<N>, sink: &mut S) {
         let at = r * self.dim + cols.start;
         if cols.is_whole() {
             let (block, _) = self.table[at..at + N * LANES].as_chunks::<LANES>();
-            let mut lanes = [V::splat(0.0); N];
-            for (v, &x) in lanes.iter_mut().zip(block) {
-                *v = Self::widen(x);
+            for (j, &x) in block.iter().enumerate() {
+                sink.take(j, Self::widen(x));
             }
-            (lanes, None)
         } else {
             let mut buf = [0u16; LANES];
             buf[..cols.width].copy_from_slice(&self.table[at..at + cols.width]);
-            ([Self::widen(buf); N], None)
+            sink.take(0, Self::widen(buf));
         }
     }
 
@@ -339,10 +361,10 @@ impl<'a, const BITS: u32> Packed<'a, BITS> {
         }
     }
 
-    /// Row `r`'s scale and bias: `f32`s after 8-bit codes, `f16`s after
-    /// 4- and 2-bit ones.
+    /// A row's scale and bias from the bytes after its codes: `f32`s
+    /// after 8-bit codes, `f16`s after 4- and 2-bit ones.
     #[inline(always)]
-    fn affine(tail: &[u8]) -> (f32, f32) {
+    fn scale_bias(tail: &[u8]) -> (f32, f32) {
         if BITS == 8 {
             let (s, b) = (&tail[..4], &tail[4..8]);
             (
@@ -375,26 +397,27 @@ impl<const BITS: u32> RowFormat for Packed<'_, BITS> {
     }
 
     #[inline(always)]
-    fn block<V: Lanes, const N: usize>(
-        &self,
-        r: usize,
-        cols: Cols<N>,
-    ) -> ([V; N], Option<(f32, f32)>) {
-        let row = &self.bytes[r * self.row_bytes..(r + 1) * self.row_bytes];
-        let (codes, tail) = row.split_at(self.code_bytes);
+    fn affine(&self, r: usize) -> Option<(f32, f32)> {
+        let at = r * self.row_bytes;
+        Some(Self::scale_bias(
+            &self.bytes[at + self.code_bytes..at + self.row_bytes],
+        ))
+    }
+
+    #[inline(always)]
+    fn decode<V: Lanes, const N: usize, S: Sink<V>>(&self, r: usize, cols: Cols<N>, sink: &mut S) {
+        let at = r * self.row_bytes;
+        let codes = &self.bytes[at..at + self.code_bytes];
         // Blocks start at multiples of 8 columns, so at whole bytes.
         let first = cols.start / Self::PER_BYTE;
-        let lanes = if cols.is_whole() {
+        if cols.is_whole() {
             let block = &codes[first..first + N * Self::VECTOR_BYTES];
-            let mut lanes = [V::splat(0.0); N];
-            for (v, x) in lanes.iter_mut().zip(block.chunks_exact(Self::VECTOR_BYTES)) {
-                *v = Self::levels(x);
+            for (j, x) in block.chunks_exact(Self::VECTOR_BYTES).enumerate() {
+                sink.take(j, Self::levels(x));
             }
-            lanes
         } else {
-            [Self::levels(&codes[first..]); N]
-        };
-        (lanes, Some(Self::affine(tail)))
+            sink.take(0, Self::levels(&codes[first..]));
+        }
     }
 
     #[inline(always)]

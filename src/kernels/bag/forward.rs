@@ -150,8 +150,7 @@ impl<I: Index, T: RowFormat> Rows<'_, I, T> {
             None => {
                 for p in bag.clone() {
                     self.prefetch_block(p, last, cols);
-                    let (block, affine) = self.table.block::<V, N>(self.ids.row(p), cols);
-                    f.visit(p, block, affine);
+                    f.visit(p, &self.table, self.ids.row(p), cols);
                 }
                 bag.len()
             }
@@ -161,8 +160,7 @@ impl<I: Index, T: RowFormat> Rows<'_, I, T> {
                     self.prefetch_block(p, last, cols);
                     let r = self.ids.row(p);
                     if r != padding {
-                        let (block, affine) = self.table.block::<V, N>(r, cols);
-                        f.visit(p, block, affine);
+                        f.visit(p, &self.table, r, cols);
                         kept += 1;
                     }
                 }
@@ -185,10 +183,9 @@ impl<I: Index, T: RowFormat> Rows<'_, I, T> {
 /// closure: a closure is compiled as a function of its own, without the AVX
 /// of [`Isa::run`]'s wrapper, and calls each instruction it holds.
 pub(super) trait Visit<V: Lanes, const N: usize> {
-    /// Takes block `block` of the row at position `p`: its values, or, with
-    /// `affine = Some((scale, bias))`, its levels `q` (a value being
-    /// `fma(q, scale, bias)`).
-    fn visit(&mut self, p: usize, block: [V; N], affine: Option<(f32, f32)>);
+    /// Takes block `cols` of row `r` of `table`, the row at position `p`,
+    /// decoding it with [`RowFormat::decode`] into a sink of its own.
+    fn visit<T: RowFormat>(&mut self, p: usize, table: &T, r: usize, cols: Cols<N>);
 }
 
 /// One task of the forward: the bags from `first_bag` whose rows `out` (and

@@ -3,7 +3,7 @@
 
 use super::forward::{Rows, Visit};
 use crate::index::Index;
-use crate::kernels::row_format::{each_block, values, BlockBody, Cols, RowFormat};
+use crate::kernels::row_format::{each_block, value, Affine, BlockBody, Cols, RowFormat, Sink};
 use crate::simd::{Lanes, LANES};
 use core::ops::Range;
 
@@ -89,22 +89,51 @@ struct Running<V, const N: usize> {
 
 impl<V: Lanes, const N: usize> Visit<V, N> for Running<V, N> {
     #[inline(always)]
-    fn visit(&mut self, p: usize, row: [V; N], affine: Option<(f32, f32)>) {
+    fn visit<T: RowFormat>(&mut self, p: usize, table: &T, r: usize, cols: Cols<N>) {
         // The position's bits as a lane: only ever selected and stored.
         let here = V::splat(f32::from_bits((p - self.start) as u32));
-
-        let row = values(row, affine);
-        let lanes = self.best.iter_mut().zip(&mut self.from).zip(row);
+        let mut sink = Keep {
+            best: &mut self.best,
+            from: &mut self.from,
+            here,
+            affine: Affine::of(table.affine(r)),
+        };
         if self.first {
-            for ((b, f), x) in lanes {
-                (*b, *f) = (x, here);
-            }
+            table.decode(r, cols, &mut TakeAll(sink));
             self.first = false;
         } else {
-            for ((b, f), x) in lanes {
-                let wins = x.greater(*b);
-                (*b, *f) = (wins.select(x, *b), wins.select(here, *f));
-            }
+            table.decode(r, cols, &mut sink);
         }
+    }
+}
+
+/// Where a value strictly greater than the best so far wins, it and the
+/// position replace them, through one mask.
+struct Keep<'a, V, const N: usize> {
+    best: &'a mut [V; N],
+    from: &'a mut [V; N],
+    here: V,
+    affine: Option<Affine<V>>,
+}
+
+impl<V: Lanes, const N: usize> Sink<V> for Keep<'_, V, N> {
+    #[inline(always)]
+    fn take(&mut self, j: usize, lanes: V) {
+        let x = value(lanes, self.affine);
+        let wins = x.greater(self.best[j]);
+        self.best[j] = wins.select(x, self.best[j]);
+        self.from[j] = wins.select(self.here, self.from[j]);
+    }
+}
+
+/// The first kept row: taken as it is.
+struct TakeAll<'a, V, const N: usize>(Keep<'a, V, N>);
+
+impl<V: Lanes, const N: usize> Sink<V> for TakeAll<'_, V, N> {
+    #[inline(always)]
+    fn take(&mut self, j: usize, lanes: V) {
+        let keep = &mut self.0;
+        keep.best[j] = value(lanes, keep.affine);
+        keep.from[j] = keep.here;
     }
 }

@@ -2,7 +2,7 @@
 
 use super::forward::{Rows, Visit};
 use crate::index::Index;
-use crate::kernels::row_format::{each_block, BlockBody, Cols, RowFormat};
+use crate::kernels::row_format::{each_block, Affine, BlockBody, Cols, RowFormat, Sink};
 use crate::simd::Lanes;
 use core::ops::Range;
 
@@ -86,19 +86,17 @@ struct Plain<V, const N: usize>([V; N]);
 
 impl<V: Lanes, const N: usize> Visit<V, N> for Plain<V, N> {
     #[inline(always)]
-    fn visit(&mut self, _p: usize, row: [V; N], affine: Option<(f32, f32)>) {
-        match affine {
-            None => {
-                for (a, x) in self.0.iter_mut().zip(row) {
-                    *a = a.add(x);
-                }
-            }
-            Some((scale, bias)) => {
-                let (s, b) = (V::splat(scale), V::splat(bias));
-                for (a, q) in self.0.iter_mut().zip(row) {
-                    *a = s.mul_add(q, a.add(b));
-                }
-            }
+    fn visit<T: RowFormat>(&mut self, _p: usize, table: &T, r: usize, cols: Cols<N>) {
+        match Affine::of(table.affine(r)) {
+            None => table.decode(r, cols, &mut AddValues(&mut self.0)),
+            Some(a) => table.decode(
+                r,
+                cols,
+                &mut AddLevels {
+                    acc: &mut self.0,
+                    a,
+                },
+            ),
         }
     }
 }
@@ -112,21 +110,67 @@ struct Weighted<'w, V, const N: usize> {
 
 impl<V: Lanes, const N: usize> Visit<V, N> for Weighted<'_, V, N> {
     #[inline(always)]
-    fn visit(&mut self, p: usize, row: [V; N], affine: Option<(f32, f32)>) {
+    fn visit<T: RowFormat>(&mut self, p: usize, table: &T, r: usize, cols: Cols<N>) {
         let w = self.weights[p];
-        match affine {
+        match table.affine(r) {
             None => {
-                let w = V::splat(w);
-                for (a, x) in self.acc.iter_mut().zip(row) {
-                    *a = a.add(x.mul(w));
-                }
+                let mut sink = AddScaled {
+                    acc: &mut self.acc,
+                    w: V::splat(w),
+                };
+                table.decode(r, cols, &mut sink);
             }
             Some((scale, bias)) => {
-                let (s, b) = (V::splat(w * scale), V::splat(w * bias));
-                for (a, q) in self.acc.iter_mut().zip(row) {
-                    *a = s.mul_add(q, a.add(b));
-                }
+                let a = Affine {
+                    scale: V::splat(w * scale),
+                    bias: V::splat(w * bias),
+                };
+                table.decode(
+                    r,
+                    cols,
+                    &mut AddLevels {
+                        acc: &mut self.acc,
+                        a,
+                    },
+                );
             }
         }
+    }
+}
+
+/// `acc[j] += x`.
+struct AddValues<'a, V, const N: usize>(&'a mut [V; N]);
+
+impl<V: Lanes, const N: usize> Sink<V> for AddValues<'_, V, N> {
+    #[inline(always)]
+    fn take(&mut self, j: usize, x: V) {
+        self.0[j] = self.0[j].add(x);
+    }
+}
+
+/// `acc[j] += x × w`, the product rounded first.
+struct AddScaled<'a, V, const N: usize> {
+    acc: &'a mut [V; N],
+    w: V,
+}
+
+impl<V: Lanes, const N: usize> Sink<V> for AddScaled<'_, V, N> {
+    #[inline(always)]
+    fn take(&mut self, j: usize, x: V) {
+        self.acc[j] = self.acc[j].add(x.mul(self.w));
+    }
+}
+
+/// FBGEMM's `acc[j] = fma(scale, q, acc[j] + bias)` (the scale and bias
+/// already times the weight).
+struct AddLevels<'a, V, const N: usize> {
+    acc: &'a mut [V; N],
+    a: Affine<V>,
+}
+
+impl<V: Lanes, const N: usize> Sink<V> for AddLevels<'_, V, N> {
+    #[inline(always)]
+    fn take(&mut self, j: usize, q: V) {
+        self.acc[j] = self.a.scale.mul_add(q, self.acc[j].add(self.a.bias));
     }
 }

@@ -1,0 +1,308 @@
+//! The format rows of the report: the lookup and the bag sum on the same
+//! table stored as `f32`, `f16`, `bf16`, 8-bit and 4-bit row-wise, each
+//! measured round-robin with a memcpy of the bytes it moves.
+//!
+//! | op | what is timed |
+//! | --- | --- |
+//! | `lookup` | `table_gather` (`out[i, :]` = row `ids[i]` as `f32`) |
+//! | `bag_sum` | `table_bag_forward`, sum over bags of 16 consecutive ids |
+//! | `bag_sum_warm` | the same after three untimed calls of itself, as in a timing loop; its memcpy after three untimed copies |
+//!
+//! Bytes moved, counted: the stored rows read (`ids × row bytes` of the
+//! format: `4·dim`, `2·dim`, `dim + 8`, `ceil(dim/2) + 4`) plus the `f32`
+//! output written. The roofline is a memcpy of half that many bytes (it
+//! reads and writes them), the faster of one thread and the pool. Every
+//! table lies in memory of the same kind (huge pages unless
+//! `--no-huge-pages`), the reduced ones copied there from the format's
+//! bytes. `vs f32` is the row's median over the `f32` row's median of the
+//! same op and workload: below 1, the format is faster.
+
+use super::common::{table_buffer, Buffer, Data};
+use super::{measure, timed, Budget, Stats};
+use clap::ValueEnum;
+use embedding_kernels::formats::{Format, OwnedTable, PackedTable, TableRef};
+use embedding_kernels::{table_bag_forward_with, table_gather_with, Bags, Parallelism, Pooling};
+use rayon::prelude::*;
+use rayon::ThreadPool;
+use serde::Serialize;
+use std::cell::RefCell;
+use std::hint::black_box;
+use std::io::{self, Write};
+use std::time::Duration;
+
+/// Bytes per task of the pool-wide memcpy.
+const CHUNK: usize = 1 << 18;
+
+/// Untimed calls before each timed one of `bag_sum_warm` (as the layer
+/// rows' `bag_sum_warm`).
+const WARM_CALLS: usize = 3;
+
+/// The formats the report measures by default: the ones production serves.
+pub const DEFAULT_FORMATS: [Format; 5] = [
+    Format::F32,
+    Format::F16,
+    Format::Bf16,
+    Format::Int8,
+    Format::Int4,
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum FormatOp {
+    Lookup,
+    BagSum,
+    BagSumWarm,
+}
+
+impl FormatOp {
+    pub const ALL: [FormatOp; 3] = [FormatOp::Lookup, FormatOp::BagSum, FormatOp::BagSumWarm];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FormatOp::Lookup => "lookup",
+            FormatOp::BagSum => "bag_sum",
+            FormatOp::BagSumWarm => "bag_sum_warm",
+        }
+    }
+}
+
+/// One format row.
+#[derive(Clone, Debug, Serialize)]
+pub struct FormatRow {
+    pub workload: &'static str,
+    pub op: &'static str,
+    pub format: &'static str,
+    #[serde(flatten)]
+    pub stats: Stats,
+    pub bytes: usize,
+    pub gbps: f64,
+    pub roofline_gbps: f64,
+    pub pct_of_roofline: f64,
+    /// This row's median over the `f32` row's (same op and workload).
+    pub time_vs_f32: Option<f64>,
+}
+
+/// A table of one format, its bytes in a buffer of the workload's memory
+/// kind.
+struct Stored {
+    format: Format,
+    dim: usize,
+    buf: Buffer,
+    len: usize,
+}
+
+impl Stored {
+    /// The workload's table in `format`.
+    fn new(data: &Data, format: Format, huge_pages: bool) -> Stored {
+        let dim = data.w.dim;
+        let bytes = OwnedTable::from_f32(&data.table, dim, format)
+            .expect("the workload's table packs")
+            .to_le_bytes();
+        let mut buf = table_buffer(bytes.len().div_ceil(4), huge_pages);
+        let raw: &mut [u8] = bytemuck::cast_slice_mut(&mut buf[..]);
+        raw[..bytes.len()].copy_from_slice(&bytes);
+        Stored {
+            format,
+            dim,
+            buf,
+            len: bytes.len(),
+        }
+    }
+
+    /// The table lent to the kernels (little-endian bytes, as this machine
+    /// holds them).
+    fn table(&self) -> TableRef<'_> {
+        let raw: &[u8] = &bytemuck::cast_slice(&self.buf[..])[..self.len];
+        let dim = self.dim;
+        let table = match self.format {
+            Format::F32 => TableRef::f32(bytemuck::cast_slice(raw), dim),
+            Format::F16 => TableRef::f16(bytemuck::cast_slice(raw), dim),
+            Format::Bf16 => TableRef::bf16(bytemuck::cast_slice(raw), dim),
+            packed => {
+                PackedTable::new(packed.row_wise().expect("row-wise"), dim, raw).map(TableRef::from)
+            }
+        };
+        table.expect("whole rows")
+    }
+}
+
+/// Everything the format rows of one workload share.
+struct Setup<'a> {
+    data: &'a Data,
+    pool: &'a ThreadPool,
+    bags: Bags,
+    out: Vec<f32>,
+    src: Vec<u8>,
+    dst: Vec<u8>,
+}
+
+impl Setup<'_> {
+    /// A memcpy of `bytes` bytes, on one thread or the pool; with `warm`,
+    /// timed after [`WARM_CALLS`] untimed copies.
+    fn memcpy(&mut self, bytes: usize, pooled: bool, warm: bool) -> Duration {
+        let (src, dst, pool) = (&self.src[..bytes], &mut self.dst[..bytes], self.pool);
+        let mut copy = || {
+            if pooled {
+                pool.install(|| {
+                    dst.par_chunks_mut(CHUNK)
+                        .zip(src.par_chunks(CHUNK))
+                        .for_each(|(d, s)| d.copy_from_slice(s))
+                });
+            } else {
+                dst.copy_from_slice(src);
+            }
+            black_box(&mut *dst);
+        };
+        if warm {
+            (0..WARM_CALLS).for_each(|_| copy());
+        }
+        timed(copy)
+    }
+
+    /// One call of `op` on `table`, timed.
+    fn op(&mut self, op: FormatOp, table: TableRef<'_>) -> Duration {
+        let ids = &self.data.ids[..];
+        let (bags, pool) = (&self.bags, self.pool);
+        let par = Parallelism::Auto;
+        match op {
+            FormatOp::Lookup => {
+                let out = &mut self.out[..];
+                timed(|| pool.install(|| table_gather_with(par, table, ids, out).unwrap()))
+            }
+            FormatOp::BagSum | FormatOp::BagSumWarm => {
+                let out = &mut self.out[..bags.len() * table.dim()];
+                let pooling = Pooling::default();
+                let pooling = Pooling {
+                    mode: embedding_kernels::Mode::Sum,
+                    ..pooling
+                };
+                let mut call = || {
+                    pool.install(|| {
+                        table_bag_forward_with(par, table, ids, bags, &pooling, out, &mut [])
+                            .unwrap()
+                    })
+                };
+                if op == FormatOp::BagSumWarm {
+                    (0..WARM_CALLS).for_each(|_| call());
+                }
+                timed(call)
+            }
+        }
+    }
+}
+
+/// Measures the chosen ops on the chosen formats of one workload.
+pub fn run(
+    data: &Data,
+    formats: &[Format],
+    ops: &[FormatOp],
+    budget: &Budget,
+    huge_pages: bool,
+    pool: &ThreadPool,
+) -> Vec<FormatRow> {
+    let w = data.w;
+    if formats.is_empty() || ops.is_empty() {
+        return Vec::new();
+    }
+    let bag_size = super::layer::BAG_SIZE;
+    let bags = Bags::fixed(w.num_ids / bag_size, bag_size).expect("bags fit");
+    let most = w.num_ids * w.dim * 4 * 2;
+    let s = RefCell::new(Setup {
+        data,
+        pool,
+        bags,
+        out: vec![0.0; w.num_ids * w.dim],
+        src: vec![1u8; most],
+        dst: vec![0u8; most],
+    });
+    let s = &s;
+    let mut rows: Vec<FormatRow> = Vec::new();
+    for &format in formats {
+        let stored = Stored::new(data, format, huge_pages);
+        let table = stored.table();
+        let row_bytes = format.row_bytes(w.dim).expect("a row fits");
+        for &op in ops {
+            let out_rows = match op {
+                FormatOp::Lookup => w.num_ids,
+                FormatOp::BagSum | FormatOp::BagSumWarm => w.num_ids / bag_size,
+            };
+            let bytes = w.num_ids * row_bytes + out_rows * w.dim * 4;
+            let warm = op == FormatOp::BagSumWarm;
+            let copied = bytes / 2;
+            let [t, a, b] = measure(
+                budget,
+                [
+                    &mut || s.borrow_mut().op(op, table),
+                    &mut || s.borrow_mut().memcpy(copied, false, warm),
+                    &mut || s.borrow_mut().memcpy(copied, true, warm),
+                ],
+            );
+            let stats = Stats::of(&t);
+            let roof_us = Stats::of(&a).median_us.min(Stats::of(&b).median_us);
+            let roofline_gbps = (2 * copied) as f64 / (roof_us * 1e3);
+            let f32_us = rows
+                .iter()
+                .find(|r| r.op == op.name() && r.format == Format::F32.name())
+                .map(|r| r.stats.median_us);
+            rows.push(FormatRow {
+                workload: w.name,
+                op: op.name(),
+                format: format.name(),
+                stats,
+                bytes,
+                gbps: stats.gbps(bytes),
+                roofline_gbps,
+                pct_of_roofline: 100.0 * stats.gbps(bytes) / roofline_gbps,
+                time_vs_f32: f32_us.map(|f| stats.median_us / f),
+            });
+        }
+    }
+    rows
+}
+
+/// The header of the format table.
+pub fn header(out: &mut dyn Write) -> io::Result<()> {
+    writeln!(
+        out,
+        "{:<8} {:<13} {:<6} {:>11} {:>7} {:>9} {:>7} {:>7} {:>6}",
+        "workload",
+        "format op",
+        "format",
+        "median µs",
+        "GB/s",
+        "roof GB/s",
+        "% roof",
+        "vs f32",
+        "reps"
+    )
+}
+
+/// The format rows, as text.
+pub fn block(out: &mut dyn Write, rows: &[FormatRow]) -> io::Result<()> {
+    for r in rows {
+        let vs = r
+            .time_vs_f32
+            .map_or("-".to_string(), |v| format!("{v:.2}x"));
+        writeln!(
+            out,
+            "{:<8} {:<13} {:<6} {:>11.1} {:>7.2} {:>9.2} {:>6.1}% {:>7} {:>6}",
+            r.workload,
+            r.op,
+            r.format,
+            r.stats.median_us,
+            r.gbps,
+            r.roofline_gbps,
+            r.pct_of_roofline,
+            vs,
+            r.stats.reps
+        )?;
+    }
+    Ok(())
+}
+
+/// What the format columns mean.
+pub const LEGEND: &str = "format rows: the same table stored in each format; lookup = table_gather (rows out as f32),
+  bag_sum = table_bag_forward over bags of 16 consecutive ids, bag_sum_warm = after three untimed calls.
+  bytes = ids * stored row bytes (f32 4*dim, f16/bf16 2*dim, int8 dim+8, int4 ceil(dim/2)+4) + the f32
+  output; roof GB/s = the faster memcpy of bytes/2 (1 thread or the pool), round-robin with the row;
+  vs f32 = row median / the f32 row's median (below 1: faster than f32)";
