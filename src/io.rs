@@ -2,9 +2,12 @@
 //!
 //! A safetensors file is an 8-byte little-endian header length, a JSON header
 //! that gives each tensor's name, dtype, shape and byte range, then the raw
-//! little-endian data. This module writes and reads embedding tables as F32
-//! tensors of shape `[num_embeddings, embedding_dim]`, through the
-//! `safetensors` crate's own parser and serializer.
+//! little-endian data. This module writes and reads embedding tables through
+//! the `safetensors` crate's own parser and serializer: `f32` tables as F32
+//! tensors of shape `[num_embeddings, embedding_dim]` ([`save`], [`load`],
+//! [`Table`]), and tables of every [`Format`] as the tensors PyTorch holds
+//! them in ([`save_tables`], [`load_table`], [`load_packed`],
+//! [`OwnedTable`]; see [below](#tables-of-every-format)).
 //!
 //! ```
 //! use embedding_kernels::io;
@@ -40,6 +43,75 @@
 //! not a 2-D F32 tensor. It is meant for files this module wrote; for a
 //! mixed checkpoint, load the tensors you want by name.
 //!
+//! # Tables of every format
+//!
+//! [`save_tables`] writes [`OwnedTable`]s of any [`Format`], each as one
+//! tensor, in the dtype and shape PyTorch keeps that format in:
+//!
+//! | format | dtype | shape | `__metadata__` entries |
+//! | --- | --- | --- | --- |
+//! | `f32` | `F32` | `[rows, dim]` | none |
+//! | `f16` | `F16` | `[rows, dim]` | none |
+//! | `bf16` | `BF16` | `[rows, dim]` | none |
+//! | `int8` | `U8` | `[rows, dim + 8]` | `"<name>.format": "int8"`, `"<name>.dim": "<dim>"` |
+//! | `int4` | `U8` | `[rows, ceil(dim / 2) + 4]` | `"<name>.format": "int4"`, `"<name>.dim": "<dim>"` |
+//! | `int2` | `U8` | `[rows, ceil(dim / 4) + 4]` | `"<name>.format": "int2"`, `"<name>.dim": "<dim>"` |
+//!
+//! A packed tensor is the table's packed rows as they are (the layouts are
+//! in [`formats`](crate::formats)): the `uint8` tensor
+//! `torch.ops.quantized.embedding_bag_byte_prepack` (`int8`),
+//! `embedding_bag_4bit_prepack` (`int4`) and `embedding_bag_2bit_prepack`
+//! (`int2`) return. Its shape does not say how it is packed, nor (at 4 and
+//! 2 bits) how many values a row holds, so the file's free-form metadata
+//! says it: under the key `<name>.format` the format's
+//! [name](Format::name), under `<name>.dim` the row width in decimal
+//! (`<name>` being the tensor's name). The `f32`, `f16` and `bf16` tensors
+//! need no metadata and get none, so a file of `f32` tables only is byte for
+//! byte the file [`save`] writes; the metadata entries are written sorted
+//! by key, so the same tables always give the same bytes.
+//!
+//! [`load_table`] reads the tensor back as the table it was: F32, F16 and
+//! BF16 tensors by their dtype (their metadata is not read), U8 tensors by
+//! their metadata, checked against the shape. A packed tensor written
+//! without that metadata, as `safetensors.torch.save_file({"w": packed})`
+//! writes one, is read by [`load_packed`], which takes the format and the
+//! width from the caller instead. A file written from Python can also carry
+//! the metadata itself:
+//!
+//! ```python
+//! packed = torch.ops.quantized.embedding_bag_4bit_prepack(weight)
+//! save_file({"w": packed}, "t.safetensors",
+//!           metadata={"w.format": "int4", "w.dim": str(weight.shape[1])})
+//! ```
+//!
+//! ```
+//! use embedding_kernels::formats::{Format, OwnedTable, RowWise};
+//! use embedding_kernels::io;
+//!
+//! let weight: Vec<f32> = (0..5 * 13).map(|x| (x as f32).sin()).collect();
+//! let words = OwnedTable::from_f32(&weight, 13, Format::Int4)?;
+//! let halves = OwnedTable::from_f32(&weight, 13, Format::F16)?;
+//! let bytes = io::tables_to_bytes(&[("words", &words), ("halves", &halves)])?;
+//!
+//! assert_eq!(io::table_from_bytes(&bytes, "words")?, words);
+//! assert_eq!(io::table_from_bytes(&bytes, "halves")?, halves);
+//! // Without the metadata, the caller says what the U8 tensor holds.
+//! assert_eq!(io::packed_from_bytes(&bytes, "words", RowWise::Int4, 13)?, words);
+//! // The f32-only readers still read F32 tensors only.
+//! assert!(matches!(
+//!     io::from_bytes(&bytes, "halves"),
+//!     Err(io::FileError::WrongDtype { .. })
+//! ));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Every check (dtype, shape, metadata, the packed row length against the
+//! width, every size computed without overflow) runs before the table's
+//! values are copied out of the file, so a wrong or hostile file is an
+//! error, never a panic or a huge allocation. A `[rows, 0]` F32, F16 or
+//! BF16 tensor reads as a table of width 0 and no rows, as the kernels count
+//! such a table.
+//!
 //! # Bits and byte order
 //!
 //! Values are stored and read as IEEE-754 bit patterns in little-endian
@@ -51,23 +123,34 @@
 //! # Saving is all or nothing
 //!
 //! [`save`] and [`to_bytes`] check every table first (names, then shape, first
-//! table to last) and write nothing if one is wrong. [`save`] then serializes
-//! the whole file in memory (so it briefly needs as much memory again as the
-//! tables hold), writes it to a temporary file in the target's folder and
-//! renames that over the target: a failed save leaves no file behind and an
-//! existing file as it was.
+//! table to last) and write nothing if one is wrong; [`save_tables`] and
+//! [`tables_to_bytes`] check every name. [`save`] and [`save_tables`] then
+//! serialize the whole file in memory (so they briefly need as much memory
+//! again as the tables hold), write it to a temporary file in the target's
+//! folder and rename that over the target: a failed save leaves no file
+//! behind and an existing file as it was.
+//!
+//! [`OwnedTable`]: crate::formats::OwnedTable
+
+mod any_format;
+mod atomic;
 
 use std::borrow::Cow;
 use std::collections::HashSet;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self as stdio, Write};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::fs;
+use std::io as stdio;
+use std::path::Path;
 
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensorError, SafeTensors, View};
 
+pub use any_format::{
+    load_packed, load_table, packed_from_bytes, save_tables, table_from_bytes, tables_to_bytes,
+};
+use atomic::write_atomically;
+
 use crate::error::{EmbeddingError, Operand};
+use crate::formats::{Format, RowWise};
 use crate::shape::table_rows;
 
 /// The key the safetensors header keeps for the file's free-form metadata; no
@@ -123,7 +206,8 @@ pub enum FileError {
         available: Vec<String>,
     },
 
-    /// The tensor is not F32.
+    /// The tensor is not F32 ([`load`], [`from_bytes`], [`load_all`],
+    /// [`all_from_bytes`]).
     #[error("tensor `{name}` has dtype {dtype}, expected F32")]
     WrongDtype {
         /// The tensor's name.
@@ -141,6 +225,103 @@ pub enum FileError {
         shape: Vec<usize>,
     },
 
+    /// The tensor's dtype is not one the table asked for is stored as:
+    /// F32, F16, BF16 or U8 for [`load_table`], U8 for [`load_packed`].
+    #[error("tensor `{name}` has dtype {dtype}, expected {expected}")]
+    UnsupportedDtype {
+        /// The tensor's name.
+        name: String,
+        /// Its dtype, as the safetensors header spells it.
+        dtype: String,
+        /// The dtypes that would do.
+        expected: &'static str,
+    },
+
+    /// A U8 tensor read by [`load_table`] has no `<name>.format` in the
+    /// file's metadata: nothing says how its rows are packed.
+    #[error(
+        "tensor `{name}` is U8 but the file's metadata has no `{name}.format` saying how its rows \
+         are packed; load_packed reads it given the format and the width"
+    )]
+    MissingFormat {
+        /// The tensor's name.
+        name: String,
+    },
+
+    /// The `<name>.format` of a U8 tensor is not `int8`, `int4` or `int2`.
+    #[error(
+        "the file's metadata gives tensor `{name}` the format `{format}`; \
+         a U8 tensor holds int8, int4 or int2 rows"
+    )]
+    UnknownFormat {
+        /// The tensor's name.
+        name: String,
+        /// The format the metadata gives, as it gives it.
+        format: String,
+    },
+
+    /// A U8 tensor read by [`load_table`] has no `<name>.dim` in the file's
+    /// metadata: nothing says how many values a row holds.
+    #[error(
+        "tensor `{name}` holds {} rows but the file's metadata has no `{name}.dim` \
+         saying how many values a row holds",
+        Format::from(*.format)
+    )]
+    MissingDim {
+        /// The tensor's name.
+        name: String,
+        /// Its format, from the metadata.
+        format: RowWise,
+    },
+
+    /// The `<name>.dim` of a U8 tensor is not a row width: a decimal
+    /// number without sign, spaces or leading zeros that fits in `usize`.
+    #[error(
+        "the file's metadata gives tensor `{name}` the width `{dim}`, \
+         which is not a decimal number of values"
+    )]
+    BadDim {
+        /// The tensor's name.
+        name: String,
+        /// The width the metadata gives, as it gives it.
+        dim: String,
+    },
+
+    /// A row of the tensor's format and width would take more bytes than
+    /// `usize` counts.
+    #[error(
+        "tensor `{name}`: a row of {dim} {format} values takes more bytes than a usize counts"
+    )]
+    RowTooLong {
+        /// The tensor's name.
+        name: String,
+        /// The format.
+        format: Format,
+        /// The width.
+        dim: usize,
+    },
+
+    /// A packed tensor's second dimension is not the length of a packed row
+    /// of its format and width.
+    #[error(
+        "tensor `{name}` has rows of {got} bytes, but {} rows of {dim} values take \
+         {expected_row_bytes} bytes",
+        Format::from(*.format)
+    )]
+    PackedLayout {
+        /// The tensor's name.
+        name: String,
+        /// Its format (from the metadata or the caller).
+        format: RowWise,
+        /// Its width (from the metadata or the caller).
+        dim: usize,
+        /// The bytes of a packed row of that format and width,
+        /// [`RowWise::row_bytes`].
+        expected_row_bytes: usize,
+        /// The tensor's second dimension.
+        got: usize,
+    },
+
     /// A table given to [`save`] or [`to_bytes`] is not a whole number of
     /// rows.
     #[error("table `{name}` cannot be saved: {source}")]
@@ -151,14 +332,15 @@ pub enum FileError {
         source: EmbeddingError,
     },
 
-    /// Two tables given to [`save`] or [`to_bytes`] have the same name.
+    /// Two tables given to [`save`], [`to_bytes`], [`save_tables`] or
+    /// [`tables_to_bytes`] have the same name.
     #[error("two tables are named `{name}`; the names in a file must be unique")]
     DuplicateName {
         /// The name given twice.
         name: String,
     },
 
-    /// A table given to [`save`] or [`to_bytes`] is named `__metadata__`,
+    /// A table given to a save is named `__metadata__`,
     /// which the safetensors header keeps for the file's metadata.
     #[error(
         "a table cannot be named `{name}`: safetensors keeps that key for the file's metadata"
@@ -364,16 +546,7 @@ fn f32_views<'a>(
     let mut names = HashSet::with_capacity(tables.len());
     let mut views = Vec::with_capacity(tables.len());
     for &(name, data, dim) in tables {
-        if name == METADATA_KEY {
-            return Err(FileError::ReservedName {
-                name: name.to_owned(),
-            });
-        }
-        if !names.insert(name) {
-            return Err(FileError::DuplicateName {
-                name: name.to_owned(),
-            });
-        }
+        check_name(&mut names, name)?;
         let rows =
             table_rows(data.len(), dim, Operand::Table).map_err(|source| FileError::Table {
                 name: name.to_owned(),
@@ -390,67 +563,18 @@ fn f32_views<'a>(
     Ok(views)
 }
 
-/// Tells apart the temporary files of saves running at once in one process.
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// Writes `bytes` to a new file beside `path`, then renames it to `path`;
-/// removes the new file if anything fails.
-fn write_atomically(path: &Path, bytes: &[u8]) -> stdio::Result<()> {
-    let file_name = path.file_name().ok_or_else(|| {
-        stdio::Error::new(
-            stdio::ErrorKind::InvalidInput,
-            format!("`{}` does not name a file", path.display()),
-        )
-    })?;
-    let folder = match path.parent() {
-        Some(folder) if !folder.as_os_str().is_empty() => folder,
-        _ => Path::new("."),
-    };
-    let (temp_path, file) = create_temp_file(folder, &file_name.to_string_lossy())?;
-    let written = write_then_rename(file, bytes, &temp_path, path);
-    if written.is_err() {
-        // The write's error is the one to report; the temporary file may
-        // already be gone.
-        let _ = fs::remove_file(&temp_path);
+/// Checks that `name` may name a tensor and is not in `names` (the names of
+/// the tables before it), then adds it.
+fn check_name<'a>(names: &mut HashSet<&'a str>, name: &'a str) -> Result<(), FileError> {
+    if name == METADATA_KEY {
+        return Err(FileError::ReservedName {
+            name: name.to_owned(),
+        });
     }
-    written
-}
-
-/// Writes `bytes` to `file` (at `temp_path`), flushes it to the disk, closes
-/// it and renames it to `path`.
-fn write_then_rename(
-    mut file: File,
-    bytes: &[u8],
-    temp_path: &Path,
-    path: &Path,
-) -> stdio::Result<()> {
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    drop(file);
-    fs::rename(temp_path, path)
-}
-
-/// Creates a file that did not exist, named after `file_name`, in `folder`.
-fn create_temp_file(folder: &Path, file_name: &str) -> stdio::Result<(PathBuf, File)> {
-    const ATTEMPTS: u32 = 64;
-    let mut last_error = None;
-    for _ in 0..ATTEMPTS {
-        let serial = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let temp_path = folder.join(format!(
-            ".{file_name}.{pid}.{serial}.tmp",
-            pid = std::process::id()
-        ));
-        match OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&temp_path)
-        {
-            Ok(file) => return Ok((temp_path, file)),
-            Err(error) if error.kind() == stdio::ErrorKind::AlreadyExists => {
-                last_error = Some(error);
-            }
-            Err(error) => return Err(error),
-        }
+    if !names.insert(name) {
+        return Err(FileError::DuplicateName {
+            name: name.to_owned(),
+        });
     }
-    Err(last_error.unwrap_or_else(|| stdio::Error::other("no temporary file name was free")))
+    Ok(())
 }

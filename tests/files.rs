@@ -5,11 +5,12 @@
 //! neither half is only checked against the other.
 
 mod common;
-use common::{bits, not_whole_rows, row, run_table, zero_dim, Row};
+use common::{bits, not_whole_rows, row, run_table, zero_dim, Row, SplitMix};
 use std::collections::HashMap;
 use std::fs;
 use std::path::Path;
 
+use embedding_kernels::formats::{Format, OwnedTable, RowWise};
 use embedding_kernels::io::{self, FileError, Table};
 use embedding_kernels::Operand;
 use safetensors::tensor::TensorView;
@@ -663,6 +664,883 @@ fn errors_are_send_sync_and_have_sources() {
     );
     let err = io::from_bytes(b"", "w").unwrap_err();
     assert!(std::error::Error::source(&err).is_some());
+}
+
+// ------------------------------------------------ tables of every format
+
+/// Widths around the packing boundaries: 0, odd and even, below and past 8.
+const WIDTHS: [usize; 9] = [0, 1, 2, 3, 4, 5, 8, 13, 33];
+
+/// A `rows × dim` table of `format`, from finite values of every magnitude.
+fn owned(format: Format, rows: usize, dim: usize, seed: u64) -> OwnedTable {
+    let weight = SplitMix(seed).wilds(rows * dim);
+    OwnedTable::from_f32(&weight, dim, format).unwrap()
+}
+
+/// `rows` packed rows of width 0 (a scale and a bias each); `from_f32`
+/// cannot make them, having no values to count the rows by.
+fn packed_rows_of_nothing(format: RowWise, rows: usize) -> OwnedTable {
+    let row_bytes = format.row_bytes(0).unwrap();
+    let bytes: Vec<u8> = (0..rows * row_bytes).map(|b| b as u8).collect();
+    OwnedTable::from_le_bytes(format.into(), 0, &bytes).unwrap()
+}
+
+/// The dtype and shape a table of `format` is stored with.
+fn stored_as(table: &OwnedTable) -> (Dtype, Vec<usize>) {
+    let (rows, dim) = (table.rows(), table.dim());
+    match table.format().row_wise() {
+        Some(packing) => (Dtype::U8, vec![rows, packing.row_bytes(dim).unwrap()]),
+        None => {
+            let dtype = match table.format() {
+                Format::F32 => Dtype::F32,
+                Format::F16 => Dtype::F16,
+                _ => Dtype::BF16,
+            };
+            (dtype, vec![rows, dim])
+        }
+    }
+}
+
+/// The file's metadata, as the safetensors parser reads it.
+fn file_metadata(bytes: &[u8]) -> HashMap<String, String> {
+    let (_, header) = SafeTensors::read_metadata(bytes).unwrap();
+    header.metadata().clone().unwrap_or_default()
+}
+
+/// `table` read back is `want`: same format, width, rows and bytes.
+fn assert_same_table(table: &OwnedTable, want: &OwnedTable, what: &str) {
+    assert_eq!(table.format(), want.format(), "{what}");
+    assert_eq!(
+        (table.rows(), table.dim()),
+        (want.rows(), want.dim()),
+        "{what}"
+    );
+    assert_eq!(table.to_le_bytes(), want.to_le_bytes(), "{what}");
+}
+
+#[test]
+fn every_format_round_trips_at_every_width() {
+    let mut cases = Vec::new();
+    for format in Format::ALL {
+        for dim in WIDTHS {
+            for rows in [0, 1, 5] {
+                let seed = (rows * 100 + dim) as u64;
+                cases.push((
+                    format!("{format} {rows}x{dim}"),
+                    owned(format, rows, dim, seed),
+                ));
+            }
+        }
+    }
+    for packing in [RowWise::Int8, RowWise::Int4, RowWise::Int2] {
+        let name = format!("{} 3x0", Format::from(packing));
+        cases.push((name, packed_rows_of_nothing(packing, 3)));
+    }
+    for (what, table) in &cases {
+        let bytes = io::tables_to_bytes(&[("t", table)]).unwrap();
+        let back = io::table_from_bytes(&bytes, "t").unwrap();
+        assert_same_table(&back, table, what);
+        assert_eq!(&back, table, "{what}");
+
+        // The safetensors crate's parser sees the dtype, shape and bytes of
+        // the module docs' table.
+        let file = SafeTensors::deserialize(&bytes).unwrap();
+        let view = file.tensor("t").unwrap();
+        let (dtype, shape) = stored_as(table);
+        assert_eq!(
+            (view.dtype(), view.shape()),
+            (dtype, shape.as_slice()),
+            "{what}"
+        );
+        assert_eq!(view.data(), table.to_le_bytes().as_slice(), "{what}");
+
+        // A packed table also reads back given its format and width.
+        if let Some(packing) = table.format().row_wise() {
+            let given = io::packed_from_bytes(&bytes, "t", packing, table.dim()).unwrap();
+            assert_eq!(&given, table, "{what}");
+        }
+    }
+}
+
+#[test]
+fn half_and_f32_tables_keep_every_bit() {
+    // Every f16 and bf16 bit pattern (NaNs, infinities, subnormals, -0.0),
+    // and the f32 patterns a careless writer would change.
+    let every_half: Vec<u8> = (0..=u16::MAX).flat_map(|h| h.to_le_bytes()).collect();
+    let tables = [
+        OwnedTable::from_le_bytes(Format::F16, 256, &every_half).unwrap(),
+        OwnedTable::from_le_bytes(Format::Bf16, 128, &every_half).unwrap(),
+        OwnedTable::from_le_bytes(Format::F32, 6, &le_bytes(&tricky_values())).unwrap(),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("halves.safetensors");
+    io::save_tables(
+        &path,
+        &[("h", &tables[0]), ("b", &tables[1]), ("f", &tables[2])],
+    )
+    .unwrap();
+    for (name, table) in ["h", "b", "f"].into_iter().zip(&tables) {
+        let back = io::load_table(&path, name).unwrap();
+        assert_same_table(&back, table, name);
+    }
+    assert_eq!(entries(dir.path()), ["halves.safetensors"]);
+}
+
+#[test]
+fn packed_tensors_have_pytorchs_prepacked_shape() {
+    // embedding_bag_byte_prepack: uint8 [rows, dim + 8]; 4bit: [rows,
+    // ceil(dim / 2) + 4]; 2bit: [rows, ceil(dim / 4) + 4].
+    let cases = [
+        (Format::Int8, 13, [3, 21]),
+        (Format::Int4, 13, [3, 11]),
+        (Format::Int4, 14, [3, 11]),
+        (Format::Int2, 13, [3, 8]),
+        (Format::Int8, 64, [3, 72]),
+        (Format::Int4, 64, [3, 36]),
+        (Format::Int2, 64, [3, 20]),
+    ];
+    for (format, dim, shape) in cases {
+        let table = owned(format, 3, dim, 21);
+        let bytes = io::tables_to_bytes(&[("w", &table)]).unwrap();
+        let file = SafeTensors::deserialize(&bytes).unwrap();
+        let view = file.tensor("w").unwrap();
+        assert_eq!(view.dtype(), Dtype::U8, "{format} {dim}");
+        assert_eq!(view.shape(), shape, "{format} {dim}");
+        let want = HashMap::from([
+            ("w.format".to_owned(), format.name().to_owned()),
+            ("w.dim".to_owned(), dim.to_string()),
+        ]);
+        assert_eq!(file_metadata(&bytes), want, "{format} {dim}");
+    }
+}
+
+#[test]
+fn pytorchs_prepacked_tensors_load_given_format_and_width() {
+    // PyTorch's own packed bytes (tests/data/pytorch_quantized.json), saved
+    // as `safetensors.torch.save_file({"w": packed})` saves them: a U8
+    // [rows, row_bytes] tensor and no metadata.
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/pytorch_quantized.json"
+    );
+    let golden: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(path).unwrap()).unwrap();
+    let formats = [
+        (RowWise::Int8, "byte_prepack"),
+        (RowWise::Int4, "nbit4_prepack"),
+        (RowWise::Int2, "nbit2_prepack"),
+    ];
+    let mut loaded = 0;
+    for case in golden["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let rows = case["rows"].as_u64().unwrap() as usize;
+        let dim = case["dim"].as_u64().unwrap() as usize;
+        for (packing, key) in formats {
+            let Some(packed) = case[key].as_array() else {
+                continue; // PyTorch refused this width.
+            };
+            let packed: Vec<u8> = packed.iter().map(|b| b.as_u64().unwrap() as u8).collect();
+            let row_bytes = packing.row_bytes(dim).unwrap();
+            let view = TensorView::new(Dtype::U8, vec![rows, row_bytes], &packed).unwrap();
+            let bytes = safetensors::serialize([("w", view)], None).unwrap();
+
+            let table = io::packed_from_bytes(&bytes, "w", packing, dim).unwrap();
+            assert_eq!(table.format(), Format::from(packing), "{name} {key}");
+            assert_eq!((table.rows(), table.dim()), (rows, dim), "{name} {key}");
+            assert_eq!(table.to_le_bytes(), packed, "{name} {key}");
+            // With no metadata, load_table cannot know the format.
+            let err = io::table_from_bytes(&bytes, "w").unwrap_err();
+            assert!(matches!(err, FileError::MissingFormat { .. }), "{err:?}");
+
+            // Where this crate packs the rows too, it packs PyTorch's bytes,
+            // and saves them in the same tensor.
+            let weight: Vec<f32> = case["weight_f32_bits"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| f32::from_bits(b.as_u64().unwrap() as u32))
+                .collect();
+            if let Ok(ours) = OwnedTable::from_f32(&weight, dim, packing.into()) {
+                assert_eq!(ours, table, "{name} {key}");
+                let ours_bytes = io::tables_to_bytes(&[("w", &ours)]).unwrap();
+                let ours_file = SafeTensors::deserialize(&ours_bytes).unwrap();
+                let theirs_file = SafeTensors::deserialize(&bytes).unwrap();
+                let (ours_view, theirs_view) = (
+                    ours_file.tensor("w").unwrap(),
+                    theirs_file.tensor("w").unwrap(),
+                );
+                assert_eq!(ours_view.shape(), theirs_view.shape(), "{name} {key}");
+                assert_eq!(ours_view.data(), theirs_view.data(), "{name} {key}");
+            }
+            loaded += 1;
+        }
+    }
+    assert!(
+        loaded >= 30,
+        "only {loaded} packed tables in the golden file"
+    );
+}
+
+/// One table of each format, each of its own width.
+fn one_of_each() -> Vec<(String, OwnedTable)> {
+    Format::ALL
+        .into_iter()
+        .enumerate()
+        .map(|(k, format)| {
+            let name = format!("table.{format}");
+            (name, owned(format, 4 + k, 5 + 2 * k, 30 + k as u64))
+        })
+        .collect()
+}
+
+#[test]
+fn a_file_mixing_formats_reads_back_table_by_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mixed.safetensors");
+    let tables = one_of_each();
+    let entries_: Vec<(&str, &OwnedTable)> = tables.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    io::save_tables(&path, &entries_).unwrap();
+
+    // save_tables and tables_to_bytes write the same bytes, every time (the
+    // metadata is written sorted, not in a hash map's order).
+    let bytes = fs::read(&path).unwrap();
+    assert_eq!(bytes, io::tables_to_bytes(&entries_).unwrap());
+    let mut reversed = entries_.clone();
+    reversed.reverse();
+    assert_eq!(bytes, io::tables_to_bytes(&reversed).unwrap());
+
+    for (name, table) in &tables {
+        let back = io::load_table(&path, name).unwrap();
+        assert_eq!(&back, table, "{name}");
+    }
+    let want: HashMap<String, String> = tables
+        .iter()
+        .filter(|(_, t)| t.format().row_wise().is_some())
+        .flat_map(|(name, t)| {
+            [
+                (format!("{name}.format"), t.format().name().to_owned()),
+                (format!("{name}.dim"), t.dim().to_string()),
+            ]
+        })
+        .collect();
+    assert_eq!(want.len(), 6);
+    assert_eq!(file_metadata(&bytes), want);
+
+    // The f32 readers read the F32 table and refuse the others, as before.
+    let f32_table = io::load(&path, "table.f32").unwrap();
+    assert_eq!(f32_table.weight, tables[0].1.to_f32().unwrap());
+    let err = io::load(&path, "table.int4").unwrap_err();
+    assert!(
+        matches!(&err, FileError::WrongDtype { name, dtype } if name == "table.int4" && dtype == "U8"),
+        "{err:?}"
+    );
+    let err = io::load_all(&path).unwrap_err();
+    assert!(
+        matches!(&err, FileError::WrongDtype { name, dtype } if name == "table.bf16" && dtype == "BF16"),
+        "{err:?}"
+    );
+    // A missing name lists every table, whatever its format.
+    let err = io::load_table(&path, "table").unwrap_err();
+    let mut names: Vec<String> = tables.iter().map(|(n, _)| n.clone()).collect();
+    names.sort();
+    assert!(
+        matches!(&err, FileError::MissingTensor { name, available } if name == "table" && available == &names),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn f32_tables_save_as_save_saves_them() {
+    // No metadata for f32, f16 and bf16: the bytes of `save`, and of the
+    // safetensors serializer itself.
+    let weight = tricky_values();
+    let other = values(40, 3);
+    let a = OwnedTable::from_le_bytes(Format::F32, 3, &le_bytes(&weight)).unwrap();
+    let b = OwnedTable::from_le_bytes(Format::F32, 8, &le_bytes(&other)).unwrap();
+    assert_eq!(
+        io::tables_to_bytes(&[("b", &b), ("a", &a)]).unwrap(),
+        io::to_bytes(&[("b", &other, 8), ("a", &weight, 3)]).unwrap()
+    );
+    let half = owned(Format::F16, 3, 4, 40);
+    let bytes = io::tables_to_bytes(&[("h", &half)]).unwrap();
+    let half_bytes = half.to_le_bytes();
+    let view = TensorView::new(Dtype::F16, vec![3, 4], &half_bytes).unwrap();
+    assert_eq!(bytes, safetensors::serialize([("h", view)], None).unwrap());
+    let (_, header) = SafeTensors::read_metadata(&bytes).unwrap();
+    assert!(header.metadata().is_none());
+}
+
+#[test]
+fn loads_old_behaviour_on_other_dtypes_is_unchanged() {
+    let half = owned(Format::F16, 2, 3, 41);
+    let bytes = io::tables_to_bytes(&[("h", &half)]).unwrap();
+    let err = io::from_bytes(&bytes, "h").unwrap_err();
+    assert!(
+        matches!(&err, FileError::WrongDtype { name, dtype } if name == "h" && dtype == "F16"),
+        "{err:?}"
+    );
+    assert_eq!(err.to_string(), "tensor `h` has dtype F16, expected F32");
+    let err = io::all_from_bytes(&bytes).unwrap_err();
+    assert!(matches!(err, FileError::WrongDtype { .. }), "{err:?}");
+    // And load_table reads the F32 tensors load reads.
+    let bytes = bert_like_checkpoint(&values(VOCAB * HIDDEN, 6));
+    let name = "embeddings.word_embeddings.weight";
+    let table = io::table_from_bytes(&bytes, name).unwrap();
+    assert_eq!(table.format(), Format::F32);
+    let old = io::from_bytes(&bytes, name).unwrap();
+    assert_eq!(table.to_le_bytes(), le_bytes(&old.weight));
+    assert_eq!((table.rows(), table.dim()), (VOCAB, HIDDEN));
+    let half = io::table_from_bytes(&bytes, "pooler.half").unwrap();
+    assert_eq!(
+        (half.format(), half.rows(), half.dim()),
+        (Format::F16, 2, HIDDEN)
+    );
+}
+
+#[test]
+fn names_with_json_escapes_round_trip() {
+    // The metadata keys are written by hand (sorted); escaped as the
+    // safetensors parser reads them.
+    let names = [
+        "quote\"d",
+        "back\\slash",
+        "new\nline\ttab\r",
+        "control\u{1}\u{8}\u{c}\u{1f}",
+        "délà 🦀",
+        "a.dim",
+        "a",
+        "",
+    ];
+    let tables: Vec<OwnedTable> = (0..names.len())
+        .map(|k| owned(Format::ALL[3 + k % 3], 2, 3 + k, 50 + k as u64))
+        .collect();
+    let entries_: Vec<(&str, &OwnedTable)> = names.iter().copied().zip(&tables).collect();
+    let bytes = io::tables_to_bytes(&entries_).unwrap();
+    for (name, table) in &entries_ {
+        assert_eq!(
+            &&io::table_from_bytes(&bytes, name).unwrap(),
+            table,
+            "{name:?}"
+        );
+    }
+    let metadata = file_metadata(&bytes);
+    assert_eq!(metadata.len(), 2 * names.len());
+    assert_eq!(metadata["quote\"d.format"], "int8");
+    assert_eq!(metadata["a.dim.dim"], "8");
+    assert_eq!(metadata[".format"], "int4");
+    // The data starts 8-byte aligned, as the serializer leaves it.
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+    assert_eq!(header_len % 8, 0);
+}
+
+#[test]
+fn saving_tables_checks_every_name_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let existing = dir.path().join("existing.safetensors");
+    let table = owned(Format::Int4, 2, 6, 60);
+    io::save_tables(&existing, &[("kept", &table)]).unwrap();
+    let before = fs::read(&existing).unwrap();
+
+    let err = io::save_tables(&existing, &[("a", &table), ("b", &table), ("a", &table)]);
+    assert!(
+        matches!(&err, Err(FileError::DuplicateName { name }) if name == "a"),
+        "{err:?}"
+    );
+    let err = io::save_tables(&existing, &[("ok", &table), ("__metadata__", &table)]);
+    assert!(
+        matches!(&err, Err(FileError::ReservedName { name }) if name == "__metadata__"),
+        "{err:?}"
+    );
+    assert_eq!(fs::read(&existing).unwrap(), before);
+    assert_eq!(entries(dir.path()), ["existing.safetensors"]);
+
+    // An empty list: a file with no tensors and no metadata.
+    let bytes = io::tables_to_bytes(&[]).unwrap();
+    assert_eq!(bytes, io::to_bytes(&[]).unwrap());
+}
+
+// --------------------------------- files of every format: precise refusals
+
+/// A file of `tensors` (zero bytes of the right length each) and
+/// `metadata`, written by the safetensors crate's serializer.
+fn crafted(tensors: &[(&str, Dtype, &[usize])], metadata: &[(&str, &str)]) -> Vec<u8> {
+    let data: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|(_, dtype, shape)| vec![0x3c; shape.iter().product::<usize>() * dtype.bitsize() / 8])
+        .collect();
+    let views: Vec<(&str, TensorView<'_>)> = tensors
+        .iter()
+        .zip(&data)
+        .map(|((name, dtype, shape), data)| {
+            (
+                *name,
+                TensorView::new(*dtype, shape.to_vec(), data).unwrap(),
+            )
+        })
+        .collect();
+    let metadata = (!metadata.is_empty()).then(|| {
+        metadata
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    });
+    safetensors::serialize(views, metadata).unwrap()
+}
+
+/// A file of the header `json` and `data_len` zero bytes.
+fn raw_file(json: &str, data_len: usize) -> Vec<u8> {
+    let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(json.as_bytes());
+    bytes.resize(bytes.len() + data_len, 0);
+    bytes
+}
+
+/// How a refusal row reads its file: `load_table`, or `load_packed` given
+/// a format and a width.
+#[derive(Clone, Copy, Debug)]
+enum Read {
+    Table,
+    Packed(RowWise, usize),
+}
+
+/// A file, the tensor to read from it and how.
+type Refusal = (Vec<u8>, &'static str, Read);
+
+/// A U8 `[rows, columns]` tensor `w` with the metadata given.
+fn u8_file(columns: usize, metadata: &[(&str, &str)]) -> Vec<u8> {
+    crafted(&[("w", Dtype::U8, &[2, columns])], metadata)
+}
+
+fn loading_errors() -> Vec<Row<Refusal, FileError>> {
+    let int4_13 = [("w.format", "int4"), ("w.dim", "13")];
+    let packed_layout = |format, dim, expected_row_bytes, got| FileError::PackedLayout {
+        name: "w".into(),
+        format,
+        dim,
+        expected_row_bytes,
+        got,
+    };
+    let bad_dim = |dim: &str| FileError::BadDim {
+        name: "w".into(),
+        dim: dim.into(),
+    };
+    let unknown = |format: &str| FileError::UnknownFormat {
+        name: "w".into(),
+        format: format.into(),
+    };
+    let mut rows = vec![
+        row(
+            "an I64 tensor",
+            (
+                crafted(&[("w", Dtype::I64, &[2, 3])], &[]),
+                "w",
+                Read::Table,
+            ),
+            FileError::UnsupportedDtype {
+                name: "w".into(),
+                dtype: "I64".into(),
+                expected: "F32, F16, BF16 or U8",
+            },
+        ),
+        row(
+            "an F16 tensor read as packed",
+            (
+                crafted(&[("w", Dtype::F16, &[2, 11])], &int4_13),
+                "w",
+                Read::Packed(RowWise::Int4, 13),
+            ),
+            FileError::UnsupportedDtype {
+                name: "w".into(),
+                dtype: "F16".into(),
+                expected: "U8",
+            },
+        ),
+        row(
+            "an I8 tensor read as packed",
+            (
+                crafted(&[("w", Dtype::I8, &[2, 11])], &[]),
+                "w",
+                Read::Packed(RowWise::Int4, 13),
+            ),
+            FileError::UnsupportedDtype {
+                name: "w".into(),
+                dtype: "I8".into(),
+                expected: "U8",
+            },
+        ),
+        row(
+            "a 1-D U8 tensor, before its metadata",
+            (crafted(&[("w", Dtype::U8, &[11])], &[]), "w", Read::Table),
+            FileError::WrongShape {
+                name: "w".into(),
+                shape: vec![11],
+            },
+        ),
+        row(
+            "a 3-D U8 tensor read as packed",
+            (
+                crafted(&[("w", Dtype::U8, &[1, 2, 11])], &[]),
+                "w",
+                Read::Packed(RowWise::Int4, 13),
+            ),
+            FileError::WrongShape {
+                name: "w".into(),
+                shape: vec![1, 2, 11],
+            },
+        ),
+        row(
+            "a 3-D BF16 tensor",
+            (
+                crafted(&[("w", Dtype::BF16, &[2, 2, 2])], &[]),
+                "w",
+                Read::Table,
+            ),
+            FileError::WrongShape {
+                name: "w".into(),
+                shape: vec![2, 2, 2],
+            },
+        ),
+        row(
+            "U8 with no metadata",
+            (u8_file(11, &[]), "w", Read::Table),
+            FileError::MissingFormat { name: "w".into() },
+        ),
+        row(
+            "U8 with another tensor's metadata",
+            (
+                u8_file(
+                    11,
+                    &[("v.format", "int4"), ("v.dim", "13"), ("format", "pt")],
+                ),
+                "w",
+                Read::Table,
+            ),
+            FileError::MissingFormat { name: "w".into() },
+        ),
+        row(
+            "U8 whose format is missing, dim given",
+            (u8_file(11, &[("w.dim", "13")]), "w", Read::Table),
+            FileError::MissingFormat { name: "w".into() },
+        ),
+        row(
+            "U8 with no dim",
+            (u8_file(11, &[("w.format", "int4")]), "w", Read::Table),
+            FileError::MissingDim {
+                name: "w".into(),
+                format: RowWise::Int4,
+            },
+        ),
+        row(
+            "U8 of int4 rows 1 byte short",
+            (u8_file(10, &int4_13), "w", Read::Table),
+            packed_layout(RowWise::Int4, 13, 11, 10),
+        ),
+        row(
+            "U8 of int8 rows called int4",
+            (u8_file(21, &int4_13), "w", Read::Table),
+            packed_layout(RowWise::Int4, 13, 11, 21),
+        ),
+        row(
+            "U8 of int2 rows, metadata of 0 values",
+            (
+                u8_file(8, &[("w.format", "int2"), ("w.dim", "0")]),
+                "w",
+                Read::Table,
+            ),
+            packed_layout(RowWise::Int2, 0, 4, 8),
+        ),
+        row(
+            "PyTorch's int8 rows read at the wrong width",
+            (u8_file(21, &[]), "w", Read::Packed(RowWise::Int8, 12)),
+            packed_layout(RowWise::Int8, 12, 20, 21),
+        ),
+        row(
+            "packed, the metadata's word ignored",
+            (
+                u8_file(11, &[("w.format", "int8"), ("w.dim", "3")]),
+                "w",
+                Read::Packed(RowWise::Int2, 13),
+            ),
+            packed_layout(RowWise::Int2, 13, 8, 11),
+        ),
+        row(
+            "an int8 width whose row overflows",
+            (
+                u8_file(
+                    11,
+                    &[("w.format", "int8"), ("w.dim", "18446744073709551615")],
+                ),
+                "w",
+                Read::Table,
+            ),
+            FileError::RowTooLong {
+                name: "w".into(),
+                format: Format::Int8,
+                dim: 18_446_744_073_709_551_615,
+            },
+        ),
+        row(
+            "packed at a width whose row overflows",
+            (
+                u8_file(11, &[]),
+                "w",
+                Read::Packed(RowWise::Int8, usize::MAX),
+            ),
+            FileError::RowTooLong {
+                name: "w".into(),
+                format: Format::Int8,
+                dim: usize::MAX,
+            },
+        ),
+        row(
+            "an int4 width past usize: a wrong layout",
+            (
+                u8_file(
+                    11,
+                    &[("w.format", "int4"), ("w.dim", "18446744073709551615")],
+                ),
+                "w",
+                Read::Table,
+            ),
+            packed_layout(RowWise::Int4, usize::MAX, usize::MAX / 2 + 5, 11),
+        ),
+        row(
+            "no rows of F32 whose row overflows",
+            (
+                raw_file(
+                    &format!(
+                        r#"{{"w":{{"dtype":"F32","shape":[0,{}],"data_offsets":[0,0]}}}}"#,
+                        usize::MAX / 2
+                    ),
+                    0,
+                ),
+                "w",
+                Read::Table,
+            ),
+            FileError::RowTooLong {
+                name: "w".into(),
+                format: Format::F32,
+                dim: usize::MAX / 2,
+            },
+        ),
+        row(
+            "a missing tensor among packed ones",
+            (u8_file(11, &int4_13), "v", Read::Packed(RowWise::Int4, 13)),
+            FileError::MissingTensor {
+                name: "v".into(),
+                available: vec!["w".into()],
+            },
+        ),
+    ];
+    for format in [
+        "", "int3", "INT4", " int4", "int4 ", "f16", "f32", "bf16", "uint8", "int4\0",
+    ] {
+        rows.push(row(
+            format!("the format {format:?}"),
+            (
+                u8_file(11, &[("w.format", format), ("w.dim", "13")]),
+                "w",
+                Read::Table,
+            ),
+            unknown(format),
+        ));
+    }
+    for dim in [
+        "",
+        "-1",
+        "+13",
+        "013",
+        "00",
+        " 13",
+        "13 ",
+        "13.0",
+        "1e1",
+        "0x0d",
+        "thirteen",
+        "١٣",
+        "18446744073709551616",
+    ] {
+        rows.push(row(
+            format!("the width {dim:?}"),
+            (
+                u8_file(11, &[("w.format", "int4"), ("w.dim", dim)]),
+                "w",
+                Read::Table,
+            ),
+            bad_dim(dim),
+        ));
+    }
+    rows
+}
+
+/// Reading the row's file fails with `want` (compared through `Debug`).
+fn loading_fails((bytes, name, read): &Refusal, want: &FileError) {
+    let got = match *read {
+        Read::Table => io::table_from_bytes(bytes, name),
+        Read::Packed(format, dim) => io::packed_from_bytes(bytes, name, format, dim),
+    };
+    let err = got.unwrap_err();
+    assert_eq!(format!("{err:?}"), format!("{want:?}"));
+}
+
+#[test]
+fn files_that_hold_no_table_are_refused_precisely() {
+    run_table(&loading_errors(), loading_fails);
+}
+
+#[test]
+fn refusals_read_well() {
+    let message = |bytes: &[u8], read: Read| {
+        let got = match read {
+            Read::Table => io::table_from_bytes(bytes, "w"),
+            Read::Packed(format, dim) => io::packed_from_bytes(bytes, "w", format, dim),
+        };
+        got.unwrap_err().to_string()
+    };
+    let cases = [
+        (
+            crafted(&[("w", Dtype::I64, &[2, 3])], &[]),
+            Read::Table,
+            "tensor `w` has dtype I64, expected F32, F16, BF16 or U8",
+        ),
+        (
+            crafted(&[("w", Dtype::F32, &[2, 3])], &[]),
+            Read::Packed(RowWise::Int8, 3),
+            "tensor `w` has dtype F32, expected U8",
+        ),
+        (
+            u8_file(11, &[]),
+            Read::Table,
+            "tensor `w` is U8 but the file's metadata has no `w.format` saying how its rows are \
+             packed; load_packed reads it given the format and the width",
+        ),
+        (
+            u8_file(11, &[("w.format", "int3")]),
+            Read::Table,
+            "the file's metadata gives tensor `w` the format `int3`; \
+             a U8 tensor holds int8, int4 or int2 rows",
+        ),
+        (
+            u8_file(11, &[("w.format", "int4")]),
+            Read::Table,
+            "tensor `w` holds int4 rows but the file's metadata has no `w.dim` \
+             saying how many values a row holds",
+        ),
+        (
+            u8_file(11, &[("w.format", "int4"), ("w.dim", "-13")]),
+            Read::Table,
+            "the file's metadata gives tensor `w` the width `-13`, \
+             which is not a decimal number of values",
+        ),
+        (
+            u8_file(10, &[("w.format", "int4"), ("w.dim", "13")]),
+            Read::Table,
+            "tensor `w` has rows of 10 bytes, but int4 rows of 13 values take 11 bytes",
+        ),
+        (
+            u8_file(10, &[]),
+            Read::Packed(RowWise::Int8, usize::MAX),
+            &format!(
+                "tensor `w`: a row of {} int8 values takes more bytes than a usize counts",
+                usize::MAX
+            ),
+        ),
+    ];
+    for (bytes, read, want) in cases {
+        assert_eq!(message(&bytes, read), want, "{read:?}");
+    }
+}
+
+#[test]
+fn hostile_packed_headers_are_format_errors() {
+    // Sizes the parser refuses before anything is allocated: rows ×
+    // row_bytes overflowing, byte ranges past the data, metadata that is
+    // not a map of strings.
+    let cases = [
+        (
+            "rows × row_bytes overflows",
+            raw_file(
+                &format!(
+                    r#"{{"__metadata__":{{"w.format":"int8","w.dim":"13"}},"w":{{"dtype":"U8","shape":[{},21],"data_offsets":[0,0]}}}}"#,
+                    usize::MAX / 4
+                ),
+                0,
+            ),
+        ),
+        (
+            "a huge tensor the file does not hold",
+            raw_file(
+                r#"{"__metadata__":{"w.format":"int8","w.dim":"13"},"w":{"dtype":"U8","shape":[1099511627776,21],"data_offsets":[0,23089744183296]}}"#,
+                42,
+            ),
+        ),
+        (
+            "a width that is a number, not a string",
+            raw_file(
+                r#"{"__metadata__":{"w.format":"int8","w.dim":13},"w":{"dtype":"U8","shape":[2,21],"data_offsets":[0,42]}}"#,
+                42,
+            ),
+        ),
+        (
+            "metadata that is a list",
+            raw_file(
+                r#"{"__metadata__":["int8",13],"w":{"dtype":"U8","shape":[2,21],"data_offsets":[0,42]}}"#,
+                42,
+            ),
+        ),
+    ];
+    for (what, bytes) in cases {
+        let err = io::table_from_bytes(&bytes, "w").unwrap_err();
+        assert!(matches!(err, FileError::Format(_)), "{what}: {err:?}");
+        let err = io::packed_from_bytes(&bytes, "w", RowWise::Int8, 13).unwrap_err();
+        assert!(matches!(err, FileError::Format(_)), "{what}: {err:?}");
+    }
+    // The same header, well formed, reads.
+    let good = raw_file(
+        r#"{"__metadata__":{"w.format":"int8","w.dim":"13"},"w":{"dtype":"U8","shape":[2,21],"data_offsets":[0,42]}}"#,
+        42,
+    );
+    let table = io::table_from_bytes(&good, "w").unwrap();
+    assert_eq!(
+        (table.format(), table.rows(), table.dim()),
+        (Format::Int8, 2, 13)
+    );
+}
+
+#[test]
+fn every_truncation_of_a_mixed_file_is_a_format_error() {
+    let tables = one_of_each();
+    let entries_: Vec<(&str, &OwnedTable)> = tables.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let bytes = io::tables_to_bytes(&entries_).unwrap();
+    for len in 0..bytes.len() {
+        let cut = &bytes[..len];
+        let err = io::table_from_bytes(cut, "table.int4").unwrap_err();
+        assert!(matches!(err, FileError::Format(_)), "{len}: {err:?}");
+        let err = io::packed_from_bytes(cut, "table.int4", RowWise::Int4, 13).unwrap_err();
+        assert!(matches!(err, FileError::Format(_)), "{len}: {err:?}");
+    }
+}
+
+#[test]
+fn flipped_bytes_of_a_mixed_file_never_panic() {
+    // Any single corrupted byte, header or data: an error or a table, never
+    // a panic.
+    let tables: Vec<(String, OwnedTable)> = Format::ALL
+        .into_iter()
+        .map(|format| (format.name().to_owned(), owned(format, 2, 3, 70)))
+        .collect();
+    let entries_: Vec<(&str, &OwnedTable)> = tables.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let bytes = io::tables_to_bytes(&entries_).unwrap();
+    for at in 0..bytes.len() {
+        for flip in [0x01, 0x08, 0x20, 0x80, 0xff] {
+            let mut corrupt = bytes.clone();
+            corrupt[at] ^= flip;
+            for (name, _) in &tables {
+                let _ = io::table_from_bytes(&corrupt, name);
+                let _ = io::packed_from_bytes(&corrupt, name, RowWise::Int2, 3);
+            }
+        }
+    }
 }
 
 // ------------------------------------------------ a real checkpoint, if given
