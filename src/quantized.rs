@@ -36,6 +36,7 @@ use crate::embedding_bag::{BagOutput, EmbeddingBag};
 use crate::error::EmbeddingError;
 use crate::formats::{Format, OwnedTable};
 use crate::index::Index;
+use crate::io::FileError;
 use crate::kernels::{table_bag_forward_with, table_gather_with};
 use crate::parallel::Parallelism;
 use crate::pooling::{Mode, Pooling};
@@ -196,6 +197,40 @@ impl QuantizedEmbeddingBag {
             max_indices,
         )
     }
+
+    /// Saves the table as tensor `name` of a safetensors file
+    /// ([`io::save_tables`](crate::io::save_tables): a half table as an
+    /// `F16`/`BF16` tensor, a packed one as PyTorch's `U8` rows with its
+    /// format in the metadata).
+    ///
+    /// # Errors
+    /// As [`io::save_tables`](crate::io::save_tables).
+    pub fn save(&self, path: impl AsRef<std::path::Path>, name: &str) -> Result<(), FileError> {
+        crate::io::save_tables(path, &[(name, &self.table)])
+    }
+
+    /// A layer over tensor `name` of a safetensors file, in the format the
+    /// file holds ([`io::load_table`](crate::io::load_table)), pooling with
+    /// `mode`.
+    ///
+    /// # Errors
+    /// As [`io::load_table`](crate::io::load_table), or
+    /// [`FileError::Table`] when `padding_idx` is not a row of it.
+    pub fn load(
+        path: impl AsRef<std::path::Path>,
+        name: &str,
+        mode: Mode,
+        padding_idx: Option<usize>,
+        include_last_offset: bool,
+    ) -> Result<Self, FileError> {
+        let table = crate::io::load_table(path, name)?;
+        QuantizedEmbeddingBag::from_table(table, mode, padding_idx, include_last_offset).map_err(
+            |source| FileError::Table {
+                name: name.to_string(),
+                source,
+            },
+        )
+    }
 }
 
 /// An embedding layer for inference over a table of any format; see the
@@ -283,6 +318,26 @@ impl QuantizedEmbedding {
     /// As [`table_gather`](crate::table_gather); then `out` is untouched.
     pub fn forward_into<I: Index>(&self, ids: &[I], out: &mut [f32]) -> Result<(), EmbeddingError> {
         table_gather_with(self.parallelism, self.table.as_ref(), ids, out)
+    }
+
+    /// Saves the table as tensor `name` of a safetensors file, as
+    /// [`QuantizedEmbeddingBag::save`].
+    ///
+    /// # Errors
+    /// As [`io::save_tables`](crate::io::save_tables).
+    pub fn save(&self, path: impl AsRef<std::path::Path>, name: &str) -> Result<(), FileError> {
+        crate::io::save_tables(path, &[(name, &self.table)])
+    }
+
+    /// A layer over tensor `name` of a safetensors file, in the format the
+    /// file holds.
+    ///
+    /// # Errors
+    /// As [`io::load_table`](crate::io::load_table).
+    pub fn load(path: impl AsRef<std::path::Path>, name: &str) -> Result<Self, FileError> {
+        Ok(QuantizedEmbedding::from_table(crate::io::load_table(
+            path, name,
+        )?))
     }
 }
 

@@ -215,3 +215,40 @@ fn from_table_checks_the_padding_row() {
         .unwrap();
     assert_eq!(out.values, vec![0.0; 3], "a bag of padding only is zeros");
 }
+
+/// A layer saved and loaded keeps its table to the byte and its results to
+/// the bit, in every format.
+#[test]
+fn layers_round_trip_through_safetensors() {
+    let dir = std::env::temp_dir().join(format!("ek-quantized-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f32_bag = bag_layer(
+        25,
+        10,
+        EmbeddingBagOptions {
+            mode: Mode::Max,
+            ..EmbeddingBagOptions::default()
+        },
+    );
+    let ids: Vec<u32> = (0..30).map(|i| i * 7 % 25).collect();
+    let bags = embedding_kernels::Bags::fixed(5, 6).unwrap();
+    for format in Format::ALL {
+        let path = dir.join(format!("{format}.safetensors"));
+        let layer = QuantizedEmbeddingBag::from_float(&f32_bag, format).unwrap();
+        layer.save(&path, "weight").unwrap();
+        let back = QuantizedEmbeddingBag::load(&path, "weight", Mode::Max, None, false).unwrap();
+        assert_eq!(back.table(), layer.table(), "{format}");
+        assert_eq!(
+            back.forward(&ids, &bags, None).unwrap(),
+            layer.forward(&ids, &bags, None).unwrap()
+        );
+        let lookup = QuantizedEmbedding::load(&path, "weight").unwrap();
+        assert_eq!(lookup.table(), layer.table());
+        let err = QuantizedEmbeddingBag::load(&path, "weight", Mode::Sum, Some(25), false);
+        assert!(
+            matches!(err, Err(embedding_kernels::io::FileError::Table { .. })),
+            "{format}: padding past the table"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
