@@ -37,6 +37,25 @@ for them is recorded as it is, garbage included.
 
 `tests/data/check_pytorch_rules.py` (numpy only) checks written-down prepack,
 unpack and bag-sum rules against this file bit for bit.
+
+The same run writes `tests/data/pytorch_half.json`: PyTorch's bags and lookups
+on half-precision tables. Per case (`rows` x `dim`; `weight_f32_bits` as above):
+
+- `f16_bits`, `bf16_bits`: the table `.half()` / `.bfloat16()`, u16 bits. Cases
+  without bags hold conversion edges only (ties, overflow, subnormals, NaN).
+- `lookup_ids` and `{f16,bf16}_lookup_bits`: `F.embedding(ids, table)`, u16 bits.
+- `bags`: `indices`, `offsets`, `include_last_offset` and, per format `f` in
+  f16 and bf16, `F.embedding_bag(indices, table, offsets, mode=m)` as
+  `f_{sum,mean,max}_bits` (u16, `bags x dim`) and the max's `f_max_indices`
+  (from `torch.embedding_bag`). Where the bag set has per-sample weights
+  (`per_sample_weights_f32_bits`, as drawn), PyTorch wants them in the table's
+  type: `f_weights_bits` holds them so rounded and `f_weighted_sum_bits` the
+  weighted sum. A null output comes with its error in `f_{mode}_error`
+  (`f_max_indices_error`, `f_weighted_sum_error`).
+
+The tables are some of the quantized file's (same weights, same bags) and a few
+of their own, drawn from a second generator (`SEED + 1`) so that adding them left
+`pytorch_quantized.json` as it was.
 """
 
 import json
@@ -45,9 +64,12 @@ import sys
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 SEED = 20240611
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pytorch_quantized.json")
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "pytorch_quantized.json")
+OUT_HALF = os.path.join(HERE, "pytorch_half.json")
 Q = torch.ops.quantized
 
 
@@ -287,16 +309,231 @@ def nonfinite_case(dim):
     return make_case(f"nonfinite_{dim}", weight, [])
 
 
-def main():
-    rng = np.random.default_rng(SEED)
-    cases = []
-    cases += random_cases(rng)
-    cases += tie_cases(rng)
-    for dim in (44, 8, 3):
-        cases.append(special_finite_case(rng, dim))
-    for dim in (44, 8, 3):
-        cases.append(nonfinite_case(dim))
+# ---------------------------------------------------------------------------
+# Half-precision tables: pytorch_half.json
+# ---------------------------------------------------------------------------
 
+HALF = [("f16", torch.float16), ("bf16", torch.bfloat16)]
+MODES = ["sum", "mean", "max"]
+
+
+def half_bag(w, dtype, indices, offsets, include_last, psw):
+    """PyTorch's sum, mean and max (and weighted sum) of one bag set over the
+    half table `w`, each as u16 bits (or null and the error text)."""
+    key = "f16" if dtype == torch.float16 else "bf16"
+    idx_t = torch.tensor(indices, dtype=torch.int64)
+    off_t = torch.tensor(offsets, dtype=torch.int64)
+    bag = {}
+    for mode in MODES:
+        out, err = attempt(lambda: F.embedding_bag(
+            idx_t, w, off_t, mode=mode, include_last_offset=include_last))
+        bag[f"{key}_{mode}_bits"] = tensor_u16_bits(out) if out is not None else None
+        bag[f"{key}_{mode}_error"] = err
+    full, err = attempt(lambda: torch.embedding_bag(
+        w, idx_t, off_t, False, 2, False, None, include_last))
+    if full is not None:
+        # the same op as F.embedding_bag(mode="max"), for its max_indices
+        assert tensor_u16_bits(full[0]) == bag[f"{key}_max_bits"]
+    bag[f"{key}_max_indices"] = full[3].reshape(-1).tolist() if full is not None else None
+    bag[f"{key}_max_indices_error"] = err
+    if psw is None:
+        bag[f"{key}_weights_bits"] = None
+        bag[f"{key}_weighted_sum_bits"] = None
+        bag[f"{key}_weighted_sum_error"] = None
+    else:
+        # PyTorch wants the weights in the table's type
+        psw_t = torch.from_numpy(np.asarray(psw, dtype=np.float32).copy()).to(dtype)
+        out, err = attempt(lambda: F.embedding_bag(
+            idx_t, w, off_t, mode="sum", per_sample_weights=psw_t,
+            include_last_offset=include_last))
+        bag[f"{key}_weights_bits"] = tensor_u16_bits(psw_t)
+        bag[f"{key}_weighted_sum_bits"] = tensor_u16_bits(out) if out is not None else None
+        bag[f"{key}_weighted_sum_error"] = err
+    return bag
+
+
+def make_half_case(name, weight, bags, lookup_ids):
+    """A case of pytorch_half.json: `bags` as in `make_case` (the weights as
+    f32, rounded to each half type here)."""
+    weight = np.ascontiguousarray(weight, dtype=np.float32)
+    rows, dim = weight.shape
+    w32 = torch.from_numpy(weight.copy())
+    case = {"name": name, "rows": rows, "dim": dim, "weight_f32_bits": f32_bits(weight)}
+    tables = {}
+    for key, dtype in HALF:
+        tables[key] = w32.to(dtype)
+        case[f"{key}_bits"] = tensor_u16_bits(tables[key])
+    case["lookup_ids"] = list(lookup_ids)
+    for key, dtype in HALF:
+        out = F.embedding(torch.tensor(lookup_ids, dtype=torch.int64), tables[key])
+        case[f"{key}_lookup_bits"] = tensor_u16_bits(out)
+    case["bags"] = []
+    for indices, offsets, include_last, psw in bags:
+        bag = {
+            "indices": list(indices),
+            "offsets": list(offsets),
+            "include_last_offset": include_last,
+            "per_sample_weights_f32_bits": None if psw is None else f32_bits(psw),
+        }
+        for key, dtype in HALF:
+            bag.update(half_bag(tables[key], dtype, indices, offsets, include_last, psw))
+        case["bags"].append(bag)
+    return case
+
+
+def from_f32_bits(bits):
+    return np.array(bits, dtype=np.uint32).view(np.float32)
+
+
+def reused_half_case(case, bag_sets):
+    """A quantized case's table and its bag sets number `bag_sets`, on half
+    tables."""
+    rows, dim = case["rows"], case["dim"]
+    weight = from_f32_bits(case["weight_f32_bits"]).reshape(rows, dim)
+    bags = []
+    for k in bag_sets:
+        b = case["bags"][k]
+        psw = b["per_sample_weights_bits"]
+        bags.append((b["indices"], b["offsets"], b["include_last_offset"],
+                     None if psw is None else from_f32_bits(psw)))
+    # a few looked-up ids: some of the first bag set's, the last row and row 0
+    lookup = bags[0][0][:8] + [rows - 1, 0]
+    return make_half_case(case["name"], weight, bags, lookup)
+
+
+def pow2(k):
+    """2^k, exactly."""
+    return 2.0 ** k
+
+
+def conversion_edges(rng):
+    """Values that test the rounding of f32 to f16 and bf16: exact ties (which go
+    to the even neighbour), their f32 neighbours, the overflow thresholds,
+    subnormals of both types, NaN payloads, and random bit patterns."""
+    f16_edges = [
+        # ties: to 1, to 1 + 2^-9, to -1; just above and just below a tie
+        1 + pow2(-11), 1 + 3 * pow2(-11), -(1 + pow2(-11)),
+        1 + pow2(-11) + pow2(-23), 1 + pow2(-11) - pow2(-23),
+        2049, 2051, -2049,
+        # the largest f16, below the tie to infinity, the tie (-> inf), beyond
+        65504, 65519.99609375, 65520, -65520, 65536, 1e5, 6.1e4,
+        # the smallest normal and the ties below it; subnormal ties
+        pow2(-14), pow2(-14) - pow2(-25), pow2(-14) - pow2(-24),
+        pow2(-24), pow2(-25), 3 * pow2(-25), pow2(-25) + pow2(-40), pow2(-25) - pow2(-40),
+        1.5 * pow2(-24), 2.5 * pow2(-24), 1e-8, -1e-8, 5.96e-8,
+        0.1, 0.2, 1 / 3, 1000.1,
+    ]
+    bf16_edges = [
+        1 + pow2(-8), 1 + 3 * pow2(-8), -(1 + pow2(-8)),
+        1 + pow2(-8) + pow2(-23), 1 + pow2(-8) - pow2(-23),
+        257, 259, -257, 3.0e38, 1e38, -1e38,
+        # the smallest normal, the smallest bf16 subnormal, subnormal ties
+        pow2(-126), pow2(-133), pow2(-134), 3 * pow2(-134), pow2(-134) + pow2(-149),
+        1.5 * pow2(-133), 2.5 * pow2(-133), 1e-40, -1e-40, 1e-45, pow2(-149),
+    ]
+    special_bits = [
+        0x00000000, 0x80000000, 0x7F800000, 0xFF800000,  # +-0, +-inf
+        0x7F7FFFFF, 0xFF7FFFFF,  # +-f32 max: bf16 rounds them to infinity
+        0x7F7F8000, 0x7F7E8000, 0x7F7F7FFF,  # bf16 ties at the top, and just below
+        0x00008000, 0x00018000, 0x00007FFF, 0x80008000,  # bf16 subnormal ties
+        0x7FC00000, 0xFFC00000, 0x7FC12345, 0x7F800001, 0xFF800001, 0x7FBFFFFF,  # NaNs
+        0x7F801000, 0x7FFFFFFF,
+    ]
+    values = list(f32_bits(np.array(f16_edges + bf16_edges, dtype=np.float32))) + special_bits
+    # random f16 ties: the midpoint of two neighbouring finite f16s (exact in
+    # f32) and the f32 values either side of it
+    h = rng.integers(0, 0x7BFF, size=96).astype(np.uint16)
+    h |= (rng.integers(0, 2, size=96) << 15).astype(np.uint16)
+    lo = h.view(np.float16).astype(np.float64)
+    hi = (h + 1).astype(np.uint16).view(np.float16).astype(np.float64)
+    mid = ((lo + hi) / 2).astype(np.float32)
+    for m in mid:
+        values += f32_bits([np.nextafter(m, np.float32(-np.inf)), m,
+                            np.nextafter(m, np.float32(np.inf))])
+    # random bf16 ties: the bf16 bits, then 0x8000, and the f32 values either side
+    b = rng.integers(0, 0x7F7F, size=96).astype(np.uint32)
+    b |= rng.integers(0, 2, size=96).astype(np.uint32) << 15
+    for t in (b << 16) | 0x8000:
+        values += [int(t) - 1, int(t), int(t) + 1]
+    # random bit patterns (any exponent, NaNs included)
+    values += rng.integers(0, 2 ** 32, size=256, dtype=np.uint64).tolist()
+    weight = from_f32_bits(values).reshape(-1, 1)
+    return make_half_case("conversion_edges", weight, [], [])
+
+
+def tie_sum_case():
+    """Bags whose f32 sums (and means) land exactly halfway between two f16 or
+    two bf16 values, so the rounding of PyTorch's half output shows; every
+    table value is exact in both f16 and bf16 (but column 8's 32752 in bf16)."""
+    tiny16, tiny_bf = pow2(-24), pow2(-133)  # the smallest subnormals
+    # bags of rows 0 and 1 sum to f16 ties (columns 0-2, 6; 8 to the tie at
+    # 65520, which is infinity), bf16 ties (3-5, 7), and halve subnormals in
+    # the mean (9-11)
+    r0 = [1, -1, 1, 1, -1, 1, 2048, 256, 32768, tiny16, tiny_bf, 3 * tiny16, -0.0]
+    r1 = [pow2(-11), -pow2(-11), 3 * pow2(-11), pow2(-8), -pow2(-8), 3 * pow2(-8), 1, 1,
+          32752, 0, 0, 0, -0.0]
+    r2 = [-0.0] * 13
+    r3 = [0.0] * 13
+    r4 = [3 * tiny_bf, -3 * tiny16, tiny16, -tiny_bf, 3, 5, 7, 1, 2, 3, pow2(-12), pow2(-9), 0.5]
+    weight = np.array([r0, r1, r2, r3, r4], dtype=np.float32)
+    groups = [[0, 1], [1, 0], [0, 1, 1], [0, 3], [2], [2, 2], [3, 2], [], [0], [0, 1, 3],
+              [4, 3], [4, 2, 3], [0, 4, 1], [1, 1, 0]]
+    indices = [i for g in groups for i in g]
+    starts = np.cumsum([0] + [len(g) for g in groups]).tolist()
+    n = len(indices)
+    # weights of a few magnitudes that keep the weighted sums on ties
+    psw = np.array([(0.5, 2.0, 1.0, -1.0, 0.25)[k % 5] for k in range(n)], np.float32)
+    bags = [
+        (indices, starts[:-1], False, None),
+        (indices, starts[:-1], False, psw),
+        (indices, starts, True, None),
+    ]
+    return make_half_case("tie_sums_5x13", weight, bags, [0, 1, 2, 3, 4, 4, 0])
+
+
+def subnormal_weighted_case():
+    """A weighted bag whose f32 products fall below f32's smallest subnormal
+    (bf16 values: f16 flushes them to zero): a fused multiply-add and a rounded
+    product then add differ by one f32 subnormal, which decides a bf16 tie.
+    Column by column: 2^-67 * 2^-67 = 2^-134 (bits 0x8000), then -2^-75 * 2^-74
+    = -2^-149 (0x7FFF), then 2^-75 * 2^-75 = 2^-150, half an f32 subnormal:
+    fma gives 0x7FFF.8 -> 0x8000, a rounded product gives 0 -> 0x7FFF."""
+    dim = 9
+    signs = np.array([1, -1] * 4 + [1], np.float32)
+    weight = np.stack([signs * pow2(-67), -signs * pow2(-75), signs * pow2(-75)])
+    weight = weight.astype(np.float32)
+    psw = np.array([pow2(-67), pow2(-74), pow2(-75), pow2(-67), pow2(-74), pow2(-75)], np.float32)
+    indices = [0, 1, 2, 2, 1, 0]
+    bags = [(indices, [0, 3], False, psw), (indices, [0, 3, 6], True, None)]
+    assert weight.shape[1] == dim
+    return make_half_case("subnormal_weighted_3x9", weight, bags, [2, 1, 0])
+
+
+def half_cases(quantized_cases):
+    """The half file's cases: conversion edges, tie sums, a subnormal weighted
+    bag, some of the quantized cases' tables and bags (widths 1, 7, 8, 17, 130
+    and special values), and two tables of their own (widths 13 and 33)."""
+    rng = np.random.default_rng(SEED + 1)
+    cases = [conversion_edges(rng), tie_sum_case(), subnormal_weighted_case()]
+    by_name = {c["name"]: c for c in quantized_cases}
+    # bag sets: 0 plain, 2 weighted with include_last_offset, 4 every row reversed
+    for name in ("random_1x1", "random_10x7", "random_13x8", "random_9x17",
+                 "special_finite_8"):
+        cases.append(reused_half_case(by_name[name], [0, 2, 4]))
+    # the widest only with its weighted set: a whole bag set of 130 columns is 4
+    # x 6 x 130 outputs per type
+    cases.append(reused_half_case(by_name["random_12x130"], [2]))
+    for rows, dim in ((11, 13), (6, 33)):
+        scale = 10.0 ** rng.uniform(-3, 3, size=(rows, 1))
+        weight = (rng.standard_normal((rows, dim)) * scale).astype(np.float32)
+        all_sets = bag_sets(rng, rows)
+        bags = [all_sets[k] for k in (0, 1, 3)]
+        cases.append(make_half_case(f"random_{rows}x{dim}", weight, bags,
+                                    bags[0][0][:8] + [rows - 1, 0]))
+    return cases
+
+
+def write_json(path, cases):
     header = {
         "torch_version": torch.__version__,
         "script": "tests/data/pytorch_golden.py",
@@ -311,9 +548,23 @@ def main():
     parts.append("]}")
     text = "\n".join(parts) + "\n"
     json.loads(text)  # the file must parse
-    with open(OUT, "w") as f:
+    with open(path, "w") as f:
         f.write(text)
-    print(f"wrote {OUT}: {len(cases)} cases, {len(text)} bytes", file=sys.stderr)
+    print(f"wrote {path}: {len(cases)} cases, {len(text)} bytes", file=sys.stderr)
+
+
+def main():
+    rng = np.random.default_rng(SEED)
+    cases = []
+    cases += random_cases(rng)
+    cases += tie_cases(rng)
+    for dim in (44, 8, 3):
+        cases.append(special_finite_case(rng, dim))
+    for dim in (44, 8, 3):
+        cases.append(nonfinite_case(dim))
+
+    write_json(OUT, cases)
+    write_json(OUT_HALF, half_cases(cases))
 
 
 if __name__ == "__main__":
