@@ -156,7 +156,7 @@ struct DecodeRow<'a, T> {
 impl<T: RowFormat> BlockBody for DecodeRow<'_, T> {
     #[inline(always)]
     fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize {
-        let affine = Affine::<V>::of(self.table.affine(self.r));
+        let affine = Affine::<V>::of(self.table.affine::<V>(self.r));
         if cols.is_whole() {
             let dst = &mut self.dst[cols.start..cols.start + N * LANES];
             let (out, _) = dst.as_chunks_mut::<LANES>();

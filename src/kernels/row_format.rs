@@ -47,7 +47,7 @@ pub(crate) trait RowFormat: Copy + Sync {
     /// Row `r`'s scale and bias for a packed table, `None` for the others
     /// (whose lanes are values). `r` is a row of the table (the ids were
     /// checked).
-    fn affine(&self, r: usize) -> Option<(f32, f32)>;
+    fn affine<V: Lanes>(&self, r: usize) -> Option<(f32, f32)>;
     /// Hands `sink` the `N` vectors of block `cols` of row `r`, in order:
     /// its values, or for a packed table its levels. One vector at a time,
     /// so a sink that adds each to an accumulator needs no registers for
@@ -216,7 +216,7 @@ impl RowFormat for F32Rows<'_> {
     }
 
     #[inline(always)]
-    fn affine(&self, _r: usize) -> Option<(f32, f32)> {
+    fn affine<V: Lanes>(&self, _r: usize) -> Option<(f32, f32)> {
         None
     }
 
@@ -282,7 +282,7 @@ impl<const BF16: bool> RowFormat for HalfRows<'_, BF16> {
     }
 
     #[inline(always)]
-    fn affine(&self, _r: usize) -> Option<(f32, f32)> {
+    fn affine<V: Lanes>(&self, _r: usize) -> Option<(f32, f32)> {
         None
     }
 
@@ -344,8 +344,8 @@ impl<'a, const BITS: u32> Packed<'a, BITS> {
         }
     }
 
-    /// The levels of eight values from `codes` (`VECTOR_BYTES` bytes, or
-    /// fewer at a row's end, the missing ones read as zeros).
+    /// The levels of the last (fewer than eight) values of a row, from its
+    /// last code bytes, the missing ones read as zeros.
     #[inline(always)]
     fn levels<V: Lanes>(codes: &[u8]) -> V {
         if BITS == 8 {
@@ -364,7 +364,7 @@ impl<'a, const BITS: u32> Packed<'a, BITS> {
     /// A row's scale and bias from the bytes after its codes: `f32`s
     /// after 8-bit codes, `f16`s after 4- and 2-bit ones.
     #[inline(always)]
-    fn scale_bias(tail: &[u8]) -> (f32, f32) {
+    fn scale_bias<V: Lanes>(tail: &[u8]) -> (f32, f32) {
         if BITS == 8 {
             let (s, b) = (&tail[..4], &tail[4..8]);
             (
@@ -373,10 +373,15 @@ impl<'a, const BITS: u32> Packed<'a, BITS> {
             )
         } else {
             let (s, b) = (&tail[..2], &tail[2..4]);
-            (
-                half::f16::from_le_bytes([s[0], s[1]]).to_f32(),
-                half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
-            )
+            // Both through the lanes' conversion (F16C where the CPU has
+            // it): `f16::to_f32` would ask the CPU for F16C twice a row.
+            let halves = [
+                u16::from_le_bytes([s[0], s[1]]),
+                u16::from_le_bytes([b[0], b[1]]),
+            ];
+            let mut both = [0.0; LANES];
+            V::from_f16([halves[0], halves[1], 0, 0, 0, 0, 0, 0]).store(&mut both);
+            (both[0], both[1])
         }
     }
 }
@@ -397,9 +402,9 @@ impl<const BITS: u32> RowFormat for Packed<'_, BITS> {
     }
 
     #[inline(always)]
-    fn affine(&self, r: usize) -> Option<(f32, f32)> {
+    fn affine<V: Lanes>(&self, r: usize) -> Option<(f32, f32)> {
         let at = r * self.row_bytes;
-        Some(Self::scale_bias(
+        Some(Self::scale_bias::<V>(
             &self.bytes[at + self.code_bytes..at + self.row_bytes],
         ))
     }
@@ -411,9 +416,25 @@ impl<const BITS: u32> RowFormat for Packed<'_, BITS> {
         // Blocks start at multiples of 8 columns, so at whole bytes.
         let first = cols.start / Self::PER_BYTE;
         if cols.is_whole() {
+            // One fixed-size load per vector: 8, 4 or 2 bytes of codes.
             let block = &codes[first..first + N * Self::VECTOR_BYTES];
-            for (j, x) in block.chunks_exact(Self::VECTOR_BYTES).enumerate() {
-                sink.take(j, Self::levels(x));
+            match BITS {
+                8 => {
+                    for (j, bytes) in block.as_chunks::<8>().0.iter().enumerate() {
+                        sink.take(j, V::from_u8(*bytes));
+                    }
+                }
+                4 => {
+                    for (j, word) in block.as_chunks::<4>().0.iter().enumerate() {
+                        sink.take(j, V::from_packed::<BITS>(u32::from_le_bytes(*word)));
+                    }
+                }
+                _ => {
+                    for (j, word) in block.as_chunks::<2>().0.iter().enumerate() {
+                        let word = u32::from(u16::from_le_bytes(*word));
+                        sink.take(j, V::from_packed::<BITS>(word));
+                    }
+                }
             }
         } else {
             sink.take(0, Self::levels(&codes[first..]));

@@ -96,7 +96,7 @@ impl<V: Lanes, const N: usize> Visit<V, N> for Running<V, N> {
             best: &mut self.best,
             from: &mut self.from,
             here,
-            affine: Affine::of(table.affine(r)),
+            affine: Affine::of(table.affine::<V>(r)),
         };
         if self.first {
             table.decode(r, cols, &mut TakeAll(sink));

@@ -87,7 +87,7 @@ struct Plain<V, const N: usize>([V; N]);
 impl<V: Lanes, const N: usize> Visit<V, N> for Plain<V, N> {
     #[inline(always)]
     fn visit<T: RowFormat>(&mut self, _p: usize, table: &T, r: usize, cols: Cols<N>) {
-        match Affine::of(table.affine(r)) {
+        match Affine::of(table.affine::<V>(r)) {
             None => table.decode(r, cols, &mut AddValues(&mut self.0)),
             Some(a) => table.decode(
                 r,
@@ -112,7 +112,7 @@ impl<V: Lanes, const N: usize> Visit<V, N> for Weighted<'_, V, N> {
     #[inline(always)]
     fn visit<T: RowFormat>(&mut self, p: usize, table: &T, r: usize, cols: Cols<N>) {
         let w = self.weights[p];
-        match table.affine(r) {
+        match table.affine::<V>(r) {
             None => {
                 let mut sink = AddScaled {
                     acc: &mut self.acc,
