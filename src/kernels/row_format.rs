@@ -448,8 +448,14 @@ impl<const BITS: u32> RowFormat for Packed<'_, BITS> {
         let first = at + cols.start / Self::PER_BYTE;
         let end = at + (cols.start + cols.width).div_ceil(Self::PER_BYTE);
         let base = self.bytes.as_ptr();
-        prefetch::span(base, first, end);
-        prefetch::span(base, at + self.code_bytes, at + self.row_bytes);
+        if end == at + self.code_bytes {
+            // The row's last block: its codes and the scale and bias are one
+            // run of bytes.
+            prefetch::span(base, first, at + self.row_bytes);
+        } else {
+            prefetch::span(base, first, end);
+            prefetch::span(base, at + self.code_bytes, at + self.row_bytes);
+        }
     }
 
     #[inline(always)]
