@@ -807,9 +807,13 @@ pub trait Target {
     fn check_output<I: Id>(_case: &Case<I>, _out: &[f32]) {}
 }
 
-/// The pool of `threads` threads, built once per process: local pools, never
-/// the global one, so what a kernel sees is `threads`.
-fn pool(threads: usize) -> &'static ThreadPool {
+/// The pool of `threads` threads (1 to [`MAX_THREADS`]), built once per
+/// process: local pools, never the global one, so what a kernel sees is
+/// `threads`.
+///
+/// # Panics
+/// If `threads` is 0 or more than [`MAX_THREADS`].
+pub fn pool(threads: usize) -> &'static ThreadPool {
     static POOLS: OnceLock<Vec<ThreadPool>> = OnceLock::new();
     let pools = POOLS.get_or_init(|| {
         (1..=MAX_THREADS)
