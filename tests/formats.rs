@@ -324,3 +324,32 @@ fn owned_tables_round_trip_through_their_bytes() {
         .iter()
         .all(|f| Format::from_name(f.name()) == Some(*f)));
 }
+
+/// An empty table of an absurd width splits into no tasks: no size is
+/// computed from the width alone (found by the `formats` fuzz target:
+/// `TASK_ROWS * dim` overflowed).
+#[test]
+fn empty_tables_of_any_width_pack_and_unpack() {
+    for pool in pools() {
+        for format in ALL {
+            for dim in [1usize << 40, 1 << 62, usize::MAX / 2] {
+                let mut out: [f32; 0] = [];
+                pool.install(|| format.dequantize_with(Parallelism::Rayon, &[], dim, &mut out))
+                    .unwrap();
+                let packed = pool.install(|| format.prepack_with(Parallelism::Rayon, &[], dim));
+                assert_eq!(packed.map(|p| p.len()), Ok(0), "{format:?} dim {dim}");
+            }
+        }
+    }
+}
+
+/// `bf16` back to `f32` keeps every bit, signalling NaNs too (as the
+/// kernels read it).
+#[test]
+fn bf16_widening_keeps_signalling_nans() {
+    let bits = [0x7f86u16, 0xff81, 0x7fc0, 0x0001, 0x8000];
+    let halves: Vec<half::bf16> = bits.iter().map(|&b| half::bf16::from_bits(b)).collect();
+    let wide = formats::bf16_to_f32(&halves);
+    let want: Vec<u32> = bits.iter().map(|&b| u32::from(b) << 16).collect();
+    assert_eq!(common::bits(&wide), want);
+}

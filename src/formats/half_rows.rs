@@ -24,7 +24,11 @@ pub fn f16_to_f32(table: &[f16]) -> Vec<f32> {
     table.to_f32_vec()
 }
 
-/// A `bf16` table back to `f32`s (exact).
+/// A `bf16` table back to `f32`s (exact: a `bf16` is the top half of an
+/// `f32`'s bits, so every value, signalling NaNs included, keeps its bits).
 pub fn bf16_to_f32(table: &[bf16]) -> Vec<f32> {
-    table.to_f32_vec()
+    table
+        .iter()
+        .map(|h| f32::from_bits(u32::from(h.to_bits()) << 16))
+        .collect()
 }

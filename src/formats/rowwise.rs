@@ -145,7 +145,7 @@ impl RowWise {
             // Each task stops at its first bad row; the first failing task
             // holds the first bad row of the table.
             packed
-                .par_chunks_mut(TASK_ROWS * row_bytes)
+                .par_chunks_mut(TASK_ROWS.min(rows) * row_bytes)
                 .enumerate()
                 .map(|(task, out)| pack(task * TASK_ROWS, out))
                 .collect::<Vec<_>>()
@@ -235,7 +235,7 @@ impl RowWise {
     ) -> Result<(), EmbeddingError> {
         let table = PackedTable::new(self, dim, packed)?;
         check_len(Operand::Output, rows_len(table.rows(), dim)?, out.len())?;
-        if dim == 0 {
+        if dim == 0 || table.rows() == 0 {
             return Ok(());
         }
         let unpack = |first: usize, out: &mut [f32]| {
@@ -244,7 +244,9 @@ impl RowWise {
             }
         };
         if par.splits(core::mem::size_of_val(out), PARALLEL_MIN_BYTES) {
-            out.par_chunks_mut(TASK_ROWS * dim)
+            // At most the table's rows per task: `rows × dim` fits, so this
+            // product does too.
+            out.par_chunks_mut(TASK_ROWS.min(table.rows()) * dim)
                 .enumerate()
                 .for_each(|(task, out)| unpack(task * TASK_ROWS, out));
         } else {
