@@ -84,7 +84,9 @@ pub(super) fn forward_on<I: Index, T: RowFormat>(
         dim,
         ids,
         padding_idx: pooling.padding_idx,
-        ahead: prefetch_ahead(dim).min(BAG_MAX_AHEAD_ROWS),
+        // About `PREFETCH_BYTES` of the stored rows ahead: a packed or half
+        // row is smaller than an f32 one, so more of them.
+        ahead: prefetch_ahead(table.row_bytes().div_ceil(4)).min(BAG_MAX_AHEAD_ROWS),
     };
     let task = |first_bag: usize, out: &mut [f32], max_indices: &mut [i64]| {
         isa.run(BagTask {
