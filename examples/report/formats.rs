@@ -21,7 +21,9 @@ use super::common::{table_buffer, Buffer, Data};
 use super::{measure, timed, Budget, Stats};
 use clap::ValueEnum;
 use embedding_kernels::formats::{Format, OwnedTable, PackedTable, TableRef};
-use embedding_kernels::{table_bag_forward_with, table_gather_with, Bags, Parallelism, Pooling};
+use embedding_kernels::{
+    table_bag_forward_with, table_gather_with, Bags, Mode, Parallelism, Pooling,
+};
 use rayon::prelude::*;
 use rayon::ThreadPool;
 use serde::Serialize;
@@ -171,10 +173,9 @@ impl Setup<'_> {
             }
             FormatOp::BagSum | FormatOp::BagSumWarm => {
                 let out = &mut self.out[..bags.len() * table.dim()];
-                let pooling = Pooling::default();
                 let pooling = Pooling {
-                    mode: embedding_kernels::Mode::Sum,
-                    ..pooling
+                    mode: Mode::Sum,
+                    ..Pooling::default()
                 };
                 let mut call = || {
                     pool.install(|| {

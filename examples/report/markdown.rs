@@ -178,9 +178,10 @@ impl Share {
 }
 
 /// The shares of the run: the crate's kernels on the pool (`simd_rayon`)
-/// against a memcpy of the bytes they move, and the layer ops whose
-/// baseline is a memcpy (the speed-up over it, as a percent). Layer ops
-/// judged against a memset or another kernel are in the tables only.
+/// against a memcpy of the bytes they move, the layer ops whose baseline is
+/// a memcpy (the speed-up over it, as a percent), and the format rows of
+/// the reduced formats, one panel each. Layer ops judged against a memset
+/// or another kernel are in the tables only.
 fn shares(report: &Report) -> Vec<Share> {
     let kernels = report
         .rows
@@ -208,7 +209,10 @@ fn shares(report: &Report) -> Vec<Share> {
             pct: 100.0 * r.speedup_vs_baseline,
         })
     });
-    let formats = report.format_rows.iter().map(|r| Share {
+    // The f32 format rows repeat the f32 panel's gather and bag sum (against
+    // another yardstick); they stay in the tables only.
+    let formats = report.format_rows.iter().filter(|r| r.format != FORMAT_F32);
+    let formats = formats.map(|r| Share {
         workload: r.workload,
         op: r.op,
         format: r.format,

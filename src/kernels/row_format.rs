@@ -16,8 +16,7 @@
 //! A block is handed over a vector at a time ([`RowFormat::decode`] into a
 //! [`Sink`]), not returned whole: a sum keeps sixteen accumulators in the
 //! sixteen AVX registers, and a whole decoded block beside them would not
-//! fit (it spilled every vector to the stack, measured 3x slower on 4-bit
-//! rows).
+//! fit: it would spill to the stack.
 //!
 //! No closure touches a lane here (no `array::from_fn`, no `map`): a
 //! closure is compiled apart from the wrapper that enables AVX, and would

@@ -36,14 +36,6 @@ pub(crate) fn widen_half(bits: u16, is_bf16: bool) -> f32 {
     }
 }
 
-/// `v` with a signalling NaN made quiet (its top mantissa bit set).
-pub(crate) fn quieted(v: f32) -> f32 {
-    match v.is_nan() {
-        true => f32::from_bits(v.to_bits() | 0x0040_0000),
-        false => v,
-    }
-}
-
 /// A packed row's scale and bias, read by hand from after its codes.
 pub(crate) fn scale_bias(format: RowWise, dim: usize, row: &[u8]) -> (f32, f32) {
     let (bits, code_bytes, _) = layout(format, dim);
