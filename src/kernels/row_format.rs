@@ -4,8 +4,8 @@
 //!
 //! | type | a row | a block of 8 columns becomes |
 //! | --- | --- | --- |
-//! | [`F32Rows`] | `dim` `f32`s | a load |
-//! | [`HalfRows`] | `dim` `f16` or `bf16` bits | [`Lanes::from_f16`] / [`Lanes::from_bf16`] |
+//! | [`PlainRows`] of `f32` | `dim` `f32`s | a load |
+//! | [`PlainRows`] of `f16` or `bf16` | `dim` halves | [`Lanes::from_f16`] / [`Lanes::from_bf16`] |
 //! | [`Packed`] | FBGEMM's row-wise codes, then a scale and a bias | levels by [`Lanes::from_u8`] / [`Lanes::from_packed`]; the row's `(scale, bias)` from [`RowFormat::affine`] |
 //!
 //! Every decode is exact (a byte, a level, a half is an `f32` exactly), so
@@ -192,14 +192,62 @@ pub(crate) fn each_block<V: Lanes, B: BlockBody>(dim: usize, widest: usize, body
     kept
 }
 
-/// An `f32` table of rows of `dim`.
+/// A value a table holds as it is, eight of which become lanes: `f32`,
+/// `f16` or `bf16`.
+pub(crate) trait Element: Copy + Default + Sync {
+    /// Eight values as lanes, exactly.
+    fn lanes<V: Lanes>(values: &[Self; LANES]) -> V;
+    /// Hints for the `N` vectors of values from `table[at..]`.
+    fn prefetch_block<const N: usize>(table: &[Self], at: usize);
+}
+
+impl Element for f32 {
+    #[inline(always)]
+    fn lanes<V: Lanes>(values: &[f32; LANES]) -> V {
+        V::load(values)
+    }
+
+    #[inline(always)]
+    fn prefetch_block<const N: usize>(table: &[f32], at: usize) {
+        prefetch::block::<N>(table, at);
+    }
+}
+
+impl Element for half::f16 {
+    #[inline(always)]
+    fn lanes<V: Lanes>(values: &[half::f16; LANES]) -> V {
+        V::from_f16(bytemuck::cast(*values))
+    }
+
+    #[inline(always)]
+    fn prefetch_block<const N: usize>(table: &[half::f16], at: usize) {
+        prefetch::span(table.as_ptr().cast(), at * 2, (at + N * LANES) * 2);
+    }
+}
+
+impl Element for half::bf16 {
+    #[inline(always)]
+    fn lanes<V: Lanes>(values: &[half::bf16; LANES]) -> V {
+        V::from_bf16(bytemuck::cast(*values))
+    }
+
+    #[inline(always)]
+    fn prefetch_block<const N: usize>(table: &[half::bf16], at: usize) {
+        prefetch::span(table.as_ptr().cast(), at * 2, (at + N * LANES) * 2);
+    }
+}
+
+/// A table of `dim` values a row, each an `f32`, `f16` or `bf16`.
 #[derive(Clone, Copy)]
-pub(crate) struct F32Rows<'a> {
-    pub(crate) table: &'a [f32],
+pub(crate) struct PlainRows<'a, E> {
+    pub(crate) table: &'a [E],
     pub(crate) dim: usize,
 }
 
-impl RowFormat for F32Rows<'_> {
+/// An `f32` table: what the `f32` kernels read.
+pub(crate) type F32Rows<'a> = PlainRows<'a, f32>;
+
+impl<E: Element> RowFormat for PlainRows<'_, E> {
     const SUM_FROM: f32 = -0.0;
 
     fn dim(&self) -> usize {
@@ -207,7 +255,7 @@ impl RowFormat for F32Rows<'_> {
     }
 
     fn row_bytes(&self) -> usize {
-        self.dim * 4
+        self.dim * core::mem::size_of::<E>()
     }
 
     fn bytes(&self) -> usize {
@@ -225,91 +273,25 @@ impl RowFormat for F32Rows<'_> {
         if cols.is_whole() {
             let (block, _) = self.table[at..at + N * LANES].as_chunks::<LANES>();
             for (j, x) in block.iter().enumerate() {
-                sink.take(j, V::load(x));
+                sink.take(j, E::lanes(x));
             }
         } else {
-            let mut buf = [0.0f32; LANES];
+            let mut buf = [E::default(); LANES];
             buf[..cols.width].copy_from_slice(&self.table[at..at + cols.width]);
-            sink.take(0, V::load(&buf));
+            sink.take(0, E::lanes(&buf));
         }
     }
 
     #[inline(always)]
     fn prefetch_block<const N: usize>(&self, r: usize, cols: Cols<N>) {
-        prefetch::block::<N>(self.table, r * self.dim + cols.start);
+        E::prefetch_block::<N>(self.table, r * self.dim + cols.start);
     }
 
     #[inline(always)]
     fn prefetch_row(&self, r: usize) {
-        prefetch::row(&self.table[r * self.dim..(r + 1) * self.dim]);
-    }
-}
-
-/// A half-precision table: the bits of `dim` `bf16`s a row when `BF16`,
-/// else of `dim` `f16`s.
-#[derive(Clone, Copy)]
-pub(crate) struct HalfRows<'a, const BF16: bool> {
-    pub(crate) table: &'a [u16],
-    pub(crate) dim: usize,
-}
-
-impl<const BF16: bool> HalfRows<'_, BF16> {
-    /// Eight halves as lanes.
-    #[inline(always)]
-    fn widen<V: Lanes>(halves: [u16; LANES]) -> V {
-        if BF16 {
-            V::from_bf16(halves)
-        } else {
-            V::from_f16(halves)
-        }
-    }
-}
-
-impl<const BF16: bool> RowFormat for HalfRows<'_, BF16> {
-    const SUM_FROM: f32 = -0.0;
-
-    fn dim(&self) -> usize {
-        self.dim
-    }
-
-    fn row_bytes(&self) -> usize {
-        self.dim * 2
-    }
-
-    fn bytes(&self) -> usize {
-        core::mem::size_of_val(self.table)
-    }
-
-    #[inline(always)]
-    fn affine<V: Lanes>(&self, _r: usize) -> Option<(f32, f32)> {
-        None
-    }
-
-    #[inline(always)]
-    fn decode<V: Lanes, const N: usize, S: Sink<V>>(&self, r: usize, cols: Cols<N>, sink: &mut S) {
-        let at = r * self.dim + cols.start;
-        if cols.is_whole() {
-            let (block, _) = self.table[at..at + N * LANES].as_chunks::<LANES>();
-            for (j, &x) in block.iter().enumerate() {
-                sink.take(j, Self::widen(x));
-            }
-        } else {
-            let mut buf = [0u16; LANES];
-            buf[..cols.width].copy_from_slice(&self.table[at..at + cols.width]);
-            sink.take(0, Self::widen(buf));
-        }
-    }
-
-    #[inline(always)]
-    fn prefetch_block<const N: usize>(&self, r: usize, cols: Cols<N>) {
-        let at = (r * self.dim + cols.start) * 2;
-        prefetch::span(self.table.as_ptr().cast(), at, at + cols.width * 2);
-    }
-
-    #[inline(always)]
-    fn prefetch_row(&self, r: usize) {
-        let at = r * self.dim * 2;
-        prefetch::span(self.table.as_ptr().cast(), at, at + self.dim * 2);
+        let size = core::mem::size_of::<E>();
+        let at = r * self.dim * size;
+        prefetch::span(self.table.as_ptr().cast(), at, at + self.dim * size);
     }
 }
 
@@ -479,14 +461,8 @@ pub(crate) fn dispatch<O: OnRows>(table: &TableRef<'_>, op: O) -> O::Output {
     let dim = table.dim();
     match table.data() {
         Data::F32(table) => op.on(F32Rows { table, dim }),
-        Data::F16(halves) => op.on(HalfRows::<false> {
-            table: bytemuck::cast_slice(halves),
-            dim,
-        }),
-        Data::Bf16(halves) => op.on(HalfRows::<true> {
-            table: bytemuck::cast_slice(halves),
-            dim,
-        }),
+        Data::F16(table) => op.on(PlainRows { table, dim }),
+        Data::Bf16(table) => op.on(PlainRows { table, dim }),
         Data::Packed(packed) => match packed.format() {
             RowWise::Int8 => op.on(Packed::<8>::new(&packed)),
             RowWise::Int4 => op.on(Packed::<4>::new(&packed)),
