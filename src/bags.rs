@@ -1,5 +1,6 @@
 //! Bag boundaries: [`Bags`], PyTorch's `offsets` checked once.
 
+use crate::buffer;
 use crate::error::EmbeddingError;
 use crate::index::Index;
 use crate::shape::rows_len;
@@ -75,13 +76,20 @@ impl Bags {
     /// shape `[num_bags, bag_size]`.
     ///
     /// # Errors
-    /// [`EmbeddingError::SizeOverflow`] if the product overflows.
+    /// [`EmbeddingError::SizeOverflow`] if the product overflows,
+    /// [`EmbeddingError::AllocationFailed`] if the `num_bags + 1` bag starts
+    /// cannot be allocated.
     pub fn fixed(num_bags: usize, bag_size: usize) -> Result<Bags, EmbeddingError> {
         let num_ids = rows_len(num_bags, bag_size)?;
-        Ok(Bags {
-            starts: (0..=num_bags).map(|b| b * bag_size).collect(),
-            num_ids,
-        })
+        let count = num_bags
+            .checked_add(1)
+            .ok_or(EmbeddingError::AllocationFailed {
+                what: "bag starts",
+                bytes: (num_bags as u128 + 1) * core::mem::size_of::<usize>() as u128,
+            })?;
+        let mut starts = buffer::with_capacity(count, "bag starts")?;
+        starts.extend((0..count).map(|b| b * bag_size));
+        Ok(Bags { starts, num_ids })
     }
 
     /// How many bags.

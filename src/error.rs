@@ -118,10 +118,11 @@ pub enum EmbeddingError {
         got: usize,
     },
 
-    /// `count × embedding_dim` does not fit in `usize`.
-    #[error("{count} ids × embedding_dim {dim} overflows usize")]
+    /// `count × embedding_dim` does not fit in `usize`: the values of
+    /// `count` ids (or the `count` rows of a table) cannot be counted.
+    #[error("{count} rows × embedding_dim {dim} overflows usize")]
     SizeOverflow {
-        /// The number of ids.
+        /// The number of ids, or of rows.
         count: usize,
         /// The row width.
         dim: usize,
@@ -242,6 +243,17 @@ pub enum EmbeddingError {
     RangeOverflow {
         /// The row.
         row: usize,
+    },
+
+    /// The memory a call needs could not be allocated: the allocator
+    /// refused `bytes` bytes (or that many do not fit the address space).
+    /// Nothing was written, and the call can be retried with less.
+    #[error("could not allocate {bytes} bytes for the {what}")]
+    AllocationFailed {
+        /// What the memory was for ("table", "output", ...).
+        what: &'static str,
+        /// How many bytes were asked for.
+        bytes: u128,
     },
 
     /// A table's bytes (packed rows, or the little-endian values of an

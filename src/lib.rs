@@ -123,6 +123,7 @@
 #![warn(missing_docs)]
 
 mod bags;
+mod buffer;
 pub mod embedding;
 pub mod embedding_bag;
 pub mod error;
