@@ -303,7 +303,7 @@ impl Workspace {
             data,
             layer,
             out: vec![0.0; w.num_ids * w.dim],
-            positions: sinusoidal_positions(seq_len, w.dim),
+            positions: sinusoidal_positions(seq_len, w.dim).unwrap(),
             seq_len,
             token_checked: false,
             bag_layer: None,
@@ -330,14 +330,16 @@ impl Workspace {
             previous => {
                 let weight = match previous {
                     Some(old) => {
-                        let mut weight = zeroed_table(old.table().weight().len());
+                        let mut weight = zeroed_table(old.table().weight().len()).unwrap();
                         weight.copy_from_slice(old.table().weight());
                         weight
                     }
                     None => {
                         let empty = Embedding::from_pretrained(Vec::new(), dim, false)
                             .expect("an empty table");
-                        std::mem::replace(&mut self.layer, empty).into_weight()
+                        std::mem::replace(&mut self.layer, empty)
+                            .into_weight()
+                            .unwrap()
                     }
                 };
                 let options = EmbeddingBagOptions {
@@ -420,7 +422,7 @@ fn forward(c: &mut Criterion, lazy: &mut Lazy) {
 /// The table-sized buffer in `slot`, zeroed (in huge pages) by the first
 /// call.
 fn table_in(slot: &mut Option<Vec<f32>>, len: usize) -> &mut [f32] {
-    slot.get_or_insert_with(|| zeroed_table(len))
+    slot.get_or_insert_with(|| zeroed_table(len).unwrap())
 }
 
 /// `layer_dense_backward`: the dense gradient written once, beside zeroing

@@ -63,7 +63,7 @@ fn main() -> Result<(), EmbeddingError> {
     //    `reference` module computes exactly that (slowly) as the oracle
     //    every kernel is tested against.
     let hot = one_hot(&ids, vocab.len())?; // [5, V], one 1 per row
-    let product = matmul(&hot, emb.weight(), ids.len(), vocab.len(), DIM); // [5, V]·[V, 4]
+    let product = matmul(&hot, emb.weight(), ids.len(), vocab.len(), DIM)?; // [5, V]·[V, 4]
     println!("4. one_hot(ids) · weight, one-hot rows shown as digits:");
     for (hot_row, row) in hot.chunks(vocab.len()).zip(product.chunks(DIM)) {
         let digits: String = hot_row
@@ -141,7 +141,7 @@ fn main() -> Result<(), EmbeddingError> {
     // 7. A transformer's input: token vectors plus sinusoidal positions
     //    (Vaswani et al., 2017), fused into one pass. `None`: no sqrt(dim)
     //    scaling of the token rows.
-    let positions = sinusoidal_positions(seq, DIM); // [max_len = seq, 4]
+    let positions = sinusoidal_positions(seq, DIM)?; // [max_len = seq, 4]
     let mut x = vec![0.0; batch.len() * DIM];
     embed_positions(
         padded_emb.weight(),

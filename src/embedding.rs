@@ -103,6 +103,9 @@ pub enum Gradient {
 }
 
 /// An embedding layer that owns its table; see the [module notes](self).
+///
+/// Cloning copies the table, and running out of memory for it aborts, as it
+/// does for a `Vec`; [`try_clone`](Self::try_clone) returns an error instead.
 #[derive(Clone, Debug)]
 pub struct Embedding {
     weight: AlignedTable,
@@ -119,10 +122,13 @@ pub struct Embedding {
 
 impl Embedding {
     /// A `num_embeddings × embedding_dim` table drawn from N(0, 1) with a
-    /// seed from the operating system, as `nn.Embedding(n, d)`.
+    /// seed from the operating system, as `nn.Embedding(n, d)`. Every value
+    /// is written, so a table the allocator grants takes its memory for real.
     ///
     /// # Errors
-    /// [`EmbeddingError::SizeOverflow`] if the table cannot be sized.
+    /// [`EmbeddingError::SizeOverflow`] if `num_embeddings × embedding_dim`
+    /// overflows `usize`, [`EmbeddingError::AllocationFailed`] if the table's
+    /// memory cannot be allocated.
     pub fn new(num_embeddings: usize, embedding_dim: usize) -> Result<Embedding, EmbeddingError> {
         Embedding::with_options(num_embeddings, embedding_dim, EmbeddingOptions::default())
     }
@@ -133,9 +139,11 @@ impl Embedding {
     /// values, `rand_distr`'s `StandardNormal`).
     ///
     /// # Errors
-    /// [`EmbeddingError::SizeOverflow`], or an invalid option
+    /// [`EmbeddingError::SizeOverflow`], an invalid option
     /// ([`EmbeddingError::PaddingIdxOutOfRange`],
-    /// [`EmbeddingError::InvalidArgument`]).
+    /// [`EmbeddingError::InvalidArgument`]), checked in that order before
+    /// anything is allocated; then [`EmbeddingError::AllocationFailed`] if
+    /// the table's memory cannot be allocated.
     pub fn with_options(
         num_embeddings: usize,
         embedding_dim: usize,
@@ -168,7 +176,8 @@ impl Embedding {
     /// once into the layer's line-aligned table ([`AlignedTable`]).
     ///
     /// # Errors
-    /// A shape error for `weight`.
+    /// A shape error for `weight`, or [`EmbeddingError::AllocationFailed`]
+    /// if the aligned copy cannot be allocated.
     pub fn from_pretrained(
         weight: Vec<f32>,
         embedding_dim: usize,
@@ -186,7 +195,9 @@ impl Embedding {
     /// row is kept as given, as in PyTorch.
     ///
     /// # Errors
-    /// A shape error for `weight`, or an invalid option.
+    /// A shape error for `weight`, an invalid option, or
+    /// [`EmbeddingError::AllocationFailed`] if the aligned copy cannot be
+    /// allocated.
     pub fn from_pretrained_with_options(
         weight: Vec<f32>,
         embedding_dim: usize,
@@ -194,10 +205,12 @@ impl Embedding {
         options: EmbeddingOptions,
     ) -> Result<Embedding, EmbeddingError> {
         let rows = table_rows(weight.len(), embedding_dim, Operand::Table)?;
+        // The options are checked before the copy is allocated.
+        let empty = AlignedTable::zeroed(0)?;
+        let mut layer = Embedding::configured(empty, rows, embedding_dim, &options)?;
         // The layer keeps its table line-aligned (see `AlignedTable`): one
         // copy here, and `weight` is freed.
-        let weight = AlignedTable::from_slice(&weight)?;
-        let mut layer = Embedding::configured(weight, rows, embedding_dim, &options)?;
+        layer.weight = AlignedTable::from_slice(&weight)?;
         layer.frozen = freeze;
         Ok(layer)
     }
@@ -289,8 +302,33 @@ impl Embedding {
 
     /// The table, as a `Vec` (a copy: the layer keeps its table in an
     /// [`AlignedTable`]).
-    pub fn into_weight(self) -> Vec<f32> {
-        self.weight.to_vec()
+    ///
+    /// # Errors
+    /// [`EmbeddingError::AllocationFailed`] if the copy cannot be allocated.
+    pub fn into_weight(self) -> Result<Vec<f32>, EmbeddingError> {
+        crate::buffer::copied(&self.weight, "table")
+    }
+
+    /// A copy of the layer, or an error where [`Clone::clone`] would abort
+    /// (cloning copies the table; running out of memory aborts, as it does
+    /// for a `Vec`).
+    ///
+    /// # Errors
+    /// [`EmbeddingError::AllocationFailed`] if the table's copy cannot be
+    /// allocated.
+    pub fn try_clone(&self) -> Result<Embedding, EmbeddingError> {
+        Ok(Embedding {
+            weight: self.weight.try_clone()?,
+            num_embeddings: self.num_embeddings,
+            embedding_dim: self.embedding_dim,
+            padding_idx: self.padding_idx,
+            max_norm: self.max_norm,
+            norm_type: self.norm_type,
+            scale_grad_by_freq: self.scale_grad_by_freq,
+            sparse: self.sparse,
+            frozen: self.frozen,
+            parallelism: self.parallelism,
+        })
     }
 
     /// Row `id`.
@@ -345,8 +383,11 @@ impl Embedding {
     ///
     /// # Errors
     /// [`EmbeddingError::IdsShape`] if `shape` does not hold `ids.len()` ids,
-    /// [`EmbeddingError::IndexOutOfRange`] for a bad id; then the table is
-    /// untouched too.
+    /// [`EmbeddingError::SizeOverflow`] if `ids.len() × embedding_dim`
+    /// overflows, [`EmbeddingError::IndexOutOfRange`] for a bad id (all
+    /// checked before anything is allocated), then
+    /// [`EmbeddingError::AllocationFailed`] for the output or the
+    /// renormalisation's workspace; then the table is untouched too.
     pub fn forward<I: Index>(
         &mut self,
         ids: &[I],
@@ -354,19 +395,25 @@ impl Embedding {
     ) -> Result<Embedded, EmbeddingError> {
         check_shape(ids.len(), shape)?;
         let len = rows_len(ids.len(), self.embedding_dim)?;
-        let mut values = crate::memory::zeroed_table(len);
-        self.forward_into(ids, &mut values)?;
-        let mut shape = shape.to_vec();
-        shape.push(self.embedding_dim);
-        Ok(Embedded { values, shape })
+        let valid = ValidIds::new(ids, self.num_embeddings)?;
+        let mut values = crate::memory::zeroed_floats(len, "output")?;
+        let mut shape_out = crate::buffer::with_capacity(shape.len() + 1, "output")?;
+        shape_out.extend_from_slice(shape);
+        shape_out.push(self.embedding_dim);
+        self.lookup_valid(valid, &mut values)?;
+        Ok(Embedded {
+            values,
+            shape: shape_out,
+        })
     }
 
     /// [`forward`](Self::forward) into a caller's buffer of `ids.len() ×
     /// embedding_dim` values (any shape of ids).
     ///
     /// # Errors
-    /// A shape error for `out` or [`EmbeddingError::IndexOutOfRange`]; then
-    /// `out` and the table are untouched.
+    /// A shape error for `out` or [`EmbeddingError::IndexOutOfRange`], or
+    /// [`EmbeddingError::AllocationFailed`] for the renormalisation's
+    /// workspace; then `out` and the table are untouched.
     pub fn forward_into<I: Index>(
         &mut self,
         ids: &[I],
@@ -375,7 +422,17 @@ impl Embedding {
         let len = rows_len(ids.len(), self.embedding_dim)?;
         check_len(Operand::Output, len, out.len())?;
         let valid = ValidIds::new(ids, self.num_embeddings)?;
-        self.renorm_rows(valid);
+        self.lookup_valid(valid, out)
+    }
+
+    /// The renormalisation and the lookup of checked ids into an output of
+    /// the right length; fails only before anything is written.
+    fn lookup_valid<I: Index>(
+        &mut self,
+        valid: ValidIds<'_, I>,
+        out: &mut [f32],
+    ) -> Result<(), EmbeddingError> {
+        self.renorm_rows(valid)?;
         gather_valid(
             self.parallelism,
             &self.weight,
@@ -410,19 +467,48 @@ impl Embedding {
     /// [`forward_into`](Self::forward_into) runs it before its lookup, and so
     /// do the fused kernels that read the table themselves
     /// ([`InputEmbedding`](crate::input::InputEmbedding),
-    /// [`EmbeddingBag`](crate::EmbeddingBag)).
-    pub(crate) fn renorm_rows<I: Index>(&mut self, ids: ValidIds<'_, I>) {
+    /// [`EmbeddingBag`](crate::EmbeddingBag)). Fails only when the grouping
+    /// of `ids` cannot be allocated, and then the table is untouched.
+    pub(crate) fn renorm_rows<I: Index>(
+        &mut self,
+        ids: ValidIds<'_, I>,
+    ) -> Result<(), EmbeddingError> {
+        let plan = self.renorm_plan(ids)?;
+        self.renorm(plan);
+        Ok(())
+    }
+
+    /// The allocating half of [`renorm_rows`](Self::renorm_rows): `ids`
+    /// grouped by row, or `None` without `max_norm`. A caller renormalising
+    /// two tables makes both plans before it changes either.
+    pub(crate) fn renorm_plan<I: Index>(
+        &self,
+        ids: ValidIds<'_, I>,
+    ) -> Result<Option<RenormPlan>, EmbeddingError> {
         debug_assert_eq!(ids.num_embeddings(), self.num_embeddings);
-        let Some(max_norm) = self.max_norm else {
+        if self.max_norm.is_none() {
+            return Ok(None);
+        }
+        // The bytes the rows span, saturated: `dim` alone may be near
+        // `usize::MAX` (a table of no rows), and this only picks a strategy.
+        let bytes = ids
+            .len()
+            .saturating_mul(self.embedding_dim)
+            .saturating_mul(core::mem::size_of::<f32>());
+        Ok(Some(RenormPlan {
+            groups: Groups::new(ids, None)?,
+            split: self.parallelism.splits(bytes, PARALLEL_MIN_BYTES),
+        }))
+    }
+
+    /// The writing half of [`renorm_rows`](Self::renorm_rows); cannot fail.
+    pub(crate) fn renorm(&mut self, plan: Option<RenormPlan>) {
+        let (Some(plan), Some(max_norm)) = (plan, self.max_norm) else {
             return;
         };
         let dim = self.embedding_dim;
-        let par = self
-            .parallelism
-            .splits(ids.len().saturating_mul(dim * 4), PARALLEL_MIN_BYTES);
-        let groups = Groups::new(ids, None);
         let (p, max_norm) = (self.norm_type, f64::from(max_norm));
-        kernels::for_each_row(par, &groups, &mut self.weight, dim, |row| {
+        kernels::for_each_row(plan.split, &plan.groups, &mut self.weight, dim, |row| {
             let norm = p_norm(row, p);
             if norm > max_norm {
                 let scale = (max_norm / (norm + 1e-7)) as f32;
@@ -435,7 +521,9 @@ impl Embedding {
     /// embedding_dim`), dense or sparse as the `sparse` option says.
     ///
     /// # Errors
-    /// A shape error or [`EmbeddingError::IndexOutOfRange`].
+    /// A shape error or [`EmbeddingError::IndexOutOfRange`] (checked before
+    /// anything is allocated), then [`EmbeddingError::AllocationFailed`] if
+    /// the gradient or its workspace cannot be allocated.
     pub fn backward<I: Index>(
         &self,
         grad_output: &[f32],
@@ -464,7 +552,7 @@ impl Embedding {
             grad_output.len(),
         )?;
         ValidIds::new(ids, self.num_embeddings)?;
-        let mut grad = crate::memory::zeroed_table(self.weight.len());
+        let mut grad = crate::memory::zeroed_floats(self.weight.len(), "gradient")?;
         self.backward_dense_into(grad_output, ids, &mut grad)?;
         Ok(grad)
     }
@@ -524,8 +612,10 @@ impl Embedding {
     ///
     /// # Errors
     /// A shape error, [`EmbeddingError::IndexOutOfRange`], an invalid
-    /// hyper-parameter, or an optimiser state made for another table; then
-    /// nothing has changed.
+    /// hyper-parameter, or an optimiser state made for another table (all
+    /// checked before anything is allocated), then
+    /// [`EmbeddingError::AllocationFailed`] for the grouping of the ids or a
+    /// first step's optimiser state; then nothing has changed.
     pub fn sparse_step<I: Index, O: SparseOptimizer>(
         &mut self,
         grad_output: &[f32],
@@ -542,17 +632,43 @@ impl Embedding {
         if self.frozen {
             return Ok(());
         }
+        // The optimiser's checks, then the grouping (the one allocation
+        // besides a first step's state), then the step.
+        optimizer.check(self.num_embeddings, dim)?;
+        let groups = self.step_groups(valid)?;
+        self.step_grouped(grad_output, &groups, optimizer)
+    }
+
+    /// The allocating half of [`sparse_step`](Self::sparse_step): the
+    /// checked ids grouped by row, less the padding row.
+    pub(crate) fn step_groups<I: Index>(
+        &self,
+        valid: ValidIds<'_, I>,
+    ) -> Result<Groups, EmbeddingError> {
+        Groups::new(valid, self.padding_idx)
+    }
+
+    /// The writing half of [`sparse_step`](Self::sparse_step), on checked
+    /// arguments and their [`step_groups`](Self::step_groups): fails only
+    /// as `optimizer`'s step begins (a first step's state), before any
+    /// write.
+    pub(crate) fn step_grouped<O: SparseOptimizer>(
+        &mut self,
+        grad_output: &[f32],
+        groups: &Groups,
+        optimizer: &mut O,
+    ) -> Result<(), EmbeddingError> {
+        let dim = self.embedding_dim;
         let (rule, state) = optimizer.begin_step(self.num_embeddings, dim)?;
         let target = Target {
             weight: &mut self.weight,
             dim,
             state,
-            padding_idx: self.padding_idx,
         };
         kernels::fused_update(
             self.parallelism,
             grad_output,
-            valid,
+            groups,
             self.scale_grad_by_freq,
             target,
             &rule,
@@ -566,7 +682,9 @@ impl Embedding {
     ///
     /// # Errors
     /// [`EmbeddingError::LengthMismatch`] if `grad` is for another table
-    /// shape, or an invalid hyper-parameter; then nothing has changed.
+    /// shape, an invalid hyper-parameter or optimiser state, then
+    /// [`EmbeddingError::AllocationFailed`] for the workspace or a first
+    /// step's optimiser state; then nothing has changed.
     pub fn apply_sparse<O: SparseOptimizer>(
         &mut self,
         grad: &SparseGrad,
@@ -583,14 +701,15 @@ impl Embedding {
         if self.frozen {
             return Ok(());
         }
+        optimizer.check(self.num_embeddings, dim)?;
+        let groups = kernels::sparse_groups(grad, self.padding_idx)?;
         let (rule, state) = optimizer.begin_step(self.num_embeddings, dim)?;
         let target = Target {
             weight: &mut self.weight,
             dim,
             state,
-            padding_idx: self.padding_idx,
         };
-        kernels::apply_sparse(self.parallelism, grad, target, &rule);
+        kernels::apply_sparse(self.parallelism, grad, &groups, target, &rule);
         Ok(())
     }
 
@@ -649,6 +768,12 @@ impl Embedding {
             }
         })
     }
+}
+
+/// A [`Embedding::renorm_plan`]: the rows to visit, and whether on the pool.
+pub(crate) struct RenormPlan {
+    groups: Groups,
+    split: bool,
 }
 
 /// Fails unless `shape` holds exactly `len` ids.

@@ -22,8 +22,8 @@ use crate::embedding::{Embedding, EmbeddingOptions, Gradient};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::Index;
 use crate::kernels::{
-    bag_backward_with, bag_fused_update, bag_max_backward, bag_sparse_backward_with,
-    check_backward_call, check_forward, forward_valid, Target,
+    bag_backward_with, bag_max_backward, bag_sparse_backward_with, check_backward_call,
+    check_forward, check_forward_unallocated, forward_valid, BagUpdate, Target,
 };
 use crate::optim::SparseOptimizer;
 use crate::parallel::Parallelism;
@@ -95,6 +95,9 @@ pub struct BagOutput {
 }
 
 /// An embedding-bag layer; see the [module notes](self).
+///
+/// Cloning copies the table, and running out of memory for it aborts, as it
+/// does for a `Vec`; [`try_clone`](Self::try_clone) returns an error instead.
 #[derive(Clone, Debug)]
 pub struct EmbeddingBag {
     table: Embedding,
@@ -106,7 +109,9 @@ impl EmbeddingBag {
     /// A `num_embeddings × embedding_dim` table drawn from N(0, 1), mean mode.
     ///
     /// # Errors
-    /// [`EmbeddingError::SizeOverflow`] if the table cannot be sized.
+    /// [`EmbeddingError::SizeOverflow`] if the table cannot be sized,
+    /// [`EmbeddingError::AllocationFailed`] if its memory cannot be
+    /// allocated.
     pub fn new(
         num_embeddings: usize,
         embedding_dim: usize,
@@ -122,7 +127,8 @@ impl EmbeddingBag {
     /// options; a seed gives the same bits as [`Embedding::with_options`].
     ///
     /// # Errors
-    /// A size or option error.
+    /// A size or option error, then [`EmbeddingError::AllocationFailed`] if
+    /// the table's memory cannot be allocated.
     pub fn with_options(
         num_embeddings: usize,
         embedding_dim: usize,
@@ -141,7 +147,8 @@ impl EmbeddingBag {
     /// Wraps an existing table, as `nn.EmbeddingBag.from_pretrained`.
     ///
     /// # Errors
-    /// A shape or option error.
+    /// A shape or option error, then [`EmbeddingError::AllocationFailed`] if
+    /// the table's aligned copy cannot be allocated.
     pub fn from_pretrained(
         weight: Vec<f32>,
         embedding_dim: usize,
@@ -188,6 +195,19 @@ impl EmbeddingBag {
     /// The table, as the [`Embedding`] it is kept in.
     pub fn into_table(self) -> Embedding {
         self.table
+    }
+
+    /// A copy of the layer, or an error where [`Clone::clone`] would abort.
+    ///
+    /// # Errors
+    /// [`EmbeddingError::AllocationFailed`] if the table's copy cannot be
+    /// allocated.
+    pub fn try_clone(&self) -> Result<EmbeddingBag, EmbeddingError> {
+        Ok(EmbeddingBag {
+            table: self.table.try_clone()?,
+            mode: self.mode,
+            include_last_offset: self.include_last_offset,
+        })
     }
 
     /// The same layer with another threading choice for its kernels.
@@ -247,23 +267,33 @@ impl EmbeddingBag {
     /// the winning ids.
     ///
     /// # Errors
-    /// A shape error, [`EmbeddingError::PerSampleWeightsNeedSum`] or
-    /// [`EmbeddingError::IndexOutOfRange`]; then nothing has changed, the
-    /// table included.
+    /// A shape error (including [`EmbeddingError::SizeOverflow`] for
+    /// `bags × embedding_dim`), [`EmbeddingError::PerSampleWeightsNeedSum`]
+    /// or [`EmbeddingError::IndexOutOfRange`] (all checked before anything
+    /// is allocated), then [`EmbeddingError::AllocationFailed`] for the
+    /// outputs or the renormalisation's workspace; then nothing has changed,
+    /// the table included.
     pub fn forward<I: Index>(
         &mut self,
         ids: &[I],
         bags: &Bags,
         per_sample_weights: Option<&[f32]>,
     ) -> Result<BagOutput, EmbeddingError> {
-        let len = rows_len(bags.len(), self.embedding_dim())?;
-        let mut values = crate::memory::zeroed_table(len);
+        let pooling = self.pooling(per_sample_weights);
+        let dim = self.embedding_dim();
+        let rows = self.table.num_embeddings();
+        let (valid, len) = check_forward_unallocated(rows, dim, ids, bags, &pooling)?;
+        let mut values = crate::memory::zeroed_floats(len, "output")?;
         let mut max_indices = if self.mode == Mode::Max {
-            vec![0; len]
+            crate::buffer::zeroed(len, "max_indices")?
         } else {
             Vec::new()
         };
-        self.forward_into(ids, bags, per_sample_weights, &mut values, &mut max_indices)?;
+        self.table.renorm_rows(valid)?;
+        let par = self.table.parallelism();
+        let weight = self.table.weight();
+        let (out, at) = (&mut values[..], &mut max_indices[..]);
+        forward_valid(par, weight, dim, valid, bags, &pooling, out, at);
         Ok(BagOutput {
             values,
             shape: [bags.len(), self.embedding_dim()],
@@ -275,7 +305,8 @@ impl EmbeddingBag {
     /// only written in max mode, and may be empty otherwise).
     ///
     /// # Errors
-    /// As [`forward`](Self::forward); then the buffers and the table are
+    /// As [`forward`](Self::forward) (the only allocation is the
+    /// renormalisation's workspace); then the buffers and the table are
     /// untouched.
     pub fn forward_into<I: Index>(
         &mut self,
@@ -291,7 +322,7 @@ impl EmbeddingBag {
         // then runs on the checked ids.
         let weight = self.table.weight();
         let valid = check_forward(weight, dim, ids, bags, &pooling, out, max_indices)?;
-        self.table.renorm_rows(valid);
+        self.table.renorm_rows(valid)?;
         let par = self.table.parallelism();
         let weight = self.table.weight();
         forward_valid(par, weight, dim, valid, bags, &pooling, out, max_indices);
@@ -304,7 +335,9 @@ impl EmbeddingBag {
     ///
     /// # Errors
     /// A shape error, an id error, or [`EmbeddingError::MaxNeedsIndices`]
-    /// for max mode without `max_indices`.
+    /// for max mode without `max_indices` (checked before anything is
+    /// allocated), then [`EmbeddingError::AllocationFailed`] if the gradient
+    /// or its workspace cannot be allocated.
     pub fn backward<I: Index>(
         &self,
         grad_output: &[f32],
@@ -330,7 +363,12 @@ impl EmbeddingBag {
             let weight = self.table.weight();
             check_backward_call(grad_output, dim, ids, bags, &pooling, weight.len())?;
         }
-        let mut dense = crate::memory::zeroed_table(self.table.weight().len());
+        if self.mode == Mode::Max {
+            let indices = max_indices.ok_or(EmbeddingError::MaxNeedsIndices)?;
+            check_max_backward(grad_output, dim, indices, self.table.num_embeddings())?;
+        }
+        let len = self.table.weight().len();
+        let mut dense = crate::memory::zeroed_floats(len, "gradient")?;
         self.backward_dense_into(
             grad_output,
             ids,
@@ -395,11 +433,13 @@ impl EmbeddingBag {
         let dim = self.embedding_dim();
         let rows = self.table.num_embeddings();
         if self.mode == Mode::Max {
-            // The dense gradient, then its winning rows.
             let indices = max_indices.ok_or(EmbeddingError::MaxNeedsIndices)?;
-            let mut dense = crate::memory::zeroed_table(self.table.weight().len());
-            self.backward_dense_into(grad_output, ids, bags, None, Some(indices), &mut dense)?;
-            return max_sparse(&dense, indices, rows, dim);
+            check_len(
+                Operand::GradOutput,
+                rows_len(bags.len(), dim)?,
+                grad_output.len(),
+            )?;
+            return max_sparse(grad_output, dim, indices, rows);
         }
         let pooling = self.pooling(per_sample_weights);
         let par = self.table.parallelism();
@@ -412,7 +452,10 @@ impl EmbeddingBag {
     ///
     /// # Errors
     /// As [`backward`](Self::backward), [`EmbeddingError::MaxNeedsIndices`]
-    /// in max mode, or an optimiser error; then nothing has changed.
+    /// in max mode, or an optimiser error (all checked before anything is
+    /// allocated), then [`EmbeddingError::AllocationFailed`] for the
+    /// workspace or a first step's optimiser state; then nothing has
+    /// changed.
     pub fn sparse_step<I: Index, O: SparseOptimizer>(
         &mut self,
         grad_output: &[f32],
@@ -429,16 +472,16 @@ impl EmbeddingBag {
             return Ok(());
         }
         let rows = self.table.num_embeddings();
+        optimizer.check(rows, dim)?;
+        let update = BagUpdate::new(grad_output, dim, ids, bags, &pooling)?;
         let (rule, state) = optimizer.begin_step(rows, dim)?;
         let par = self.table.parallelism();
-        let padding_idx = self.table.padding_idx();
         let target = Target {
             weight: self.table.weight_mut(),
             dim,
             state,
-            padding_idx,
         };
-        bag_fused_update(par, grad_output, ids, bags, &pooling, target, &rule);
+        update.apply(par, target, &rule);
         Ok(())
     }
 
@@ -467,24 +510,55 @@ fn check_options(options: &EmbeddingBagOptions) -> Result<(), EmbeddingError> {
     Ok(())
 }
 
-/// The rows of a max backward's dense gradient that won anything, as a
-/// coalesced sparse gradient.
-fn max_sparse(
-    dense: &[f32],
-    indices: &[i64],
-    rows: usize,
+/// The checks of a max backward after `grad_output`'s length, in
+/// [`bag_max_backward`]'s order: `max_indices` as long as `grad_output`,
+/// each -1 or a row.
+fn check_max_backward(
+    grad_output: &[f32],
     dim: usize,
+    max_indices: &[i64],
+    rows: usize,
+) -> Result<(), EmbeddingError> {
+    check_len(Operand::MaxIndices, grad_output.len(), max_indices.len())?;
+    if dim == 0 {
+        return Ok(());
+    }
+    for (position, &i) in max_indices.iter().enumerate() {
+        let row = usize::try_from(i).ok().filter(|&r| r < rows);
+        if i != -1 && row.is_none() {
+            return Err(EmbeddingError::IndexOutOfRange {
+                position,
+                index: i128::from(i),
+                num_embeddings: rows,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The gradient of a max backward as a coalesced sparse gradient, without
+/// the dense table: the rows that won anything, ascending, each column the
+/// sum of the gradients it won, added in bag order from `+0.0` (the
+/// additions of [`bag_max_backward`], so the same bits). `grad_output`'s
+/// length is checked.
+fn max_sparse(
+    grad_output: &[f32],
+    dim: usize,
+    max_indices: &[i64],
+    rows: usize,
 ) -> Result<SparseGrad, EmbeddingError> {
-    let mut touched: Vec<usize> = indices
-        .iter()
-        .filter(|&&i| i >= 0)
-        .map(|&i| i as usize)
-        .collect();
+    check_max_backward(grad_output, dim, max_indices, rows)?;
+    let mut touched = crate::buffer::with_capacity(max_indices.len(), "gradient")?;
+    touched.extend(max_indices.iter().filter(|&&i| i >= 0).map(|&i| i as usize));
     touched.sort_unstable();
     touched.dedup();
-    let values = touched
-        .iter()
-        .flat_map(|&r| dense[r * dim..(r + 1) * dim].iter().copied())
-        .collect();
+    let len = rows_len(touched.len(), dim)?;
+    let mut values = crate::memory::zeroed_floats(len, "gradient")?;
+    for (at, (&x, &i)) in grad_output.iter().zip(max_indices).enumerate() {
+        if i >= 0 {
+            let k = touched.partition_point(|&r| r < i as usize);
+            values[k * dim + at % dim] += x;
+        }
+    }
     SparseGrad::new(touched, values, rows, dim)
 }

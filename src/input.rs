@@ -90,7 +90,7 @@ use crate::kernels::{
 };
 use crate::optim::Sgd;
 use crate::parallel::Parallelism;
-use crate::positions::try_sinusoidal_positions;
+use crate::positions::sinusoidal_positions;
 use crate::shape::{check_len, rows_len, table_rows};
 
 /// The position table of an [`InputEmbedding`]: `max_len` rows of the
@@ -209,15 +209,16 @@ impl InputEmbedding {
     /// `scale_by_sqrt_dim`.
     ///
     /// # Errors
-    /// [`EmbeddingError::SizeOverflow`] if `max_len × d` overflows, or as
-    /// [`new`](Self::new).
+    /// [`EmbeddingError::SizeOverflow`] if `max_len × d` overflows,
+    /// [`EmbeddingError::AllocationFailed`] if the table cannot be
+    /// allocated, or as [`new`](Self::new).
     pub fn sinusoidal(
         tokens: Embedding,
         max_len: usize,
         scale_by_sqrt_dim: bool,
     ) -> Result<InputEmbedding, EmbeddingError> {
         let dim = tokens.embedding_dim();
-        let table = try_sinusoidal_positions(max_len, dim)?;
+        let table = sinusoidal_positions(max_len, dim)?;
         InputEmbedding::new(
             tokens,
             Positions::Fixed(table),
@@ -233,8 +234,9 @@ impl InputEmbedding {
     /// [`new`](Self::new).
     ///
     /// # Errors
-    /// [`EmbeddingError::SizeOverflow`] if `max_len × d` overflows, or as
-    /// [`new`](Self::new).
+    /// [`EmbeddingError::SizeOverflow`] if `max_len × d` overflows,
+    /// [`EmbeddingError::AllocationFailed`] if the table cannot be
+    /// allocated, or as [`new`](Self::new).
     pub fn learned(
         tokens: Embedding,
         max_len: usize,
@@ -332,8 +334,10 @@ impl InputEmbedding {
     /// [`EmbeddingError::IdsShape`] if `batch × seq_len` is not `ids.len()`,
     /// [`EmbeddingError::SequenceTooLong`] if `seq_len > max_len`,
     /// [`EmbeddingError::SizeOverflow`], or
-    /// [`EmbeddingError::IndexOutOfRange`] for the first bad id; then both
-    /// tables are untouched.
+    /// [`EmbeddingError::IndexOutOfRange`] for the first bad id (all checked
+    /// before anything is allocated), then
+    /// [`EmbeddingError::AllocationFailed`] for the output or the
+    /// renormalisations' workspace; then both tables are untouched.
     pub fn forward<I: Index>(
         &mut self,
         ids: &[I],
@@ -342,8 +346,10 @@ impl InputEmbedding {
     ) -> Result<Embedded, EmbeddingError> {
         self.check_batch(ids.len(), batch, seq_len)?;
         let dim = self.embedding_dim();
-        let mut values = crate::memory::zeroed_table(rows_len(ids.len(), dim)?);
-        self.forward_into(ids, batch, seq_len, &mut values)?;
+        let len = rows_len(ids.len(), dim)?;
+        let valid = ValidIds::new(ids, self.tokens.num_embeddings())?;
+        let mut values = crate::memory::zeroed_floats(len, "output")?;
+        self.embed_valid(ids, valid, seq_len, &mut values)?;
         Ok(Embedded {
             values,
             shape: vec![batch, seq_len, dim],
@@ -355,8 +361,9 @@ impl InputEmbedding {
     ///
     /// # Errors
     /// As [`forward`](Self::forward), and
-    /// [`EmbeddingError::LengthMismatch`] ([`Operand::Output`]) for `out`;
-    /// then `out` and both tables are untouched.
+    /// [`EmbeddingError::LengthMismatch`] ([`Operand::Output`]) for `out`,
+    /// or [`EmbeddingError::AllocationFailed`] for the renormalisations'
+    /// workspace; then `out` and both tables are untouched.
     pub fn forward_into<I: Index>(
         &mut self,
         ids: &[I],
@@ -368,16 +375,35 @@ impl InputEmbedding {
         let dim = self.embedding_dim();
         check_len(Operand::Output, rows_len(ids.len(), dim)?, out.len())?;
         let valid = ValidIds::new(ids, self.tokens.num_embeddings())?;
-        // Everything is checked: the renormalisations change the tables, and
-        // nothing after them can fail.
-        self.tokens.renorm_rows(valid);
-        if let Positions::Learned(table) = &mut self.positions {
+        self.embed_valid(ids, valid, seq_len, out)
+    }
+
+    /// The renormalisations and the fused lookup of checked ids into an
+    /// output of the right length; fails only before anything is written.
+    fn embed_valid<I: Index>(
+        &mut self,
+        ids: &[I],
+        valid: ValidIds<'_, I>,
+        seq_len: usize,
+        out: &mut [f32],
+    ) -> Result<(), EmbeddingError> {
+        // Both renormalisations' workspaces first: after them nothing can
+        // fail, and the first table to change is not left changed alone.
+        let tokens_plan = self.tokens.renorm_plan(valid)?;
+        let mut positions_plan = None;
+        if let Positions::Learned(table) = &self.positions {
             if table.max_norm().is_some() {
-                let arange: Vec<usize> = (0..seq_len).collect();
-                // `seq_len <= max_len`, checked above: these ids are valid.
-                table.renorm_rows(ValidIds::new(&arange, self.max_len)?);
+                let mut arange = crate::buffer::with_capacity(seq_len, "workspace")?;
+                arange.extend(0..seq_len);
+                // `seq_len <= max_len`, checked by the caller: valid ids.
+                positions_plan = table.renorm_plan(ValidIds::new(&arange, self.max_len)?)?;
             }
         }
+        self.tokens.renorm(tokens_plan);
+        if let Positions::Learned(table) = &mut self.positions {
+            table.renorm(positions_plan);
+        }
+        let dim = self.embedding_dim();
         embed_positions_with(
             self.parallelism,
             self.tokens.weight(),
@@ -405,7 +431,9 @@ impl InputEmbedding {
     /// [`EmbeddingError::SizeOverflow`] as in [`forward`](Self::forward),
     /// [`EmbeddingError::LengthMismatch`] ([`Operand::GradOutput`]) for
     /// `grad_output`, or [`EmbeddingError::IndexOutOfRange`]; checked
-    /// before anything is allocated.
+    /// before anything is allocated. Then
+    /// [`EmbeddingError::AllocationFailed`] if a gradient cannot be
+    /// allocated.
     pub fn backward<I: Index>(
         &self,
         grad_output: &[f32],
@@ -415,7 +443,7 @@ impl InputEmbedding {
     ) -> Result<InputGrads, EmbeddingError> {
         let valid = self.check_backward(grad_output, ids, batch, seq_len)?;
         let (dim, par) = (self.embedding_dim(), self.parallelism);
-        let mut tokens = crate::memory::zeroed_table(self.tokens.weight().len());
+        let mut tokens = crate::memory::zeroed_floats(self.tokens.weight().len(), "gradient")?;
         let positions = match &self.positions {
             Positions::Fixed(_) => {
                 // Trick 4: the token half of the kernel only.
@@ -426,7 +454,7 @@ impl InputEmbedding {
                 None
             }
             Positions::Learned(table) => {
-                let mut grad = vec![0.0; table.weight().len()];
+                let mut grad = crate::memory::zeroed_floats(table.weight().len(), "gradient")?;
                 embed_positions_backward_with(
                     par,
                     grad_output,
@@ -443,7 +471,7 @@ impl InputEmbedding {
                 Some(grad)
             }
         };
-        apply_token_options(&self.tokens, valid, &mut tokens);
+        apply_token_options(&self.tokens, valid, &mut tokens)?;
         Ok(InputGrads { tokens, positions })
     }
 
@@ -473,28 +501,46 @@ impl InputEmbedding {
         seq_len: usize,
         sgd: &Sgd,
     ) -> Result<(), EmbeddingError> {
-        self.check_backward(grad_output, ids, batch, seq_len)?;
+        let valid = self.check_backward(grad_output, ids, batch, seq_len)?;
         sgd.validate()?;
         let dim = self.embedding_dim();
         let mut rule = *sgd;
-        // Everything is checked: neither step below can fail.
-        if let Positions::Learned(table) = &mut self.positions {
+        // Every workspace before either table changes: the position
+        // gradient, the scaled token gradient, both groupings.
+        let mut positions_step = None;
+        if let Positions::Learned(table) = &self.positions {
             if !table.is_frozen() {
-                let grad = sum_over_batch(grad_output, dim, seq_len);
-                let arange: Vec<usize> = (0..seq_len).collect();
-                table.sparse_step(&grad, &arange, &mut rule)?;
+                let grad = sum_over_batch(grad_output, dim, seq_len)?;
+                let mut arange = crate::buffer::with_capacity(seq_len, "workspace")?;
+                arange.extend(0..seq_len);
+                // `seq_len <= max_len`, checked above: valid ids.
+                let groups = table.step_groups(ValidIds::new(&arange, self.max_len)?)?;
+                positions_step = Some((grad, groups));
             }
         }
-        if self.tokens.is_frozen() {
-            return Ok(());
+        let mut tokens_step = None;
+        if !self.tokens.is_frozen() {
+            let scaled = match self.scale {
+                None => None,
+                Some(s) => {
+                    let mut scaled = crate::buffer::with_capacity(grad_output.len(), "gradient")?;
+                    scaled.extend(grad_output.iter().map(|&g| g * s));
+                    Some(scaled)
+                }
+            };
+            tokens_step = Some((scaled, self.tokens.step_groups(valid)?));
         }
-        match self.scale {
-            None => self.tokens.sparse_step(grad_output, ids, &mut rule),
-            Some(s) => {
-                let scaled: Vec<f32> = grad_output.iter().map(|&g| g * s).collect();
-                self.tokens.sparse_step(&scaled, ids, &mut rule)
-            }
+        // SGD has no state: neither step below can fail.
+        if let (Some((grad, groups)), Positions::Learned(table)) =
+            (positions_step, &mut self.positions)
+        {
+            table.step_grouped(&grad, &groups, &mut rule)?;
         }
+        if let Some((scaled, groups)) = tokens_step {
+            let grad = scaled.as_deref().unwrap_or(grad_output);
+            self.tokens.step_grouped(grad, &groups, &mut rule)?;
+        }
+        Ok(())
     }
 
     /// `ids.len()` ids as `[batch, seq_len]`, and a sequence that fits.
@@ -534,10 +580,16 @@ fn sqrt_dim(dim: usize, wanted: bool) -> Option<f32> {
 /// `grad` of `ids` as [`Embedding::backward_dense`] applies them: each row
 /// whose id occurs `n > 1` times divided by `n` (`scale_grad_by_freq`), then
 /// the padding row set to zeros.
-fn apply_token_options<I: Index>(tokens: &Embedding, ids: ValidIds<'_, I>, grad: &mut [f32]) {
+///
+/// Fails only when the counts cannot be allocated.
+fn apply_token_options<I: Index>(
+    tokens: &Embedding,
+    ids: ValidIds<'_, I>,
+    grad: &mut [f32],
+) -> Result<(), EmbeddingError> {
     let dim = tokens.embedding_dim();
     if tokens.scale_grad_by_freq() {
-        let mut counts = vec![0usize; tokens.num_embeddings()];
+        let mut counts = crate::buffer::zeroed::<usize>(tokens.num_embeddings(), "workspace")?;
         for row in ids.rows() {
             counts[row] += 1;
         }
@@ -551,17 +603,25 @@ fn apply_token_options<I: Index>(tokens: &Embedding, ids: ValidIds<'_, I>, grad:
     if let Some(p) = tokens.padding_idx() {
         grad[p * dim..(p + 1) * dim].fill(0.0);
     }
+    Ok(())
 }
 
 /// `Σ_b grad_output[b, t, :]` for `t` in `0..seq_len`, summed from `+0.0`
 /// for `b = 0, 1, …` in order: the position gradient of the fused backward,
 /// with the same bits.
-fn sum_over_batch(grad_output: &[f32], dim: usize, seq_len: usize) -> Vec<f32> {
-    let mut sum = vec![0.0; seq_len * dim];
+/// Fails only when the sums cannot be allocated.
+fn sum_over_batch(
+    grad_output: &[f32],
+    dim: usize,
+    seq_len: usize,
+) -> Result<Vec<f32>, EmbeddingError> {
+    // `seq_len × dim` fits: `seq_len <= max_len`, and the position table
+    // holds `max_len × dim` values.
+    let mut sum = crate::buffer::zeroed::<f32>(rows_len(seq_len, dim)?, "gradient")?;
     if !sum.is_empty() {
         for sequence in grad_output.chunks_exact(sum.len()) {
             sum.iter_mut().zip(sequence).for_each(|(s, &g)| *s += g);
         }
     }
-    sum
+    Ok(sum)
 }

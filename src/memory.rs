@@ -23,18 +23,32 @@ pub const HUGE_PAGE: usize = 2 * 1024 * 1024;
 ///
 /// The result is an ordinary `Vec<f32>`, so it can be used, grown and
 /// dropped as any other.
-pub fn zeroed_table(len: usize) -> Vec<f32> {
-    // `vec!` of zeros asks the allocator for zeroed memory; for a large
-    // block glibc maps fresh pages and writes nothing, so the advice below
-    // still comes before the first touch, and the kernel zeroes each huge
-    // page when it is first faulted in (no separate pass over the table).
-    // Where the allocator did write the zeros, the advice only comes late:
-    // the table is correct either way.
-    let table = vec![0.0; len];
-    if len * core::mem::size_of::<f32>() >= HUGE_PAGE {
+///
+/// # Errors
+/// [`EmbeddingError::AllocationFailed`](crate::EmbeddingError::AllocationFailed)
+/// (`what` = "table", `bytes` = `4 × len`, exact even past `usize`) if the
+/// allocator refuses the memory or it does not fit the address space.
+pub fn zeroed_table(len: usize) -> Result<Vec<f32>, crate::EmbeddingError> {
+    zeroed_floats(len, "table")
+}
+
+/// [`zeroed_table`] for a buffer the crate allocates, named `what` in the
+/// error.
+pub(crate) fn zeroed_floats(
+    len: usize,
+    what: &'static str,
+) -> Result<Vec<f32>, crate::EmbeddingError> {
+    // Zeroed memory from the allocator: for a large block glibc maps fresh
+    // pages and writes nothing, so the advice below still comes before the
+    // first touch, and the kernel zeroes each huge page when it is first
+    // faulted in (no separate pass over the table). Where the allocator did
+    // write the zeros, the advice only comes late: the table is correct
+    // either way.
+    let table = crate::buffer::zeroed::<f32>(len, what)?;
+    if core::mem::size_of_val(table.as_slice()) >= HUGE_PAGE {
         advise_huge_pages(&table);
     }
-    table
+    Ok(table)
 }
 
 /// Asks the kernel to back the whole 2 MiB pages inside `memory` with
@@ -114,15 +128,17 @@ impl AlignedTable {
     /// `len` zeros.
     ///
     /// # Errors
-    /// [`EmbeddingError::SizeOverflow`](crate::EmbeddingError::SizeOverflow)
-    /// (count `len`, dim 4) if `len` floats do not fit the address space.
-    /// Running out of memory aborts, as it does for a `Vec`.
+    /// [`EmbeddingError::AllocationFailed`](crate::EmbeddingError::AllocationFailed)
+    /// (`what` = "table", `bytes` = `4 × len`, exact even past `usize`) if
+    /// `len` floats do not fit the address space or the allocator refuses
+    /// them.
     #[allow(unsafe_code)]
     pub fn zeroed(len: usize) -> Result<AlignedTable, crate::EmbeddingError> {
-        let layout = AlignedTable::layout(len).ok_or(crate::EmbeddingError::SizeOverflow {
-            count: len,
-            dim: core::mem::size_of::<f32>(),
-        })?;
+        let refused = crate::EmbeddingError::AllocationFailed {
+            what: "table",
+            bytes: len as u128 * core::mem::size_of::<f32>() as u128,
+        };
+        let layout = AlignedTable::layout(len).ok_or_else(|| refused.clone())?;
         if len == 0 {
             return Ok(AlignedTable {
                 ptr: core::ptr::NonNull::dangling(),
@@ -132,9 +148,7 @@ impl AlignedTable {
         // SAFETY: `layout` has a non-zero size (len > 0) and a power-of-two
         // alignment (`Layout::from_size_align` checked both).
         let raw = unsafe { std::alloc::alloc(layout) }.cast::<f32>();
-        let Some(ptr) = core::ptr::NonNull::new(raw) else {
-            std::alloc::handle_alloc_error(layout)
-        };
+        let ptr = core::ptr::NonNull::new(raw).ok_or(refused)?;
         // Advise before the first touch (the zeros below), so the kernel
         // backs the pages with huge ones as they fault in.
         let bytes = layout.size();
@@ -158,6 +172,14 @@ impl AlignedTable {
         let mut table = AlignedTable::zeroed(values.len())?;
         table.copy_from_slice(values);
         Ok(table)
+    }
+
+    /// A copy of the table, or an error where [`Clone::clone`] would abort.
+    ///
+    /// # Errors
+    /// As [`zeroed`](Self::zeroed).
+    pub fn try_clone(&self) -> Result<AlignedTable, crate::EmbeddingError> {
+        AlignedTable::from_slice(self)
     }
 }
 
@@ -194,9 +216,17 @@ impl Drop for AlignedTable {
     }
 }
 
+/// Cloning allocates a table of the same size; running out of memory
+/// aborts, as it does for a `Vec`. [`AlignedTable::try_clone`] returns an
+/// error instead.
 impl Clone for AlignedTable {
     fn clone(&self) -> AlignedTable {
-        AlignedTable::from_slice(self).expect("a table of the same size as one that exists")
+        match self.try_clone() {
+            Ok(table) => table,
+            Err(_) => std::alloc::handle_alloc_error(
+                AlignedTable::layout(self.len).expect("the layout of a table that exists"),
+            ),
+        }
     }
 }
 
@@ -239,7 +269,13 @@ mod tests {
             assert_eq!(&copy[..], &t[..]);
             assert_eq!(copy.as_ptr() as usize % align, 0);
         }
-        assert!(AlignedTable::zeroed(usize::MAX / 2).is_err());
+        assert_eq!(
+            AlignedTable::zeroed(usize::MAX / 2).unwrap_err(),
+            crate::EmbeddingError::AllocationFailed {
+                what: "table",
+                bytes: (usize::MAX / 2) as u128 * 4
+            }
+        );
     }
 
     #[test]
@@ -252,7 +288,7 @@ mod tests {
             HUGE_PAGE / 4,
             3 * HUGE_PAGE / 4 + 17,
         ] {
-            let table = zeroed_table(len);
+            let table = zeroed_table(len).unwrap();
             assert_eq!(table.len(), len);
             assert!(table.iter().all(|x| x.to_bits() == 0), "len {len}");
         }

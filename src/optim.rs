@@ -25,9 +25,13 @@ pub(crate) mod sealed {
     pub trait Sealed {
         /// The rule for one step.
         type Rule: RowRule;
+        /// Everything [`begin_step`](Self::begin_step) can refuse but an
+        /// allocation: the hyper-parameters and a state made for another
+        /// table. A layer calls it before it allocates its own workspace.
+        fn check(&self, rows: usize, dim: usize) -> Result<(), EmbeddingError>;
         /// Checks the hyper-parameters, makes or checks the state for a table
         /// of `rows × dim`, counts the step, and hands out the rule and the
-        /// state.
+        /// state. Nothing changes on an error.
         fn begin_step(
             &mut self,
             rows: usize,
@@ -55,32 +59,40 @@ fn non_negative(name: &'static str, value: f32) -> Result<(), EmbeddingError> {
     }
 }
 
-/// Makes the state on the first step (`rows × width` values of `init`) and
-/// checks its size on later ones.
-fn state_for(
-    state: &mut Vec<f32>,
-    rows: usize,
-    width: usize,
-    init: f32,
-) -> Result<&mut [f32], EmbeddingError> {
+/// Checks `state` for a table of `rows × width` values: an empty state is
+/// made on the first step, a made one must have that length.
+fn check_state(state: &[f32], rows: usize, width: usize) -> Result<usize, EmbeddingError> {
     let len = rows
         .checked_mul(width)
         .ok_or(EmbeddingError::SizeOverflow {
             count: rows,
             dim: width,
         })?;
-    if state.is_empty() && len > 0 {
-        *state = crate::memory::zeroed_table(len);
-        if init != 0.0 {
-            state.fill(init);
-        }
-    }
-    if state.len() != len {
+    if !state.is_empty() && state.len() != len {
         return Err(EmbeddingError::LengthMismatch {
             operand: Operand::OptimizerState,
             expected: len,
             got: state.len(),
         });
+    }
+    Ok(len)
+}
+
+/// Makes the state on the first step (`rows × width` values of `init`) and
+/// checks it on every step (see [`check_state`]). Nothing changes on an
+/// error, an allocation the allocator refuses included.
+fn state_for(
+    state: &mut Vec<f32>,
+    rows: usize,
+    width: usize,
+    init: f32,
+) -> Result<&mut [f32], EmbeddingError> {
+    let len = check_state(state, rows, width)?;
+    if state.is_empty() && len > 0 {
+        *state = crate::memory::zeroed_floats(len, "optimizer state")?;
+        if init != 0.0 {
+            state.fill(init);
+        }
     }
     Ok(state)
 }
@@ -177,6 +189,9 @@ impl RowRule for Sgd {
 
 impl sealed::Sealed for Sgd {
     type Rule = Sgd;
+    fn check(&self, _rows: usize, _dim: usize) -> Result<(), EmbeddingError> {
+        self.validate()
+    }
     fn begin_step(
         &mut self,
         _rows: usize,
@@ -282,6 +297,10 @@ impl RowRule for AdagradRule {
 
 impl sealed::Sealed for Adagrad {
     type Rule = AdagradRule;
+    fn check(&self, rows: usize, dim: usize) -> Result<(), EmbeddingError> {
+        self.validate()?;
+        check_state(&self.state, rows, dim).map(drop)
+    }
     fn begin_step(
         &mut self,
         rows: usize,
@@ -384,6 +403,10 @@ impl RowRule for RowWiseAdagradRule {
 
 impl sealed::Sealed for RowWiseAdagrad {
     type Rule = RowWiseAdagradRule;
+    fn check(&self, rows: usize, _dim: usize) -> Result<(), EmbeddingError> {
+        self.validate()?;
+        check_state(&self.state, rows, 1).map(drop)
+    }
     fn begin_step(
         &mut self,
         rows: usize,

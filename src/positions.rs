@@ -8,7 +8,7 @@
 //!
 //! let (vocab, dim, max_len) = (100, 8, 16);
 //! let table = vec![0.01f32; vocab * dim];
-//! let positions = sinusoidal_positions(max_len, dim);
+//! let positions = sinusoidal_positions(max_len, dim)?;
 //! let ids = [5u32, 7, 9, 11, 5, 0]; // 2 sequences of 3 tokens
 //! let mut out = vec![0.0; ids.len() * dim];
 //! let scale = (dim as f32).sqrt();
@@ -18,6 +18,7 @@
 //! # Ok::<(), embedding_kernels::EmbeddingError>(())
 //! ```
 
+use crate::buffer::with_capacity;
 use crate::error::EmbeddingError;
 use crate::shape::rows_len;
 
@@ -43,40 +44,33 @@ use crate::shape::rows_len;
 /// values come from the platform's `sin` and `cos`: the same bits on every
 /// run, but not promised to be the same bits on every platform.
 ///
-/// # Panics
-/// If `max_len × dim` overflows `usize`
-/// ([`try_sinusoidal_positions`] returns an error instead). Running out of
-/// memory aborts, as for any `Vec`.
+/// # Errors
+/// [`EmbeddingError::SizeOverflow`] (`count` = `max_len`) if `max_len × dim`
+/// overflows `usize`; [`EmbeddingError::AllocationFailed`] if the table's
+/// memory cannot be allocated. Both are checked before any value is computed.
 ///
 /// # Example
 /// ```
 /// use embedding_kernels::positions::sinusoidal_positions;
-/// let pe = sinusoidal_positions(2, 4);
+/// let pe = sinusoidal_positions(2, 4)?;
 /// assert_eq!(&pe[..4], &[0.0, 1.0, 0.0, 1.0]);
 /// // pos 1: sin(1), cos(1), sin(1/100), cos(1/100)
 /// assert_eq!(pe[4], 1f64.sin() as f32);
 /// assert_eq!(pe[6], 0.01f64.sin() as f32);
+/// # Ok::<(), embedding_kernels::EmbeddingError>(())
 /// ```
-pub fn sinusoidal_positions(max_len: usize, dim: usize) -> Vec<f32> {
-    match try_sinusoidal_positions(max_len, dim) {
-        Ok(table) => table,
-        Err(err) => panic!("sinusoidal_positions: {err}"),
-    }
-}
-
-/// [`sinusoidal_positions`], with an error rather than a panic when the
-/// table cannot be sized.
-///
-/// # Errors
-/// [`EmbeddingError::SizeOverflow`] (`count` = `max_len`) if
-/// `max_len × dim` overflows `usize`.
-pub fn try_sinusoidal_positions(max_len: usize, dim: usize) -> Result<Vec<f32>, EmbeddingError> {
+pub fn sinusoidal_positions(max_len: usize, dim: usize) -> Result<Vec<f32>, EmbeddingError> {
     let len = rows_len(max_len, dim)?;
+    if len == 0 {
+        // No values: nothing to allocate, whatever the other size is (and
+        // no loop over `max_len` empty rows).
+        return Ok(Vec::new());
+    }
+    let mut table = with_capacity(len, "positions")?;
     // 10000^(2i / dim) for each pair of columns 2i, 2i + 1.
-    let denominators: Vec<f64> = (0..dim.div_ceil(2))
-        .map(|i| 10000f64.powf((2 * i) as f64 / dim as f64))
-        .collect();
-    let mut table = Vec::with_capacity(len);
+    let pairs = dim.div_ceil(2);
+    let mut denominators = with_capacity(pairs, "positions")?;
+    denominators.extend((0..pairs).map(|i| 10000f64.powf((2 * i) as f64 / dim as f64)));
     for pos in 0..max_len {
         for col in 0..dim {
             let angle = pos as f64 / denominators[col / 2];

@@ -35,9 +35,9 @@ use crate::embedding::{check_shape, Embedded, Embedding};
 use crate::embedding_bag::{BagOutput, EmbeddingBag};
 use crate::error::EmbeddingError;
 use crate::formats::{Format, OwnedTable};
-use crate::index::Index;
+use crate::index::{Index, ValidIds};
 use crate::io::FileError;
-use crate::kernels::{table_bag_forward_with, table_gather_with};
+use crate::kernels::{check_forward_unallocated, table_bag_forward_with, table_gather_with};
 use crate::parallel::Parallelism;
 use crate::pooling::{Mode, Pooling};
 use crate::shape::rows_len;
@@ -148,17 +148,30 @@ impl QuantizedEmbeddingBag {
     /// values, and with max mode the winning ids.
     ///
     /// # Errors
-    /// As [`table_bag_forward`](crate::table_bag_forward).
+    /// As [`table_bag_forward`](crate::table_bag_forward) (checked before
+    /// anything is allocated), then [`EmbeddingError::AllocationFailed`] for
+    /// the outputs.
     pub fn forward<I: Index>(
         &self,
         ids: &[I],
         bags: &Bags,
         per_sample_weights: Option<&[f32]>,
     ) -> Result<BagOutput, EmbeddingError> {
-        let len = rows_len(bags.len(), self.embedding_dim())?;
-        let mut values = crate::memory::zeroed_table(len);
+        let pooling = Pooling {
+            mode: self.mode,
+            per_sample_weights,
+            padding_idx: self.padding_idx,
+            scale_grad_by_freq: false,
+        };
+        let (rows, dim) = (self.num_embeddings(), self.embedding_dim());
+        let (_, len) = check_forward_unallocated(rows, dim, ids, bags, &pooling)?;
+        let mut values = crate::memory::zeroed_floats(len, "output")?;
         let max = self.mode == Mode::Max;
-        let mut max_indices = if max { vec![0; len] } else { Vec::new() };
+        let mut max_indices = if max {
+            crate::buffer::zeroed(len, "max_indices")?
+        } else {
+            Vec::new()
+        };
         self.forward_into(ids, bags, per_sample_weights, &mut values, &mut max_indices)?;
         Ok(BagOutput {
             values,
@@ -298,18 +311,26 @@ impl QuantizedEmbedding {
     ///
     /// # Errors
     /// [`EmbeddingError::IdsShape`] if `shape` does not hold `ids.len()`
-    /// ids, or as [`table_gather`](crate::table_gather).
+    /// ids, or as [`table_gather`](crate::table_gather) (checked before
+    /// anything is allocated), then [`EmbeddingError::AllocationFailed`] for
+    /// the output.
     pub fn forward<I: Index>(
         &self,
         ids: &[I],
         shape: &[usize],
     ) -> Result<Embedded, EmbeddingError> {
         check_shape(ids.len(), shape)?;
-        let mut values = crate::memory::zeroed_table(rows_len(ids.len(), self.embedding_dim())?);
+        let len = rows_len(ids.len(), self.embedding_dim())?;
+        ValidIds::new(ids, self.num_embeddings())?;
+        let mut values = crate::memory::zeroed_floats(len, "output")?;
+        let mut shape_out = crate::buffer::with_capacity(shape.len() + 1, "output")?;
+        shape_out.extend_from_slice(shape);
+        shape_out.push(self.embedding_dim());
         self.forward_into(ids, &mut values)?;
-        let mut shape = shape.to_vec();
-        shape.push(self.embedding_dim());
-        Ok(Embedded { values, shape })
+        Ok(Embedded {
+            values,
+            shape: shape_out,
+        })
     }
 
     /// The rows of `ids` into `out` (`ids.len() × embedding_dim`).

@@ -86,13 +86,20 @@ impl SparseGrad {
 
     /// The dense `num_embeddings × embedding_dim` gradient: these rows, and
     /// zeros elsewhere.
-    pub fn to_dense(&self) -> Vec<f32> {
+    ///
+    /// # Errors
+    /// [`EmbeddingError::SizeOverflow`] (`count` = `num_embeddings`) if the
+    /// dense table's size overflows `usize`;
+    /// [`EmbeddingError::AllocationFailed`] if its memory cannot be
+    /// allocated.
+    pub fn to_dense(&self) -> Result<Vec<f32>, EmbeddingError> {
         let dim = self.embedding_dim;
-        let mut dense = vec![0.0; self.num_embeddings * dim];
+        let len = rows_len(self.num_embeddings, dim)?;
+        let mut dense = crate::memory::zeroed_floats(len, "gradient")?;
         for (k, &r) in self.indices.iter().enumerate() {
             dense[r * dim..(r + 1) * dim].copy_from_slice(self.row(k));
         }
-        dense
+        Ok(dense)
     }
 
     /// Wraps rows the kernels produced, already coalesced and in range.

@@ -260,14 +260,14 @@ fn half_tables_round_to_nearest_even() {
         65520.0,
         -0.0,
     ];
-    let h = formats::to_f16(&x);
-    let back = formats::f16_to_f32(&h);
+    let h = formats::to_f16(&x).unwrap();
+    let back = formats::f16_to_f32(&h).unwrap();
     assert_eq!(back[0], 1.0);
     assert_eq!(back[1], 1.0 + 2.0 * 2f32.powi(-10));
     assert!(back[2].is_infinite(), "65520 rounds up past f16's largest");
     assert_eq!(back[3].to_bits(), (-0.0f32).to_bits());
     // bf16 keeps 8 bits of mantissa: 1 + 2^-8 is a tie, to even (1).
-    let b = formats::bf16_to_f32(&formats::to_bf16(&[1.0 + 2f32.powi(-8), 3e38]));
+    let b = formats::bf16_to_f32(&formats::to_bf16(&[1.0 + 2f32.powi(-8), 3e38]).unwrap()).unwrap();
     assert_eq!(b[0], 1.0);
     assert!((b[1] - 3e38).abs() / 3e38 < 1e-2);
 }
@@ -288,7 +288,7 @@ fn owned_tables_round_trip_through_their_bytes() {
                 (owned.format(), owned.dim(), owned.rows()),
                 (format, dim, rows)
             );
-            let bytes = owned.to_le_bytes();
+            let bytes = owned.to_le_bytes().unwrap();
             assert_eq!(
                 bytes.len(),
                 rows * format.row_bytes(dim).unwrap(),
@@ -299,8 +299,8 @@ fn owned_tables_round_trip_through_their_bytes() {
             assert_eq!(back, owned, "{format} dim {dim}");
             let want = match format {
                 Format::F32 => table.clone(),
-                Format::F16 => formats::f16_to_f32(&formats::to_f16(&table)),
-                Format::Bf16 => formats::bf16_to_f32(&formats::to_bf16(&table)),
+                Format::F16 => formats::f16_to_f32(&formats::to_f16(&table).unwrap()).unwrap(),
+                Format::Bf16 => formats::bf16_to_f32(&formats::to_bf16(&table).unwrap()).unwrap(),
                 _ => unpack(format.row_wise().unwrap(), &bytes, dim),
             };
             assert_eq!(common::bits(&owned.to_f32().unwrap()), common::bits(&want));
@@ -349,7 +349,7 @@ fn empty_tables_of_any_width_pack_and_unpack() {
 fn bf16_widening_keeps_signalling_nans() {
     let bits = [0x7f86u16, 0xff81, 0x7fc0, 0x0001, 0x8000];
     let halves: Vec<half::bf16> = bits.iter().map(|&b| half::bf16::from_bits(b)).collect();
-    let wide = formats::bf16_to_f32(&halves);
+    let wide = formats::bf16_to_f32(&halves).unwrap();
     let want: Vec<u32> = bits.iter().map(|&b| u32::from(b) << 16).collect();
     assert_eq!(common::bits(&wide), want);
 }

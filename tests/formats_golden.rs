@@ -80,13 +80,13 @@ fn half_conversions_have_pytorchs_bits() {
     for case in golden["cases"].as_array().unwrap() {
         let x = floats(&case["weight_f32_bits"]);
         let name = case["name"].as_str().unwrap();
-        let f16 = formats::f16_to_f32(&formats::to_f16(&x));
+        let f16 = formats::f16_to_f32(&formats::to_f16(&x).unwrap()).unwrap();
         let want = numbers(&case["f16_bits"]);
         for (k, (&got, &w)) in f16.iter().zip(&want).enumerate() {
             let w = half::f16::from_bits(w as u16).to_f32();
             assert!(same(got, w), "{name} f16 value {k}: {got} vs {w}");
         }
-        let bf16 = formats::bf16_to_f32(&formats::to_bf16(&x));
+        let bf16 = formats::bf16_to_f32(&formats::to_bf16(&x).unwrap()).unwrap();
         for (k, (&got, &w)) in bf16.iter().zip(&numbers(&case["bf16_bits"])).enumerate() {
             let w = half::bf16::from_bits(w as u16).to_f32();
             assert!(same(got, w), "{name} bf16 value {k}: {got} vs {w}");
@@ -534,8 +534,16 @@ fn to_f16_and_to_bf16_round_like_pytorch() {
         let x = floats(&case["weight_f32_bits"]);
         for half in Half::ALL {
             let ours: Vec<u16> = match half {
-                Half::F16 => formats::to_f16(&x).iter().map(|h| h.to_bits()).collect(),
-                Half::Bf16 => formats::to_bf16(&x).iter().map(|h| h.to_bits()).collect(),
+                Half::F16 => formats::to_f16(&x)
+                    .unwrap()
+                    .iter()
+                    .map(|h| h.to_bits())
+                    .collect(),
+                Half::Bf16 => formats::to_bf16(&x)
+                    .unwrap()
+                    .iter()
+                    .map(|h| h.to_bits())
+                    .collect(),
             };
             let want = u16s(&case[format!("{}_bits", half.key())]);
             assert_eq!(ours.len(), want.len(), "{name}");

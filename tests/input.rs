@@ -806,7 +806,7 @@ fn constructors_build_the_tables_they_promise() {
     assert!(!layer.positions().is_learned());
     assert_eq!(
         bits(layer.positions().weight()),
-        bits(&sinusoidal_positions(max_len, dim))
+        bits(&sinusoidal_positions(max_len, dim).unwrap())
     );
     assert_eq!(layer.scale(), Some(10f32.sqrt()));
     assert_eq!(layer.scale(), Some(10f64.sqrt() as f32)); // math.sqrt(d), as f32

@@ -56,16 +56,19 @@ fn lookups_read_rows_back_as_their_oracles() {
         let n = 300;
         let ids: Vec<i64> = (0..n).map(|_| (rng.next() % rows as u64) as i64).collect();
         let ids32: Vec<u32> = ids.iter().map(|&i| i as u32).collect();
-        let (f16s, bf16s) = (formats::to_f16(&table), formats::to_bf16(&table));
+        let (f16s, bf16s) = (
+            formats::to_f16(&table).unwrap(),
+            formats::to_bf16(&table).unwrap(),
+        );
         let mut cases: Vec<(TableRef<'_>, Vec<f32>)> = vec![
             (TableRef::f32(&table, dim).unwrap(), table.clone()),
             (
                 TableRef::f16(&f16s, dim).unwrap(),
-                formats::f16_to_f32(&f16s),
+                formats::f16_to_f32(&f16s).unwrap(),
             ),
             (
                 TableRef::bf16(&bf16s, dim).unwrap(),
-                formats::bf16_to_f32(&bf16s),
+                formats::bf16_to_f32(&bf16s).unwrap(),
             ),
         ];
         let packs: Vec<(RowWise, Vec<u8>)> = PACKED
@@ -99,9 +102,9 @@ fn half_rows_copy_bit_for_bit() {
     let mut rng = SplitMix(32);
     for dim in [1, 5, 8, 33, 384] {
         let rows = 20;
-        let mut table = formats::to_f16(&rng.wilds(rows * dim));
+        let mut table = formats::to_f16(&rng.wilds(rows * dim)).unwrap();
         table[0] = half::f16::from_bits(0x7e01); // a NaN with a payload
-        let bf = formats::to_bf16(&rng.wilds(rows * dim));
+        let bf = formats::to_bf16(&rng.wilds(rows * dim)).unwrap();
         let ids: Vec<u32> = (0..200)
             .map(|_| (rng.next() % rows as u64) as u32)
             .collect();
@@ -143,15 +146,18 @@ fn half_bags_are_the_bags_of_the_widened_table() {
         let weights = rng.units(n);
         let offsets: Vec<usize> = (0..n).step_by(7).chain([n, n]).collect();
         let bags = Bags::from_offsets(&offsets, n, false).unwrap();
-        let (f16s, bf16s) = (formats::to_f16(&table), formats::to_bf16(&table));
+        let (f16s, bf16s) = (
+            formats::to_f16(&table).unwrap(),
+            formats::to_bf16(&table).unwrap(),
+        );
         let cases = [
             (
                 TableRef::f16(&f16s, dim).unwrap(),
-                formats::f16_to_f32(&f16s),
+                formats::f16_to_f32(&f16s).unwrap(),
             ),
             (
                 TableRef::bf16(&bf16s, dim).unwrap(),
-                formats::bf16_to_f32(&bf16s),
+                formats::bf16_to_f32(&bf16s).unwrap(),
             ),
         ];
         for (table, wide) in cases {
@@ -299,7 +305,10 @@ fn packed_bags_follow_the_oracles() {
 fn every_format_refuses_what_f32_refuses() {
     let (rows, dim) = (4, 6);
     let table: Vec<f32> = (0..rows * dim).map(|x| x as f32).collect();
-    let (f16s, bf16s) = (formats::to_f16(&table), formats::to_bf16(&table));
+    let (f16s, bf16s) = (
+        formats::to_f16(&table).unwrap(),
+        formats::to_bf16(&table).unwrap(),
+    );
     let packs: Vec<(RowWise, Vec<u8>)> = PACKED
         .iter()
         .map(|&f| (f, f.prepack(&table, dim).unwrap()))

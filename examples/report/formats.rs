@@ -99,7 +99,8 @@ impl Stored {
         let dim = data.w.dim;
         let bytes = OwnedTable::from_f32(&data.table, dim, format)
             .expect("the workload's table packs")
-            .to_le_bytes();
+            .to_le_bytes()
+            .expect("the workload's table's bytes");
         let mut buf = table_buffer(bytes.len().div_ceil(4), huge_pages);
         let raw: &mut [u8] = bytemuck::cast_slice_mut(&mut buf[..]);
         raw[..bytes.len()].copy_from_slice(&bytes);

@@ -335,7 +335,7 @@ pub fn run(
         grad: table_buffer(w.num_embeddings * w.dim, huge_pages),
         baseline_grad: table_buffer(w.num_embeddings * w.dim, huge_pages),
         dst: vec![0.0; w.num_ids * w.dim],
-        positions: sinusoidal_positions(seq, w.dim),
+        positions: sinusoidal_positions(seq, w.dim).unwrap(),
         seq_len: seq,
         adagrad: RowWiseAdagrad::new(0.01),
         last: None,

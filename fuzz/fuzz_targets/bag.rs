@@ -705,7 +705,7 @@ impl<'a, I: Id> Prepared<'a, I> {
         assert_eq!(sparse.indices(), kept, "sparse rows\n{}", self.summary());
         assert_same_bits(
             "the sparse gradient",
-            &sparse.to_dense(),
+            &sparse.to_dense().unwrap(),
             "the reference",
             &want,
             self.case,

@@ -50,7 +50,7 @@ impl Target for DenseBackward {
                     None,
                     false,
                 )?;
-                grad.copy_from_slice(&sparse.to_dense());
+                grad.copy_from_slice(&sparse.to_dense().unwrap());
                 Ok(())
             }
             Call::Reference => {

@@ -209,7 +209,7 @@ impl Case {
         let owned = owned.ok()?;
         assert_eq!((owned.format(), owned.dim()), (format, dim));
         assert_eq!(
-            owned.to_le_bytes(),
+            owned.to_le_bytes().unwrap(),
             bytes,
             "to_le_bytes\n{}",
             self.summary()

@@ -3,6 +3,7 @@
 
 use super::table_ref::{Data, Format};
 use super::{half_rows, PackedTable, RowWise, TableRef};
+use crate::buffer::{copied, with_capacity};
 use crate::error::{EmbeddingError, Operand};
 use crate::parallel::Parallelism;
 use crate::shape::{rows_len, table_rows};
@@ -10,6 +11,10 @@ use half::{bf16, f16};
 
 /// A table of any [`Format`], owned: what the reduced-precision layers hold
 /// and what files store. [`as_ref`](Self::as_ref) lends it to the kernels.
+///
+/// Cloning copies the values, and running out of memory for them aborts, as
+/// it does for a `Vec`; [`try_clone`](Self::try_clone) returns an error
+/// instead.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OwnedTable {
     values: Values,
@@ -35,16 +40,17 @@ impl OwnedTable {
     ///
     /// # Errors
     /// A shape error for `table`, or the errors of
-    /// [`RowWise::prepack`] for the row-wise formats.
+    /// [`RowWise::prepack`] for the row-wise formats, or
+    /// [`EmbeddingError::AllocationFailed`] if the copy cannot be allocated.
     pub fn from_f32(table: &[f32], dim: usize, format: Format) -> Result<Self, EmbeddingError> {
         let rows = table_rows(table.len(), dim, Operand::Table)?;
         let row_bytes = format
             .row_bytes(dim)
             .ok_or(EmbeddingError::SizeOverflow { count: 1, dim })?;
         let values = match format {
-            Format::F32 => Values::F32(table.to_vec()),
-            Format::F16 => Values::F16(half_rows::to_f16(table)),
-            Format::Bf16 => Values::Bf16(half_rows::to_bf16(table)),
+            Format::F32 => Values::F32(copied(table, "table")?),
+            Format::F16 => Values::F16(half_rows::to_f16(table)?),
+            Format::Bf16 => Values::Bf16(half_rows::to_bf16(table)?),
             Format::Int8 | Format::Int4 | Format::Int2 => {
                 let packing = format.row_wise().expect("a row-wise format");
                 Values::Packed(packing, packing.prepack(table, dim)?)
@@ -64,7 +70,9 @@ impl OwnedTable {
     ///
     /// # Errors
     /// [`EmbeddingError::PackedLength`] unless `bytes` is whole rows of the
-    /// format, or [`EmbeddingError::SizeOverflow`] if a row cannot be sized.
+    /// format, [`EmbeddingError::SizeOverflow`] if a row cannot be sized, or
+    /// [`EmbeddingError::AllocationFailed`] if the values cannot be
+    /// allocated.
     pub fn from_le_bytes(format: Format, dim: usize, bytes: &[u8]) -> Result<Self, EmbeddingError> {
         let row_bytes = format
             .row_bytes(dim)
@@ -82,27 +90,12 @@ impl OwnedTable {
         }
         let rows = bytes.len().checked_div(row_bytes).unwrap_or(0);
         let values = match format {
-            Format::F32 => Values::F32(
-                bytes
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                    .collect(),
-            ),
-            Format::F16 => Values::F16(
-                bytes
-                    .chunks_exact(2)
-                    .map(|b| f16::from_le_bytes([b[0], b[1]]))
-                    .collect(),
-            ),
-            Format::Bf16 => Values::Bf16(
-                bytes
-                    .chunks_exact(2)
-                    .map(|b| bf16::from_le_bytes([b[0], b[1]]))
-                    .collect(),
-            ),
+            Format::F32 => Values::F32(decoded(bytes, f32::from_le_bytes)?),
+            Format::F16 => Values::F16(decoded(bytes, f16::from_le_bytes)?),
+            Format::Bf16 => Values::Bf16(decoded(bytes, bf16::from_le_bytes)?),
             Format::Int8 | Format::Int4 | Format::Int2 => {
                 let packing = format.row_wise().expect("a row-wise format");
-                Values::Packed(packing, bytes.to_vec())
+                Values::Packed(packing, copied(bytes, "table")?)
             }
         };
         Ok(OwnedTable {
@@ -115,27 +108,50 @@ impl OwnedTable {
 
     /// The table's bytes, little-endian: what [`from_le_bytes`](Self::from_le_bytes)
     /// reads back and what a file stores.
-    pub fn to_le_bytes(&self) -> Vec<u8> {
+    ///
+    /// # Errors
+    /// [`EmbeddingError::AllocationFailed`] if the bytes cannot be
+    /// allocated.
+    pub fn to_le_bytes(&self) -> Result<Vec<u8>, EmbeddingError> {
+        let mut out = with_capacity(self.byte_len(), "table bytes")?;
         match &self.values {
-            Values::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Values::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Values::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Values::Packed(_, bytes) => bytes.clone(),
+            Values::F32(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+            Values::F16(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+            Values::Bf16(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+            Values::Packed(_, bytes) => out.extend_from_slice(bytes),
         }
+        Ok(out)
+    }
+
+    /// A copy of the table, or an error where [`Clone::clone`] would abort.
+    ///
+    /// # Errors
+    /// [`EmbeddingError::AllocationFailed`] if the copy cannot be allocated.
+    pub fn try_clone(&self) -> Result<OwnedTable, EmbeddingError> {
+        let values = match &self.values {
+            Values::F32(v) => Values::F32(copied(v, "table")?),
+            Values::F16(v) => Values::F16(copied(v, "table")?),
+            Values::Bf16(v) => Values::Bf16(copied(v, "table")?),
+            Values::Packed(format, bytes) => Values::Packed(*format, copied(bytes, "table")?),
+        };
+        Ok(OwnedTable { values, ..*self })
     }
 
     /// The table read back as `f32`s (`rows × dim`): copied, widened
     /// exactly, or dequantized (`fma(q, scale, bias)`).
     ///
     /// # Errors
-    /// [`EmbeddingError::SizeOverflow`] if `rows × dim` does not fit.
+    /// [`EmbeddingError::SizeOverflow`] if `rows × dim` does not fit,
+    /// [`EmbeddingError::AllocationFailed`] if the values cannot be
+    /// allocated.
     pub fn to_f32(&self) -> Result<Vec<f32>, EmbeddingError> {
         Ok(match &self.values {
-            Values::F32(v) => v.clone(),
-            Values::F16(v) => half_rows::f16_to_f32(v),
-            Values::Bf16(v) => half_rows::bf16_to_f32(v),
+            Values::F32(v) => copied(v, "table")?,
+            Values::F16(v) => half_rows::f16_to_f32(v)?,
+            Values::Bf16(v) => half_rows::bf16_to_f32(v)?,
             Values::Packed(format, bytes) => {
-                let mut out = vec![0.0; rows_len(self.rows, self.dim)?];
+                let len = rows_len(self.rows, self.dim)?;
+                let mut out = crate::memory::zeroed_floats(len, "table")?;
                 format.dequantize_with(Parallelism::Auto, bytes, self.dim, &mut out)?;
                 out
             }
@@ -183,4 +199,16 @@ impl OwnedTable {
     pub fn byte_len(&self) -> usize {
         self.as_ref().byte_len()
     }
+}
+
+/// The little-endian values of `bytes` (a whole number of them), each read
+/// by `read` from its `N` bytes.
+fn decoded<T, const N: usize>(
+    bytes: &[u8],
+    read: fn([u8; N]) -> T,
+) -> Result<Vec<T>, EmbeddingError> {
+    let (values, _) = bytes.as_chunks::<N>();
+    let mut out = with_capacity(values.len(), "table")?;
+    out.extend(values.iter().map(|&b| read(b)));
+    Ok(out)
 }

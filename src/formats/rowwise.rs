@@ -130,7 +130,7 @@ impl RowWise {
         let row_bytes = self
             .row_bytes(dim)
             .ok_or(EmbeddingError::SizeOverflow { count: 1, dim })?;
-        let mut packed = vec![0u8; rows_len(rows, row_bytes)?];
+        let mut packed = crate::buffer::zeroed::<u8>(rows_len(rows, row_bytes)?, "table")?;
         if rows == 0 {
             return Ok(packed);
         }

@@ -124,7 +124,7 @@ fn grouped_backwards_agree_on_every_isa() {
                 .unwrap()
                 .with_parallelism(serial);
             emb.sparse_step(&grad, &ids, &mut Sgd::new(0.25)).unwrap();
-            vec![dense, sparse.values().to_vec(), emb.into_weight()]
+            vec![dense, sparse.values().to_vec(), emb.into_weight().unwrap()]
         });
     }
 }
@@ -177,7 +177,7 @@ fn every_format_agrees_on_every_isa() {
         let ids = ids(n, rows, 13 + k as u64);
         let bags = Bags::fixed(n / 6, 6).unwrap();
         let weights = values(n, 800 + k as u64);
-        let (f16s, bf16s) = (to_f16(&table), to_bf16(&table));
+        let (f16s, bf16s) = (to_f16(&table).unwrap(), to_bf16(&table).unwrap());
         let packs = [RowWise::Int8, RowWise::Int4, RowWise::Int2]
             .map(|format| (format, format.prepack(&table, dim).unwrap()));
         let mut tables = vec![

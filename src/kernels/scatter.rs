@@ -314,7 +314,8 @@ fn column_blocks(dim: usize, base: usize, threads: usize) -> Vec<Range<usize>> {
     };
     let mut cuts = vec![0];
     for k in 1..blocks {
-        let target = k * dim / blocks;
+        // In u128: `k × dim` may pass usize for a very wide row.
+        let target = (k as u128 * dim as u128 / blocks as u128) as usize;
         // The line border at or below `target`.
         let cut = if target >= skew {
             target - (target - skew) % LINE_FLOATS

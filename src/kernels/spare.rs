@@ -13,6 +13,7 @@
 //! [`SPARE_BYTES`](super::tuning::SPARE_BYTES) in all); the largest are kept, the rest freed.
 
 use super::tuning::{SPARE_BYTES as KEEP_BYTES, SPARE_VECTORS as KEEP};
+use crate::error::EmbeddingError;
 use std::cell::RefCell;
 
 thread_local! {
@@ -21,7 +22,10 @@ thread_local! {
 
 /// An empty vector with room for at least `len` values: the smallest of
 /// this thread's spare vectors that is large enough, or a new one.
-pub(crate) fn take(len: usize) -> Vec<usize> {
+///
+/// A new one the allocator refuses is
+/// [`AllocationFailed`](EmbeddingError::AllocationFailed) ("workspace").
+pub(crate) fn take(len: usize) -> Result<Vec<usize>, EmbeddingError> {
     let found = SPARE
         .try_with(|spare| {
             let mut spare = spare.try_borrow_mut().ok()?;
@@ -34,7 +38,10 @@ pub(crate) fn take(len: usize) -> Vec<usize> {
         })
         .ok()
         .flatten();
-    found.unwrap_or_else(|| Vec::with_capacity(len))
+    match found {
+        Some(v) => Ok(v),
+        None => crate::buffer::with_capacity(len, "workspace"),
+    }
 }
 
 /// Keeps `v`, emptied, for a later [`take`] on this thread, within the
@@ -72,20 +79,32 @@ mod tests {
     #[test]
     fn a_given_vector_comes_back_empty_and_large_enough() {
         SPARE.with_borrow_mut(Vec::clear);
-        let mut v = take(1000);
+        let mut v = take(1000).unwrap();
         v.extend(0..1000);
         let ptr = v.as_ptr();
         give(v);
-        let again = take(500);
+        let again = take(500).unwrap();
         assert!(again.is_empty());
         assert!(again.capacity() >= 1000);
         assert_eq!(again.as_ptr(), ptr, "the spare vector is reused");
         // Nothing spare is large enough now: a new vector.
-        let big = take(1 << 20);
+        let big = take(1 << 20).unwrap();
         assert!(big.capacity() >= 1 << 20);
         assert_ne!(big.as_ptr(), ptr);
         give(again);
         give(big);
+        // A size no allocator grants is an error, not an abort.
+        assert_eq!(
+            take(1 << 60).unwrap_err(),
+            EmbeddingError::AllocationFailed {
+                what: "workspace",
+                bytes: (1u128 << 60) * word_bytes()
+            }
+        );
+    }
+
+    fn word_bytes() -> u128 {
+        core::mem::size_of::<usize>() as u128
     }
 
     #[test]

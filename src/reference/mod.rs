@@ -24,6 +24,11 @@
 //! [`error`](crate::error) documents: the tests compare the two, so a check
 //! the kernels drop or reorder shows up as a different error. The ids are
 //! checked by [`check_ids`], comparing signed values.
+//!
+//! The matrices are allocated after every check, fallibly: a call whose
+//! one-hot matrix the allocator refuses (a huge `num_embeddings`) returns
+//! [`EmbeddingError::AllocationFailed`] where the kernel, which needs no
+//! such matrix, may succeed.
 
 pub mod loops;
 mod packed;
@@ -31,6 +36,7 @@ mod packed;
 pub use packed::packed_bag_sum;
 
 use crate::bags::Bags;
+use crate::buffer::{with_capacity, zeroed};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::Index;
 use crate::pooling::{Mode, Pooling};
@@ -90,13 +96,15 @@ pub fn check_ids<I: Index>(ids: &[I], num_embeddings: usize) -> Result<(), Embed
 /// zeros elsewhere, row-major.
 ///
 /// # Errors
-/// [`EmbeddingError::SizeOverflow`] if the matrix cannot be sized, and
+/// [`EmbeddingError::SizeOverflow`] if the matrix cannot be sized,
 /// [`EmbeddingError::IndexOutOfRange`] for the first id that is negative or
-/// not below `num_embeddings`.
+/// not below `num_embeddings`, then [`EmbeddingError::AllocationFailed`] if
+/// the matrix cannot be allocated (a huge `num_embeddings` asks for
+/// `4 × ids × num_embeddings` bytes).
 pub fn one_hot<I: Index>(ids: &[I], num_embeddings: usize) -> Result<Vec<f32>, EmbeddingError> {
     let len = rows_len(ids.len(), num_embeddings)?;
     check_ids(ids, num_embeddings)?;
-    let mut m = vec![0.0; len];
+    let mut m = zeroed::<f32>(len, "one-hot matrix")?;
     for (i, &id) in ids.iter().enumerate() {
         m[i * num_embeddings + id.to_i128() as usize] = 1.0;
     }
@@ -107,12 +115,23 @@ pub fn one_hot<I: Index>(ids: &[I], num_embeddings: usize) -> Result<Vec<f32>, E
 /// triple loop. Sums start at `-0.0` and zero entries of `A` are skipped (see
 /// the module notes).
 ///
+/// # Errors
+/// [`EmbeddingError::SizeOverflow`] (`count` = `m`) if `m × n` overflows,
+/// [`EmbeddingError::AllocationFailed`] if `C` cannot be allocated.
+///
 /// # Panics
 /// If `a.len() != m * k` or `b.len() != k * n`.
-pub fn matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
-    assert_eq!(a.len(), m * k, "A is not m × k");
-    assert_eq!(b.len(), k * n, "B is not k × n");
-    let mut c = vec![-0.0; m * n];
+pub fn matmul(
+    a: &[f32],
+    b: &[f32],
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Result<Vec<f32>, EmbeddingError> {
+    assert_eq!(Some(a.len()), m.checked_mul(k), "A is not m × k");
+    assert_eq!(Some(b.len()), k.checked_mul(n), "B is not k × n");
+    let mut c = with_capacity(rows_len(m, n)?, "matrix product")?;
+    c.resize(m * n, -0.0);
     for i in 0..m {
         for l in 0..k {
             let a_il = a[i * k + l];
@@ -124,7 +143,7 @@ pub fn matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
             }
         }
     }
-    c
+    Ok(c)
 }
 
 /// `C += Aᵀ · B` for row-major `A` (`m × k`), `B` (`m × n`) and `C`
@@ -134,9 +153,9 @@ pub fn matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
 /// # Panics
 /// If a slice does not have the length its shape implies.
 pub fn matmul_tn_acc(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize) {
-    assert_eq!(a.len(), m * k, "A is not m × k");
-    assert_eq!(b.len(), m * n, "B is not m × n");
-    assert_eq!(c.len(), k * n, "C is not k × n");
+    assert_eq!(Some(a.len()), m.checked_mul(k), "A is not m × k");
+    assert_eq!(Some(b.len()), m.checked_mul(n), "B is not m × n");
+    assert_eq!(Some(c.len()), k.checked_mul(n), "C is not k × n");
     for i in 0..m {
         for l in 0..k {
             let a_il = a[i * k + l];
@@ -192,7 +211,7 @@ fn gather_product<I: Index>(
     let rows = table_rows(table.len(), dim, Operand::Table)?;
     check_len(Operand::Output, rows_len(ids.len(), dim)?, out.len())?;
     let hot = one_hot(ids, rows)?;
-    Ok(matmul(&hot, table, ids.len(), rows, dim))
+    matmul(&hot, table, ids.len(), rows, dim)
 }
 
 /// [`scatter_add`](crate::scatter_add) as
@@ -231,7 +250,7 @@ pub fn bag_matrix<I: Index>(
     pooling: &Pooling<'_>,
 ) -> Result<Vec<f32>, EmbeddingError> {
     let n = ids.len();
-    let mut m = vec![0.0; rows_len(bags.len(), n)?];
+    let mut m = zeroed::<f32>(rows_len(bags.len(), n)?, "bag matrix")?;
     let padding = pooling.padding_idx.map(|p| p as i128);
     for b in 0..bags.len() {
         let kept: Vec<usize> = bags
@@ -283,7 +302,7 @@ pub fn bag_forward<I: Index>(
         }
     }
     check_ids(ids, rows)?;
-    let gathered = matmul(&one_hot(ids, rows)?, table, ids.len(), rows, dim);
+    let gathered = matmul(&one_hot(ids, rows)?, table, ids.len(), rows, dim)?;
     if pooling.mode == Mode::Max {
         for b in 0..bags.len() {
             for j in 0..dim {
@@ -305,7 +324,7 @@ pub fn bag_forward<I: Index>(
         return Ok(());
     }
     let m = bag_matrix(ids, bags, pooling)?;
-    let pooled = matmul(&m, &gathered, bags.len(), ids.len(), dim);
+    let pooled = matmul(&m, &gathered, bags.len(), ids.len(), dim)?;
     for b in 0..bags.len() {
         let empty = (0..ids.len()).all(|p| m[b * ids.len() + p] == 0.0);
         for j in 0..dim {
@@ -379,7 +398,7 @@ pub fn bag_backward<I: Index>(
         return Err(EmbeddingError::MaxNeedsIndices);
     }
     let m = bag_matrix(ids, bags, pooling)?;
-    let mut per_id = vec![0.0; ids.len() * dim];
+    let mut per_id = zeroed::<f32>(rows_len(ids.len(), dim)?, "gradient")?;
     matmul_tn_acc(&m, grad_bags, &mut per_id, bags.len(), ids.len(), dim);
     let hot = one_hot(ids, rows)?;
     if !pooling.scale_grad_by_freq {
@@ -387,9 +406,9 @@ pub fn bag_backward<I: Index>(
         return Ok(());
     }
     // Each row's sum divided by its id's count among the kept positions.
-    let mut sums = vec![0.0; grad_table.len()];
+    let mut sums = zeroed::<f32>(grad_table.len(), "gradient")?;
     matmul_tn_acc(&hot, &per_id, &mut sums, ids.len(), rows, dim);
-    let mut counts = vec![0usize; rows];
+    let mut counts = zeroed::<usize>(rows, "counts")?;
     for b in 0..bags.len() {
         for p in bags.bag(b) {
             if Some(ids[p].to_i128()) != pooling.padding_idx.map(|p| p as i128) {
@@ -418,7 +437,7 @@ mod tests {
     fn matmul_matches_hand_computed_product() {
         // [1 2; 3 4] · [5 6; 7 8] = [19 22; 43 50]
         assert_eq!(
-            matmul(&[1., 2., 3., 4.], &[5., 6., 7., 8.], 2, 2, 2),
+            matmul(&[1., 2., 3., 4.], &[5., 6., 7., 8.], 2, 2, 2).unwrap(),
             [19., 22., 43., 50.]
         );
     }

@@ -21,7 +21,8 @@ use crate::index::Index;
 /// # Errors
 /// [`EmbeddingError::LengthMismatch`] if `ids` or `per_sample_weights` do
 /// not match the bags, [`EmbeddingError::SizeOverflow`] if the output cannot
-/// be sized, or [`EmbeddingError::IndexOutOfRange`] for the first bad id.
+/// be sized, or [`EmbeddingError::IndexOutOfRange`] for the first bad id;
+/// [`EmbeddingError::AllocationFailed`] if its buffers cannot be allocated.
 pub fn packed_bag_sum<I: Index>(
     table: &PackedTable<'_>,
     ids: &[I],
@@ -52,7 +53,7 @@ pub fn packed_bag_sum<I: Index>(
             count: bags.len(),
             dim,
         })?;
-    let mut rows = Vec::with_capacity(ids.len());
+    let mut rows = crate::buffer::with_capacity(ids.len(), "rows")?;
     for (position, id) in ids.iter().enumerate() {
         let index = id.to_i128();
         if index < 0 || index >= table.rows() as i128 {
@@ -64,7 +65,7 @@ pub fn packed_bag_sum<I: Index>(
         }
         rows.push(index as usize);
     }
-    let mut out = vec![0.0f32; len];
+    let mut out = crate::buffer::zeroed::<f32>(len, "output")?;
     for b in 0..bags.len() {
         let acc = &mut out[b * dim..(b + 1) * dim];
         for p in bags.bag(b) {

@@ -4,9 +4,10 @@
 //! gradient to the row that won it.
 
 use super::{check_backward, Bags};
+use crate::buffer::{copied, zeroed};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
-use crate::kernels::grouped::{self, RowRule, Source, Target};
+use crate::kernels::grouped::{self, Groups, RowRule, Source, Target};
 use crate::kernels::spare;
 use crate::parallel::Parallelism;
 use crate::pooling::{Mode, Pooling};
@@ -50,14 +51,14 @@ fn bag_source<'a, I: Index>(
     pooling: &Pooling<'_>,
     grad_bags: &'a [f32],
     dim: usize,
-) -> PerBag<'a> {
+) -> Result<PerBag<'a>, EmbeddingError> {
     let skip = pooling.padding_idx;
     let factor = match (pooling.mode, pooling.per_sample_weights) {
         (Mode::Sum, None) => None,
-        (Mode::Sum, Some(w)) => Some(w.to_vec()),
+        (Mode::Sum, Some(w)) => Some(copied(w, "workspace")?),
         _ => {
             // Mean: 1 / (kept ids of the bag).
-            let mut inv = vec![0.0f32; ids.len()];
+            let mut inv = zeroed::<f32>(ids.len(), "workspace")?;
             for b in 0..bags.len() {
                 let range = bags.bag(b);
                 let kept = range.clone().filter(|&p| Some(ids.row(p)) != skip).count();
@@ -67,13 +68,13 @@ fn bag_source<'a, I: Index>(
             Some(inv)
         }
     };
-    PerBag {
+    Ok(PerBag {
         grad_bags,
         dim,
-        bag_of: bag_of(bags),
+        bag_of: bag_of(bags)?,
         padding_idx: skip,
         factor,
-    }
+    })
 }
 
 impl Drop for PerBag<'_> {
@@ -92,13 +93,13 @@ impl PerBag<'_> {
 
 /// The bag of every position (`usize::MAX` for a position past the last
 /// bag), in one of the thread's spare vectors.
-fn bag_of(bags: &Bags) -> Vec<usize> {
-    let mut of = spare::take(bags.num_ids());
+fn bag_of(bags: &Bags) -> Result<Vec<usize>, EmbeddingError> {
+    let mut of = spare::take(bags.num_ids())?;
     of.resize(bags.num_ids(), usize::MAX);
     for b in 0..bags.len() {
         of[bags.bag(b)].fill(b);
     }
-    of
+    Ok(of)
 }
 
 /// The dense gradient of a sum or mean bag forward, **overwriting**
@@ -148,11 +149,10 @@ pub fn bag_backward_with<I: Index>(
     if pooling.mode == Mode::Max {
         return Err(EmbeddingError::MaxNeedsIndices);
     }
-    let source = bag_source(ids, bags, pooling, grad_bags, dim);
+    let source = bag_source(ids, bags, pooling, grad_bags, dim)?;
     let keep = |p, r| source.keeps(p, r);
     let divide = pooling.scale_grad_by_freq;
-    grouped::dense(par, ids, keep, &source, dim, divide, grad_table);
-    Ok(())
+    grouped::dense(par, ids, keep, &source, dim, divide, grad_table)
 }
 
 /// The coalesced sparse gradient of a sum or mean bag forward:
@@ -199,28 +199,46 @@ pub fn bag_sparse_backward_with<I: Index>(
     if pooling.mode == Mode::Max {
         return Err(EmbeddingError::MaxNeedsIndices);
     }
-    let source = bag_source(ids, bags, pooling, grad_bags, dim);
+    let source = bag_source(ids, bags, pooling, grad_bags, dim)?;
     let keep = |p, r| source.keeps(p, r);
     let divide = pooling.scale_grad_by_freq;
-    Ok(grouped::coalesce(par, ids, keep, &source, dim, divide))
+    grouped::coalesce(par, ids, keep, &source, dim, divide)
 }
 
 /// The fused backward + update of a sum or mean bag batch, after
-/// [`check_backward_call`](super::check_backward_call): each touched row's gradient is summed and handed
-/// to `rule` at once.
-pub(crate) fn bag_fused_update<I: Index, R: RowRule>(
-    par: Parallelism,
-    grad_bags: &[f32],
-    ids: ValidIds<'_, I>,
-    bags: &Bags,
-    pooling: &Pooling<'_>,
-    target: Target<'_>,
-    rule: &R,
-) {
-    let source = bag_source(ids, bags, pooling, grad_bags, target.dim);
-    let keep = |p, r| source.keeps(p, r);
-    let divide = pooling.scale_grad_by_freq;
-    grouped::update(par, ids, keep, &source, divide, target, rule);
+/// [`check_backward_call`](super::check_backward_call): its workspace (the
+/// gradient source and the grouping), made before the optimiser's step
+/// begins, since making it can fail.
+pub(crate) struct BagUpdate<'a> {
+    source: PerBag<'a>,
+    groups: Groups,
+    divide: bool,
+}
+
+impl<'a> BagUpdate<'a> {
+    /// The workspace of the update of `ids` (checked) with `grad_bags`.
+    ///
+    /// Fails only when the allocator refuses it.
+    pub(crate) fn new<I: Index>(
+        grad_bags: &'a [f32],
+        dim: usize,
+        ids: ValidIds<'_, I>,
+        bags: &Bags,
+        pooling: &Pooling<'_>,
+    ) -> Result<BagUpdate<'a>, EmbeddingError> {
+        let source = bag_source(ids, bags, pooling, grad_bags, dim)?;
+        let groups = Groups::new_kept(ids, |p, r| source.keeps(p, r))?;
+        Ok(BagUpdate {
+            source,
+            groups,
+            divide: pooling.scale_grad_by_freq,
+        })
+    }
+
+    /// Each touched row's gradient summed and handed to `rule` at once.
+    pub(crate) fn apply<R: RowRule>(&self, par: Parallelism, target: Target<'_>, rule: &R) {
+        grouped::update(par, &self.groups, &self.source, self.divide, target, rule);
+    }
 }
 
 /// The gradient of a max bag forward, **overwriting** `grad_table`: zeros,

@@ -65,7 +65,7 @@ mod sum;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use backward::bag_fused_update;
+pub(crate) use backward::BagUpdate;
 pub use backward::{
     bag_backward, bag_backward_with, bag_max_backward, bag_max_backward_with, bag_sparse_backward,
     bag_sparse_backward_with,
@@ -175,6 +175,25 @@ fn check_outputs<'a, I: Index>(
         check_max_bag_lengths(bags)?;
     }
     ValidIds::new(ids, rows)
+}
+
+/// The forward's checks for a layer that allocates the outputs itself, on
+/// its table of `rows` rows (of any format), in [`check_forward`]'s order
+/// less the two output lengths: the checked ids and the output length
+/// (`bags × dim`), before anything is allocated.
+pub(crate) fn check_forward_unallocated<'a, I: Index>(
+    rows: usize,
+    dim: usize,
+    ids: &'a [I],
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+) -> Result<(ValidIds<'a, I>, usize), EmbeddingError> {
+    check_pooling(rows, ids, bags, pooling)?;
+    let out_len = rows_len(bags.len(), dim)?;
+    if pooling.mode == Mode::Max {
+        check_max_bag_lengths(bags)?;
+    }
+    Ok((ValidIds::new(ids, rows)?, out_len))
 }
 
 /// `out[b, :]` = the pooled rows of bag `b`, for every bag; with

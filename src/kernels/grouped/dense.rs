@@ -74,14 +74,15 @@ pub fn dense_backward_with<I: Index>(
     let ids = ValidIds::new(ids, rows)?;
     let source = PerPosition { grad_output, dim };
     let keep = |_, r| Some(r) != padding_idx;
-    dense(par, ids, keep, &source, dim, scale_grad_by_freq, grad_table);
-    Ok(())
+    dense(par, ids, keep, &source, dim, scale_grad_by_freq, grad_table)
 }
 
 /// The dense gradient of any [`Source`], **overwriting** `grad_table` (whole
 /// rows of `dim`): the positions `p` (with row `r`) for which `keep(p, r)`
 /// add their rows, in position order; every other row is zeros. Summed in
-/// the caches or swept (the module notes); the arguments are checked.
+/// the caches or swept (the module notes); the arguments are checked. Fails
+/// only for a workspace the allocator refuses, before `grad_table` is
+/// written.
 pub(crate) fn dense<I: Index, S: Source>(
     par: Parallelism,
     ids: ValidIds<'_, I>,
@@ -90,9 +91,9 @@ pub(crate) fn dense<I: Index, S: Source>(
     dim: usize,
     divide_by_count: bool,
     grad_table: &mut [f32],
-) {
+) -> Result<(), EmbeddingError> {
     if dim == 0 {
-        return;
+        return Ok(());
     }
     let bytes = core::mem::size_of_val(grad_table);
     if bytes < STREAM_MIN_BYTES {
@@ -104,9 +105,9 @@ pub(crate) fn dense<I: Index, S: Source>(
             divide_by_count,
             grad_table,
         });
-        return;
+        return Ok(());
     }
-    let groups = Groups::new_kept(ids, keep);
+    let groups = Groups::new_kept(ids, keep)?;
     let rows = grad_table.len() / dim;
     let tasks = plan(
         &groups,
@@ -125,6 +126,7 @@ pub(crate) fn dense<I: Index, S: Source>(
     };
     let split = par.splits(bytes, PARALLEL_MIN_BYTES);
     run(split, &tasks, parts, none, &sweep);
+    Ok(())
 }
 
 /// The dense gradient of a table that fits the caches: zero it, then add

@@ -4,7 +4,7 @@
 
 use super::plan::{carve, plan, run, Space, Task, TaskBody};
 use super::{sum_positions, Groups, PerPosition, Source};
-use crate::index::{Index, ValidIds};
+use crate::error::EmbeddingError;
 use crate::kernels::tuning::{prefetch_ahead, GROUP_TASK_BYTES, PARALLEL_MIN_BYTES};
 use crate::parallel::Parallelism;
 use crate::simd::{prefetch, Lanes};
@@ -26,22 +26,23 @@ mod sealed {
 
 pub(crate) use sealed::RowRule;
 
-/// The table side of a fused update, checked: the weight, its row width, the
-/// optimiser state and which row never changes.
+/// The table side of a fused update, checked: the weight, its row width and
+/// the optimiser state. (The row that never changes is left out of the
+/// groups.)
 pub(crate) struct Target<'a> {
     pub(crate) weight: &'a mut [f32],
     pub(crate) dim: usize,
     pub(crate) state: &'a mut [f32],
-    pub(crate) padding_idx: Option<usize>,
 }
 
 /// The fused sparse update of an embedding lookup: [`update`] with the
-/// lookup's own gradient rows and `padding_idx` left out. The caller has
-/// checked `target`, `grad_output` and the ids.
-pub(crate) fn fused_update<I: Index, R: RowRule>(
+/// lookup's own gradient rows. `groups` are the checked ids grouped without
+/// `padding_idx` (`Groups::new(ids, padding_idx)`), built before the
+/// optimiser's step began, since building them can fail.
+pub(crate) fn fused_update<R: RowRule>(
     par: Parallelism,
     grad_output: &[f32],
-    ids: ValidIds<'_, I>,
+    groups: &Groups,
     scale_grad_by_freq: bool,
     target: Target<'_>,
     rule: &R,
@@ -50,51 +51,59 @@ pub(crate) fn fused_update<I: Index, R: RowRule>(
         grad_output,
         dim: target.dim,
     };
-    let skip = target.padding_idx;
-    let keep = |_, r| Some(r) != skip;
-    update(par, ids, keep, &source, scale_grad_by_freq, target, rule);
+    update(par, groups, &source, scale_grad_by_freq, target, rule);
 }
 
-/// The fused update for any [`Source`]: groups the positions `p` (with row
-/// `r`) for which `keep(p, r)`, sums each touched row's gradient (position
-/// order, divided by the count with `divide_by_count`), and applies `rule`
-/// to the row straight away. The arguments are checked.
-pub(crate) fn update<I: Index, S: Source, R: RowRule>(
+/// The fused update for any [`Source`]: sums each group's gradient rows
+/// (position order, divided by the count with `divide_by_count`), and
+/// applies `rule` to the group's row straight away. The arguments are
+/// checked.
+pub(crate) fn update<S: Source, R: RowRule>(
     par: Parallelism,
-    ids: ValidIds<'_, I>,
-    keep: impl Fn(usize, usize) -> bool,
+    groups: &Groups,
     source: &S,
     divide_by_count: bool,
     target: Target<'_>,
     rule: &R,
 ) {
-    let groups = Groups::new_kept(ids, keep);
     let split = par.splits(source.bytes(), PARALLEL_MIN_BYTES);
-    apply_groups(split, &groups, source, divide_by_count, target, rule);
+    apply_groups(split, groups, source, divide_by_count, target, rule);
 }
 
-/// Applies a coalesced gradient with `rule` (its padding row, if it holds
-/// one, is skipped). The caller has checked that `grad` fits `target`.
-pub(crate) fn apply_sparse<R: RowRule>(
-    par: Parallelism,
+/// The rows of a coalesced gradient as groups for [`apply_sparse`], less
+/// the padding row `skip` if it holds one.
+///
+/// Fails only when the allocator refuses the workspace.
+pub(crate) fn sparse_groups(
     grad: &SparseGrad,
-    target: Target<'_>,
-    rule: &R,
-) {
-    let mut groups = Groups::of_sparse(grad);
-    if let Some(skip) = target.padding_idx {
+    skip: Option<usize>,
+) -> Result<Groups, EmbeddingError> {
+    let mut groups = Groups::of_sparse(grad)?;
+    if let Some(skip) = skip {
         if let Ok(k) = groups.rows.binary_search(&skip) {
             groups.rows.remove(k);
             groups.positions.remove(k);
             groups.starts.pop();
         }
     }
+    Ok(groups)
+}
+
+/// Applies a coalesced gradient with `rule`, over its
+/// [`sparse_groups`]. The caller has checked that `grad` fits `target`.
+pub(crate) fn apply_sparse<R: RowRule>(
+    par: Parallelism,
+    grad: &SparseGrad,
+    groups: &Groups,
+    target: Target<'_>,
+    rule: &R,
+) {
     let source = PerPosition {
         grad_output: grad.values(),
         dim: target.dim,
     };
     let split = par.splits(source.bytes(), PARALLEL_MIN_BYTES);
-    apply_groups(split, &groups, &source, false, target, rule);
+    apply_groups(split, groups, &source, false, target, rule);
 }
 
 /// The shared body of the fused updates: tasks of disjoint rows, each row's

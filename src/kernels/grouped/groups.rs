@@ -9,6 +9,8 @@
 //! (`kernels/spare.rs`), so a loop of calls does not fault in fresh memory.
 
 use super::Source;
+use crate::buffer::{copied, with_capacity, zeroed};
+use crate::error::EmbeddingError;
 use crate::index::{Index, ValidIds};
 use crate::kernels::spare;
 use crate::simd::prefetch;
@@ -35,7 +37,13 @@ pub(crate) struct Groups {
 impl Groups {
     /// Groups `ids` by row, leaving out every position whose row is `skip`
     /// (the padding row).
-    pub(crate) fn new<I: Index>(ids: ValidIds<'_, I>, skip: Option<usize>) -> Groups {
+    ///
+    /// The workspace (a few `usize`s per id) is allocated fallibly: a batch
+    /// too large for it is [`EmbeddingError::AllocationFailed`].
+    pub(crate) fn new<I: Index>(
+        ids: ValidIds<'_, I>,
+        skip: Option<usize>,
+    ) -> Result<Groups, EmbeddingError> {
         Groups::new_kept(ids, |_, r| Some(r) != skip)
     }
 
@@ -43,7 +51,7 @@ impl Groups {
     pub(crate) fn new_kept<I: Index>(
         ids: ValidIds<'_, I>,
         keep: impl Fn(usize, usize) -> bool,
-    ) -> Groups {
+    ) -> Result<Groups, EmbeddingError> {
         let bits = usize::BITS - ids.num_embeddings().saturating_sub(1).leading_zeros();
         #[cfg(target_pointer_width = "64")]
         if bits <= 32 && u32::try_from(ids.len()).is_ok() {
@@ -58,19 +66,20 @@ impl Groups {
         ids: ValidIds<'_, I>,
         keep: impl Fn(usize, usize) -> bool,
         bits: u32,
-    ) -> Groups {
+    ) -> Result<Groups, EmbeddingError> {
         // Trick 1: a stable LSD radix sort of the kept positions by row,
         // RADIX_BITS of the row per pass. The positions go in ascending, and
         // a stable sort keeps them so within each row.
-        let (mut rows, mut positions) =
-            (Vec::with_capacity(ids.len()), Vec::with_capacity(ids.len()));
+        let mut rows = with_capacity(ids.len(), "workspace")?;
+        let mut positions = with_capacity(ids.len(), "workspace")?;
         for (p, r) in ids.rows().enumerate() {
             if keep(p, r) {
                 rows.push(r);
                 positions.push(p);
             }
         }
-        let (mut rows_to, mut positions_to) = (vec![0; rows.len()], vec![0; rows.len()]);
+        let mut rows_to = zeroed(rows.len(), "workspace")?;
+        let mut positions_to = zeroed(rows.len(), "workspace")?;
         let mut shift = 0;
         while shift < bits {
             let digit = |r: usize| (r >> shift) & (RADIX - 1);
@@ -99,11 +108,11 @@ impl Groups {
         }
         let mut groups = Groups {
             positions,
-            rows: Vec::new(),
-            starts: Vec::new(),
+            rows: with_capacity(rows.len(), "workspace")?,
+            starts: with_capacity(rows.len() + 1, "workspace")?,
         };
         groups.find_runs(rows.into_iter());
-        groups
+        Ok(groups)
     }
 
     /// [`Groups::new_kept`] when rows and positions fit 32 bits each (and
@@ -116,12 +125,12 @@ impl Groups {
         ids: ValidIds<'_, I>,
         keep: impl Fn(usize, usize) -> bool,
         bits: u32,
-    ) -> Groups {
+    ) -> Result<Groups, EmbeddingError> {
         const MAX_PASSES: usize = 32usize.div_ceil(RADIX_BITS as usize);
         let passes = bits.div_ceil(RADIX_BITS) as usize;
         let digit =
             |key: usize, pass: usize| (key >> (32 + pass * RADIX_BITS as usize)) & (RADIX - 1);
-        let mut keys = spare::take(ids.len());
+        let mut keys = spare::take(ids.len())?;
         keys.extend(
             ids.rows()
                 .enumerate()
@@ -134,7 +143,7 @@ impl Groups {
                 count[digit(key, pass)] += 1;
             }
         }
-        let mut to = spare::take(keys.len());
+        let mut to = spare::take(keys.len())?;
         to.resize(keys.len(), 0);
         for (pass, count) in counts[..passes].iter_mut().enumerate() {
             if count.contains(&keys.len()) {
@@ -153,12 +162,12 @@ impl Groups {
         }
         spare::give(to);
         let mut groups = Groups {
-            rows: spare::take(keys.len()),
-            starts: spare::take(keys.len() + 1),
+            rows: spare::take(keys.len())?,
+            starts: spare::take(keys.len() + 1)?,
             positions: keys,
         };
         groups.find_runs_packed();
-        groups
+        Ok(groups)
     }
 
     /// The packed keys of [`Groups::new_packed`], sorted, in `positions`:
@@ -191,13 +200,17 @@ impl Groups {
 
     /// The rows of a coalesced gradient as groups of one position each
     /// (position `k` is values row `k`), so the fused updates can apply it.
-    pub(super) fn of_sparse(grad: &SparseGrad) -> Groups {
+    pub(super) fn of_sparse(grad: &SparseGrad) -> Result<Groups, EmbeddingError> {
         let k = grad.indices().len();
-        Groups {
-            rows: grad.indices().to_vec(),
-            starts: (0..=k).collect(),
-            positions: (0..k).collect(),
-        }
+        let mut starts = with_capacity(k + 1, "workspace")?;
+        starts.extend(0..=k);
+        let mut positions = with_capacity(k, "workspace")?;
+        positions.extend(0..k);
+        Ok(Groups {
+            rows: copied(grad.indices(), "workspace")?,
+            starts,
+            positions,
+        })
     }
 
     /// How many distinct rows.
@@ -255,7 +268,7 @@ pub(super) mod tests {
     }
 
     pub(crate) fn groups_of(rows: usize, ids: &[usize]) -> Groups {
-        Groups::new(ValidIds::new(ids, rows).unwrap(), None)
+        Groups::new(ValidIds::new(ids, rows).unwrap(), None).unwrap()
     }
 
     #[test]
@@ -270,8 +283,8 @@ pub(super) mod tests {
             let skip = mix(&mut seed) as usize % rows;
             let keep = |p: usize, r: usize| r != skip && p % 7 != 3;
             let bits = usize::BITS - (rows - 1).leading_zeros();
-            let packed = Groups::new_packed(ids, keep, bits);
-            let wide = Groups::new_wide(ids, keep, bits);
+            let packed = Groups::new_packed(ids, keep, bits).unwrap();
+            let wide = Groups::new_wide(ids, keep, bits).unwrap();
             assert_eq!(packed.rows, wide.rows, "rows {rows} n {n}");
             assert_eq!(packed.starts, wide.starts, "rows {rows} n {n}");
             assert_eq!(packed.positions, wide.positions, "rows {rows} n {n}");
@@ -285,7 +298,7 @@ pub(super) mod tests {
         assert_eq!(g.positions(0), [3]);
         assert_eq!(g.positions(1), [1, 4]);
         assert_eq!(g.positions(2), [0, 2, 5]);
-        let skipped = Groups::new(ValidIds::new(&[7usize, 2, 7], 10).unwrap(), Some(7));
+        let skipped = Groups::new(ValidIds::new(&[7usize, 2, 7], 10).unwrap(), Some(7)).unwrap();
         assert_eq!(skipped.rows, [2]);
         assert_eq!(skipped.positions(0), [1]);
     }

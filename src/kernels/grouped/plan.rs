@@ -61,7 +61,9 @@ pub(crate) fn plan(
     };
     for g in 0..groups.len() {
         let u = unit(g);
-        let weight = (groups.positions(g).len() + 1) * dim;
+        // Saturating: a bag's positions may be many more than its gradient
+        // rows, and this is only a cost.
+        let weight = (groups.positions(g).len() + 1).saturating_mul(dim);
         if dense {
             let gap = (u - p.end) * dim;
             if p.g0 < g && p.cost + gap > budget {
@@ -89,7 +91,9 @@ pub(crate) fn plan(
                 let next = if k == blocks {
                     dim
                 } else {
-                    k * dim / blocks / LINE_FLOATS * LINE_FLOATS
+                    // In u128: `k × dim` may pass usize for a very wide row.
+                    let at = k as u128 * dim as u128 / blocks as u128;
+                    at as usize / LINE_FLOATS * LINE_FLOATS
                 };
                 if next > cut {
                     p.tasks.push(Task {

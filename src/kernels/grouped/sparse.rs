@@ -4,6 +4,7 @@
 
 use super::plan::{carve, plan, run, Space, Task, TaskBody};
 use super::{check_padding, sum_positions, Groups, PerPosition, Source};
+use crate::buffer::copied;
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::kernels::tuning::{prefetch_ahead, GROUP_TASK_BYTES, PARALLEL_MIN_BYTES};
@@ -64,7 +65,7 @@ pub fn sparse_backward_with<I: Index>(
     let ids = ValidIds::new(ids, num_embeddings)?;
     let source = PerPosition { grad_output, dim };
     let keep = |_, r| Some(r) != padding_idx;
-    Ok(coalesce(par, ids, keep, &source, dim, scale_grad_by_freq))
+    coalesce(par, ids, keep, &source, dim, scale_grad_by_freq)
 }
 
 /// The coalesced gradient of any [`Source`]: the positions `p` (with row
@@ -77,10 +78,11 @@ pub(crate) fn coalesce<I: Index, S: Source>(
     source: &S,
     dim: usize,
     divide_by_count: bool,
-) -> SparseGrad {
+) -> Result<SparseGrad, EmbeddingError> {
     let num_embeddings = ids.num_embeddings();
-    let groups = Groups::new_kept(ids, keep);
-    let mut values = crate::memory::zeroed_table(groups.len() * dim);
+    let groups = Groups::new_kept(ids, keep)?;
+    // At most one row per id, and `ids.len() × dim` was checked.
+    let mut values = crate::memory::zeroed_floats(rows_len(groups.len(), dim)?, "gradient")?;
     if dim > 0 {
         let tasks = plan(&groups, dim, Space::Groups, true, GROUP_TASK_BYTES / 4);
         let parts = carve(&tasks, &mut values, dim, dim);
@@ -95,7 +97,8 @@ pub(crate) fn coalesce<I: Index, S: Source>(
     }
     // A copy: `rows` is one of the thread's spare vectors, sized for every
     // id; the caller's gradient gets one just large enough.
-    SparseGrad::from_parts(groups.rows.clone(), values, num_embeddings, dim)
+    let rows = copied(&groups.rows, "gradient")?;
+    Ok(SparseGrad::from_parts(rows, values, num_embeddings, dim))
 }
 
 /// One task of [`coalesce`]: the summed rows of its groups.
