@@ -99,7 +99,7 @@ use crate::shape::{check_len, rows_len, table_rows};
 pub enum Positions {
     /// A table that is never trained, `max_len × embedding_dim` values,
     /// row-major: usually
-    /// [`sinusoidal_positions`](crate::positions::sinusoidal_positions), as a
+    /// [`sinusoidal_positions`], as a
     /// PyTorch module keeps it in a buffer.
     Fixed(Vec<f32>),
     /// A trained table of `max_len` rows, as `nn.Embedding(max_len, d)`
@@ -204,7 +204,7 @@ impl InputEmbedding {
     }
 
     /// The layer with the sinusoidal positions of *Attention Is All You
-    /// Need* ([`sinusoidal_positions`](crate::positions::sinusoidal_positions)`(max_len, d)`),
+    /// Need* ([`sinusoidal_positions`]`(max_len, d)`),
     /// never trained, and the tokens scaled by `sqrt(d)` when
     /// `scale_by_sqrt_dim`.
     ///
