@@ -846,3 +846,44 @@ fn run_typed<T: Target, I: Id>(header: &Header) {
     let case = Case::<I>::build(header);
     pool(case.threads).install(|| case.check::<T>());
 }
+
+/// A byte reader for the layer targets' headers and call lists: every read
+/// past the end of the input is 0, so a short input is a valid case.
+pub struct Bytes<'a>(pub Unstructured<'a>);
+
+impl<'a> Bytes<'a> {
+    /// A reader over `data`.
+    pub fn new(data: &'a [u8]) -> Bytes<'a> {
+        Bytes(Unstructured::new(data))
+    }
+
+    /// The next byte.
+    pub fn byte(&mut self) -> u8 {
+        self.0.arbitrary().unwrap_or(0)
+    }
+
+    /// The next 8 bytes.
+    pub fn u64(&mut self) -> u64 {
+        self.0.arbitrary().unwrap_or(0)
+    }
+
+    /// A number below `n` (which must be at least 1).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0.int_in_range(0..=n - 1).unwrap_or(0)
+    }
+
+    /// One bit.
+    pub fn flag(&mut self) -> bool {
+        self.below(2) == 1
+    }
+
+    /// One of `from` (which must not be empty).
+    pub fn pick<T: Copy>(&mut self, from: &[T]) -> T {
+        from[self.below(from.len() as u64) as usize]
+    }
+
+    /// Whether the input is used up.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
