@@ -600,7 +600,10 @@ impl Case {
         }
         let owned = OwnedTable::from_f32(x, dim, format.into());
         assert_eq!(
-            owned.as_ref().map(OwnedTable::to_le_bytes).ok(),
+            owned
+                .as_ref()
+                .ok()
+                .map(|t| t.to_le_bytes().expect("the bytes of a small table")),
             first,
             "OwnedTable::from_f32\n{}",
             self.summary()

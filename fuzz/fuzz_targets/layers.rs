@@ -359,7 +359,7 @@ fn buffer_outcome(
 fn sparse_values(g: SparseGrad) -> (Vec<f32>, Vec<i64>, Vec<usize>) {
     let rows = g.indices().iter().map(|&r| r as i64).collect();
     (
-        g.to_dense(),
+        g.to_dense().expect("the dense gradient of a small table"),
         rows,
         vec![g.num_embeddings(), g.embedding_dim()],
     )
