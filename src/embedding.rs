@@ -25,13 +25,21 @@
 //!   summing; the two agree up to rounding).
 //! * `sparse`: [`Embedding::backward`] returns a coalesced
 //!   [`SparseGrad`] instead of a dense table.
-//! * `freeze` (`from_pretrained`): updates are no-ops; gradients can still
-//!   be computed.
+//! * `freeze` (`from_pretrained`): every update checks all its arguments,
+//!   the optimiser's included, exactly as for an unfrozen layer (the same
+//!   call gives the same error), then changes nothing: neither the table
+//!   nor the optimiser's state or step count. Gradients can still be
+//!   computed.
+//!
+//! A layer knows its `num_embeddings`, so every entry point checks ids
+//! against it, even when `embedding_dim` is 0 (as `nn.Embedding(5, 0)`
+//! accepts ids `0..5`); the flat-table kernels, which count rows by
+//! `len / dim`, see no rows in a table of width 0.
 
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::kernels::{
-    self, dense_backward_with, gather_valid, gather_with, sparse_backward_with, Groups, Target,
+    self, dense_backward_valid, gather_valid, sparse_backward_with, Groups, Target,
     PARALLEL_MIN_BYTES,
 };
 use crate::memory::AlignedTable;
@@ -402,7 +410,17 @@ impl Embedding {
                 requirement: "unset for a read-only lookup (forward_into renormalises)",
             });
         }
-        gather_with(self.parallelism, &self.weight, self.embedding_dim, ids, out)
+        let len = rows_len(ids.len(), self.embedding_dim)?;
+        check_len(Operand::Output, len, out.len())?;
+        let valid = ValidIds::new(ids, self.num_embeddings)?;
+        gather_valid(
+            self.parallelism,
+            &self.weight,
+            self.embedding_dim,
+            valid,
+            out,
+        );
+        Ok(())
     }
 
     /// `embedding_renorm_`, when `max_norm` is set: scales each distinct row
@@ -483,15 +501,22 @@ impl Embedding {
         grad_weight: &mut [f32],
     ) -> Result<(), EmbeddingError> {
         check_len(Operand::GradTable, self.weight.len(), grad_weight.len())?;
-        dense_backward_with(
+        check_len(
+            Operand::GradOutput,
+            rows_len(ids.len(), self.embedding_dim)?,
+            grad_output.len(),
+        )?;
+        let valid = ValidIds::new(ids, self.num_embeddings)?;
+        dense_backward_valid(
             self.parallelism,
             grad_output,
             self.embedding_dim,
-            ids,
+            valid,
             self.padding_idx,
             self.scale_grad_by_freq,
             grad_weight,
-        )
+        );
+        Ok(())
     }
 
     /// The coalesced sparse gradient: the distinct ids (less the padding
@@ -519,8 +544,9 @@ impl Embedding {
     /// Backward and an optimiser step in one pass over the touched rows: each
     /// distinct id's gradient is summed (as [`backward_sparse`](Self::backward_sparse)
     /// would) and applied to its row at once. No gradient is stored and
-    /// untouched rows are not read. A frozen layer checks its arguments and
-    /// changes nothing; the padding row never changes.
+    /// untouched rows are not read. A frozen layer makes every check an
+    /// unfrozen one makes (the optimiser's included), then changes nothing,
+    /// the optimiser included; the padding row never changes.
     ///
     /// # Errors
     /// A shape error, [`EmbeddingError::IndexOutOfRange`], an invalid
@@ -540,7 +566,7 @@ impl Embedding {
         )?;
         let valid = ValidIds::new(ids, self.num_embeddings)?;
         if self.frozen {
-            return Ok(());
+            return optimizer.check_step(self.num_embeddings, dim);
         }
         let (rule, state) = optimizer.begin_step(self.num_embeddings, dim)?;
         let target = Target {
@@ -562,11 +588,13 @@ impl Embedding {
 
     /// Applies a coalesced gradient (from [`backward_sparse`](Self::backward_sparse))
     /// with `optimizer`: the same bits as [`sparse_step`](Self::sparse_step)
-    /// on the batch it came from.
+    /// on the batch it came from. A frozen layer checks as
+    /// [`sparse_step`](Self::sparse_step) does, then changes nothing.
     ///
     /// # Errors
     /// [`EmbeddingError::LengthMismatch`] if `grad` is for another table
-    /// shape, or an invalid hyper-parameter; then nothing has changed.
+    /// shape, or an optimiser error (an invalid hyper-parameter, a state
+    /// made for another table); then nothing has changed.
     pub fn apply_sparse<O: SparseOptimizer>(
         &mut self,
         grad: &SparseGrad,
@@ -581,7 +609,7 @@ impl Embedding {
             check_len(Operand::GradTable, expected, got)?;
         }
         if self.frozen {
-            return Ok(());
+            return optimizer.check_step(self.num_embeddings, dim);
         }
         let (rule, state) = optimizer.begin_step(self.num_embeddings, dim)?;
         let target = Target {

@@ -25,6 +25,12 @@ pub(crate) mod sealed {
     pub trait Sealed {
         /// The rule for one step.
         type Rule: RowRule;
+        /// Every check [`begin_step`](Self::begin_step) makes, and no change:
+        /// the hyper-parameters, and the state's size for a table of
+        /// `rows × dim` (an empty state is made on the first step). A frozen
+        /// table runs this in place of a step, so that it refuses exactly
+        /// what an unfrozen one would.
+        fn check_step(&self, rows: usize, dim: usize) -> Result<(), EmbeddingError>;
         /// Checks the hyper-parameters, makes or checks the state for a table
         /// of `rows × dim`, counts the step, and hands out the rule and the
         /// state.
@@ -55,6 +61,25 @@ fn non_negative(name: &'static str, value: f32) -> Result<(), EmbeddingError> {
     }
 }
 
+/// The length of the state for `rows × width`, after checking that `state`
+/// is either not made yet (empty) or that long.
+fn check_state(state: &[f32], rows: usize, width: usize) -> Result<usize, EmbeddingError> {
+    let len = rows
+        .checked_mul(width)
+        .ok_or(EmbeddingError::SizeOverflow {
+            count: rows,
+            dim: width,
+        })?;
+    if !state.is_empty() && state.len() != len {
+        return Err(EmbeddingError::LengthMismatch {
+            operand: Operand::OptimizerState,
+            expected: len,
+            got: state.len(),
+        });
+    }
+    Ok(len)
+}
+
 /// Makes the state on the first step (`rows × width` values of `init`) and
 /// checks its size on later ones.
 fn state_for(
@@ -63,24 +88,12 @@ fn state_for(
     width: usize,
     init: f32,
 ) -> Result<&mut [f32], EmbeddingError> {
-    let len = rows
-        .checked_mul(width)
-        .ok_or(EmbeddingError::SizeOverflow {
-            count: rows,
-            dim: width,
-        })?;
+    let len = check_state(state, rows, width)?;
     if state.is_empty() && len > 0 {
         *state = crate::memory::zeroed_table(len);
         if init != 0.0 {
             state.fill(init);
         }
-    }
-    if state.len() != len {
-        return Err(EmbeddingError::LengthMismatch {
-            operand: Operand::OptimizerState,
-            expected: len,
-            got: state.len(),
-        });
     }
     Ok(state)
 }
@@ -177,6 +190,9 @@ impl RowRule for Sgd {
 
 impl sealed::Sealed for Sgd {
     type Rule = Sgd;
+    fn check_step(&self, _rows: usize, _dim: usize) -> Result<(), EmbeddingError> {
+        self.validate()
+    }
     fn begin_step(
         &mut self,
         _rows: usize,
@@ -282,6 +298,10 @@ impl RowRule for AdagradRule {
 
 impl sealed::Sealed for Adagrad {
     type Rule = AdagradRule;
+    fn check_step(&self, rows: usize, dim: usize) -> Result<(), EmbeddingError> {
+        self.validate()?;
+        check_state(&self.state, rows, dim).map(drop)
+    }
     fn begin_step(
         &mut self,
         rows: usize,
@@ -384,6 +404,10 @@ impl RowRule for RowWiseAdagradRule {
 
 impl sealed::Sealed for RowWiseAdagrad {
     type Rule = RowWiseAdagradRule;
+    fn check_step(&self, rows: usize, _dim: usize) -> Result<(), EmbeddingError> {
+        self.validate()?;
+        check_state(&self.state, rows, 1).map(drop)
+    }
     fn begin_step(
         &mut self,
         rows: usize,

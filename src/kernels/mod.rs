@@ -34,7 +34,11 @@ pub use token_position::{
     embed_positions, embed_positions_backward, embed_positions_backward_with, embed_positions_with,
 };
 
-pub(crate) use bag::{bag_fused_update, check_backward_call, check_forward, forward_valid};
+pub(crate) use bag::{
+    bag_backward_valid, bag_fused_update, check_backward_rows, check_forward_rows, forward_valid,
+};
 pub(crate) use gather::{check as check_gather, gather_valid};
-pub(crate) use grouped::{apply_sparse, for_each_row, fused_update, Groups, RowRule, Target};
+pub(crate) use grouped::{
+    apply_sparse, dense_backward_valid, for_each_row, fused_update, Groups, RowRule, Target,
+};
 pub(crate) use tuning::PARALLEL_MIN_BYTES;
