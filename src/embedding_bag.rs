@@ -311,8 +311,9 @@ impl EmbeddingBag {
     /// forward's `max_indices`; the other modes ignore them.
     ///
     /// # Errors
-    /// A shape error, an id error, or [`EmbeddingError::MaxNeedsIndices`]
-    /// for max mode without `max_indices`.
+    /// A shape error, [`EmbeddingError::PerSampleWeightsNeedSum`], an id
+    /// error, or [`EmbeddingError::MaxNeedsIndices`] for max mode without
+    /// `max_indices`, in the order of the [module notes](self).
     pub fn backward<I: Index>(
         &self,
         grad_output: &[f32],
