@@ -102,8 +102,23 @@ impl Bags {
         self.len() == 0
     }
 
-    /// The positions of bag `b`.
-    pub fn bag(&self, b: usize) -> Range<usize> {
+    /// The positions of bag `b`, or `None` if there is no bag `b`
+    /// (`b >= len()`), as [`slice::get`] answers.
+    pub fn bag(&self, b: usize) -> Option<Range<usize>> {
+        let start = *self.starts.get(b)?;
+        let end = *self.starts.get(b.checked_add(1)?)?;
+        Some(start..end)
+    }
+
+    /// The positions of every bag, in order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = Range<usize>> + '_ {
+        self.starts.windows(2).map(|w| w[0]..w[1])
+    }
+
+    /// The positions of bag `b`, for the crate's loops over `0..len()`.
+    #[inline]
+    pub(crate) fn range(&self, b: usize) -> Range<usize> {
+        debug_assert!(b < self.len(), "bag {b} of {}", self.len());
         self.starts[b]..self.starts[b + 1]
     }
 

@@ -25,13 +25,21 @@
 //!   summing; the two agree up to rounding).
 //! * `sparse`: [`Embedding::backward`] returns a coalesced
 //!   [`SparseGrad`] instead of a dense table.
-//! * `freeze` (`from_pretrained`): updates are no-ops; gradients can still
-//!   be computed.
+//! * `freeze` (`from_pretrained`): every update checks all its arguments,
+//!   the optimiser's included, exactly as for an unfrozen layer (the same
+//!   call gives the same error), then changes nothing: neither the table
+//!   nor the optimiser's state or step count. Gradients can still be
+//!   computed.
+//!
+//! A layer knows its `num_embeddings`, so every entry point checks ids
+//! against it, even when `embedding_dim` is 0 (as `nn.Embedding(5, 0)`
+//! accepts ids `0..5`); the flat-table kernels, which count rows by
+//! `len / dim`, see no rows in a table of width 0.
 
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::kernels::{
-    self, dense_backward_with, gather_valid, gather_with, sparse_backward_with, Groups, Target,
+    self, dense_backward_valid, gather_valid, sparse_backward_with, Groups, Target,
     PARALLEL_MIN_BYTES,
 };
 use crate::memory::AlignedTable;
@@ -459,7 +467,17 @@ impl Embedding {
                 requirement: "unset for a read-only lookup (forward_into renormalises)",
             });
         }
-        gather_with(self.parallelism, &self.weight, self.embedding_dim, ids, out)
+        let len = rows_len(ids.len(), self.embedding_dim)?;
+        check_len(Operand::Output, len, out.len())?;
+        let valid = ValidIds::new(ids, self.num_embeddings)?;
+        gather_valid(
+            self.parallelism,
+            &self.weight,
+            self.embedding_dim,
+            valid,
+            out,
+        );
+        Ok(())
     }
 
     /// `embedding_renorm_`, when `max_norm` is set: scales each distinct row
@@ -562,7 +580,8 @@ impl Embedding {
     /// separate zeroing pass.
     ///
     /// # Errors
-    /// A shape error or [`EmbeddingError::IndexOutOfRange`]; then
+    /// A shape error or [`EmbeddingError::IndexOutOfRange`], then
+    /// [`EmbeddingError::AllocationFailed`] for the workspace; then
     /// `grad_weight` is untouched.
     pub fn backward_dense_into<I: Index>(
         &self,
@@ -571,11 +590,17 @@ impl Embedding {
         grad_weight: &mut [f32],
     ) -> Result<(), EmbeddingError> {
         check_len(Operand::GradTable, self.weight.len(), grad_weight.len())?;
-        dense_backward_with(
+        check_len(
+            Operand::GradOutput,
+            rows_len(ids.len(), self.embedding_dim)?,
+            grad_output.len(),
+        )?;
+        let valid = ValidIds::new(ids, self.num_embeddings)?;
+        dense_backward_valid(
             self.parallelism,
             grad_output,
             self.embedding_dim,
-            ids,
+            valid,
             self.padding_idx,
             self.scale_grad_by_freq,
             grad_weight,
@@ -607,8 +632,9 @@ impl Embedding {
     /// Backward and an optimiser step in one pass over the touched rows: each
     /// distinct id's gradient is summed (as [`backward_sparse`](Self::backward_sparse)
     /// would) and applied to its row at once. No gradient is stored and
-    /// untouched rows are not read. A frozen layer checks its arguments and
-    /// changes nothing; the padding row never changes.
+    /// untouched rows are not read. A frozen layer makes every check an
+    /// unfrozen one makes (the optimiser's included), then changes nothing,
+    /// the optimiser included; the padding row never changes.
     ///
     /// # Errors
     /// A shape error, [`EmbeddingError::IndexOutOfRange`], an invalid
@@ -629,12 +655,13 @@ impl Embedding {
             grad_output.len(),
         )?;
         let valid = ValidIds::new(ids, self.num_embeddings)?;
+        // The optimiser's checks (a frozen table stops after them), then the
+        // grouping (the one allocation besides a first step's state), then
+        // the step.
+        optimizer.check_step(self.num_embeddings, dim)?;
         if self.frozen {
             return Ok(());
         }
-        // The optimiser's checks, then the grouping (the one allocation
-        // besides a first step's state), then the step.
-        optimizer.check(self.num_embeddings, dim)?;
         let groups = self.step_groups(valid)?;
         self.step_grouped(grad_output, &groups, optimizer)
     }
@@ -678,11 +705,13 @@ impl Embedding {
 
     /// Applies a coalesced gradient (from [`backward_sparse`](Self::backward_sparse))
     /// with `optimizer`: the same bits as [`sparse_step`](Self::sparse_step)
-    /// on the batch it came from.
+    /// on the batch it came from. A frozen layer checks as
+    /// [`sparse_step`](Self::sparse_step) does, then changes nothing.
     ///
     /// # Errors
     /// [`EmbeddingError::LengthMismatch`] if `grad` is for another table
-    /// shape, an invalid hyper-parameter or optimiser state, then
+    /// shape, or an optimiser error (an invalid hyper-parameter, a state
+    /// made for another table), then
     /// [`EmbeddingError::AllocationFailed`] for the workspace or a first
     /// step's optimiser state; then nothing has changed.
     pub fn apply_sparse<O: SparseOptimizer>(
@@ -698,10 +727,10 @@ impl Embedding {
             // The gradient's shape ([rows, dim]) must be the table's.
             check_len(Operand::GradTable, expected, got)?;
         }
+        optimizer.check_step(self.num_embeddings, dim)?;
         if self.frozen {
             return Ok(());
         }
-        optimizer.check(self.num_embeddings, dim)?;
         let groups = kernels::sparse_groups(grad, self.padding_idx)?;
         let (rule, state) = optimizer.begin_step(self.num_embeddings, dim)?;
         let target = Target {

@@ -16,14 +16,22 @@
 //! in place first, as [`Embedding`] does), `scale_grad_by_freq` (sum and
 //! mean), `sparse` and `include_last_offset`. An empty bag gives zeros in
 //! every mode, and max mode's indices are -1 for it.
+//!
+//! As for [`Embedding`], ids are checked against the layer's
+//! `num_embeddings` in every entry point (a layer of width 0 included), and
+//! a frozen table checks every argument, the optimiser's included, before
+//! it skips the update. Every backward entry point checks in one order,
+//! whatever the mode: `grad_weight` (the `_into` form), `grad_output`, the
+//! ids' count against the bags, `per_sample_weights`, every id, then max
+//! mode's `max_indices`.
 
 use crate::bags::Bags;
 use crate::embedding::{Embedding, EmbeddingOptions, Gradient};
 use crate::error::{EmbeddingError, Operand};
-use crate::index::Index;
+use crate::index::{Index, ValidIds};
 use crate::kernels::{
-    bag_backward_with, bag_max_backward, bag_sparse_backward_with, check_backward_call,
-    check_forward, check_forward_unallocated, forward_valid, BagUpdate, Target,
+    bag_backward_valid, bag_max_backward, bag_sparse_backward_with, check_backward_rows,
+    check_forward_rows, check_forward_unallocated, forward_valid, BagUpdate, Target,
 };
 use crate::optim::SparseOptimizer;
 use crate::parallel::Parallelism;
@@ -320,8 +328,8 @@ impl EmbeddingBag {
         let dim = self.embedding_dim();
         // Every check before `max_norm` may change the table; the kernel
         // then runs on the checked ids.
-        let weight = self.table.weight();
-        let valid = check_forward(weight, dim, ids, bags, &pooling, out, max_indices)?;
+        let rows = self.table.num_embeddings();
+        let valid = check_forward_rows(rows, dim, ids, bags, &pooling, out, max_indices)?;
         self.table.renorm_rows(valid)?;
         let par = self.table.parallelism();
         let weight = self.table.weight();
@@ -334,10 +342,11 @@ impl EmbeddingBag {
     /// forward's `max_indices`; the other modes ignore them.
     ///
     /// # Errors
-    /// A shape error, an id error, or [`EmbeddingError::MaxNeedsIndices`]
-    /// for max mode without `max_indices` (checked before anything is
-    /// allocated), then [`EmbeddingError::AllocationFailed`] if the gradient
-    /// or its workspace cannot be allocated.
+    /// A shape error, [`EmbeddingError::PerSampleWeightsNeedSum`], an id
+    /// error, or [`EmbeddingError::MaxNeedsIndices`] for max mode without
+    /// `max_indices`, in the order of the [module notes](self) and before
+    /// anything is allocated; then [`EmbeddingError::AllocationFailed`] if
+    /// the gradient or its workspace cannot be allocated.
     pub fn backward<I: Index>(
         &self,
         grad_output: &[f32],
@@ -352,21 +361,7 @@ impl EmbeddingBag {
                 .map(Gradient::Sparse);
         }
         // The checks before the allocation, so a bad call costs nothing.
-        let dim = self.embedding_dim();
-        check_len(
-            Operand::GradOutput,
-            rows_len(bags.len(), dim)?,
-            grad_output.len(),
-        )?;
-        if self.mode != Mode::Max {
-            let pooling = self.pooling(per_sample_weights);
-            let weight = self.table.weight();
-            check_backward_call(grad_output, dim, ids, bags, &pooling, weight.len())?;
-        }
-        if self.mode == Mode::Max {
-            let indices = max_indices.ok_or(EmbeddingError::MaxNeedsIndices)?;
-            check_max_backward(grad_output, dim, indices, self.table.num_embeddings())?;
-        }
+        self.check_backward(grad_output, ids, bags, per_sample_weights, max_indices)?;
         let len = self.table.weight().len();
         let mut dense = crate::memory::zeroed_floats(len, "gradient")?;
         self.backward_dense_into(
@@ -402,18 +397,16 @@ impl EmbeddingBag {
             self.table.weight().len(),
             grad_weight.len(),
         )?;
-        if self.mode == Mode::Max {
-            let indices = max_indices.ok_or(EmbeddingError::MaxNeedsIndices)?;
-            check_len(
-                Operand::GradOutput,
-                rows_len(bags.len(), dim)?,
-                grad_output.len(),
-            )?;
-            return bag_max_backward(grad_output, dim, indices, grad_weight);
+        let valid = self.check_backward(grad_output, ids, bags, per_sample_weights, max_indices)?;
+        match (self.mode, max_indices) {
+            (Mode::Max, Some(indices)) => bag_max_backward(grad_output, dim, indices, grad_weight),
+            (Mode::Max, None) => Err(EmbeddingError::MaxNeedsIndices),
+            _ => {
+                let pooling = self.pooling(per_sample_weights);
+                let par = self.table.parallelism();
+                bag_backward_valid(par, grad_output, dim, valid, bags, &pooling, grad_weight)
+            }
         }
-        let pooling = self.pooling(per_sample_weights);
-        let par = self.table.parallelism();
-        bag_backward_with(par, grad_output, dim, ids, bags, &pooling, grad_weight)
     }
 
     /// The coalesced sparse gradient: the touched rows (less the padding
@@ -433,12 +426,8 @@ impl EmbeddingBag {
         let dim = self.embedding_dim();
         let rows = self.table.num_embeddings();
         if self.mode == Mode::Max {
+            self.check_backward(grad_output, ids, bags, per_sample_weights, max_indices)?;
             let indices = max_indices.ok_or(EmbeddingError::MaxNeedsIndices)?;
-            check_len(
-                Operand::GradOutput,
-                rows_len(bags.len(), dim)?,
-                grad_output.len(),
-            )?;
             return max_sparse(grad_output, dim, indices, rows);
         }
         let pooling = self.pooling(per_sample_weights);
@@ -447,8 +436,9 @@ impl EmbeddingBag {
     }
 
     /// Backward and an optimiser step in one pass over the touched rows (sum
-    /// and mean): no gradient is stored. A frozen table checks its arguments
-    /// and changes nothing; the padding row never changes.
+    /// and mean): no gradient is stored. A frozen table makes every check an
+    /// unfrozen one makes (the optimiser's included), then changes nothing,
+    /// the optimiser included; the padding row never changes.
     ///
     /// # Errors
     /// As [`backward`](Self::backward), [`EmbeddingError::MaxNeedsIndices`]
@@ -466,13 +456,15 @@ impl EmbeddingBag {
     ) -> Result<(), EmbeddingError> {
         let dim = self.embedding_dim();
         let pooling = self.pooling(per_sample_weights);
-        let weight_len = self.table.weight().len();
-        let ids = check_backward_call(grad_output, dim, ids, bags, &pooling, weight_len)?;
+        let rows = self.table.num_embeddings();
+        let ids = check_backward_rows(rows, dim, ids, bags, &pooling, grad_output)?;
+        if self.mode == Mode::Max {
+            return Err(EmbeddingError::MaxNeedsIndices);
+        }
+        optimizer.check_step(rows, dim)?;
         if self.table.is_frozen() {
             return Ok(());
         }
-        let rows = self.table.num_embeddings();
-        optimizer.check(rows, dim)?;
         let update = BagUpdate::new(grad_output, dim, ids, bags, &pooling)?;
         let (rule, state) = optimizer.begin_step(rows, dim)?;
         let par = self.table.parallelism();
@@ -483,6 +475,27 @@ impl EmbeddingBag {
         };
         update.apply(par, target, &rule);
         Ok(())
+    }
+
+    /// Every check of a backward call but `grad_weight`'s, in the order of
+    /// every mode (see the [module notes](self)): the checked ids.
+    fn check_backward<'a, I: Index>(
+        &self,
+        grad_output: &[f32],
+        ids: &'a [I],
+        bags: &Bags,
+        per_sample_weights: Option<&[f32]>,
+        max_indices: Option<&[i64]>,
+    ) -> Result<ValidIds<'a, I>, EmbeddingError> {
+        let pooling = self.pooling(per_sample_weights);
+        let rows = self.table.num_embeddings();
+        let dim = self.embedding_dim();
+        let valid = check_backward_rows(rows, dim, ids, bags, &pooling, grad_output)?;
+        if self.mode == Mode::Max {
+            let indices = max_indices.ok_or(EmbeddingError::MaxNeedsIndices)?;
+            check_max_backward(grad_output, dim, indices, rows)?;
+        }
+        Ok(valid)
     }
 
     /// Saves the table as tensor `name` of a safetensors file.

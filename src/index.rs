@@ -3,11 +3,12 @@
 //!
 //! PyTorch hands out `int64` ids (and accepts `int32`); Rust code tends to
 //! hold `u32` or `usize`. [`Index`] covers all five. Each id is mapped to a
-//! `u64` *key*: unsigned types widen, signed types sign-extend first, so every
-//! negative id becomes a key of at least 2^63. A slice can never hold 2^63
-//! rows, so one unsigned comparison, `key < num_embeddings`, rejects both the
-//! negative and the too-large ids. That comparison has no branch per id and
-//! the compiler vectorises the scan.
+//! `u64` *key*: an id that is not negative is its own key, and every negative
+//! id becomes `u64::MAX`, which no row count (a `usize`) exceeds. So one
+//! unsigned comparison, `key < num_embeddings`, rejects both the negative and
+//! the too-large ids, whatever `num_embeddings` is (even past 2^63, a table
+//! no machine holds but a number a kernel may be given). That comparison has
+//! no branch per id and the compiler vectorises the scan.
 
 use crate::error::EmbeddingError;
 
@@ -21,8 +22,8 @@ mod sealed {
 /// The trait is sealed; its methods are what the kernels need and nothing
 /// more.
 pub trait Index: Copy + Send + Sync + core::fmt::Debug + sealed::Sealed + 'static {
-    /// The id as a `u64` key: the value itself when it is not negative, and a
-    /// number of at least 2^63 when it is.
+    /// The id as a `u64` key: the value itself when it is not negative, and
+    /// `u64::MAX` (out of range for every table) when it is.
     fn key(self) -> u64;
 
     /// The id as a signed value, for error messages (-1 stays -1, and
@@ -52,9 +53,13 @@ macro_rules! impl_signed {
         impl Index for $t {
             #[inline(always)]
             fn key(self) -> u64 {
-                // Sign-extend to 64 bits first, so -1i32 becomes u64::MAX and
-                // not 2^32 - 1 (which a table of 2^32 rows would accept).
-                self as i64 as u64
+                // Sign-extend to 64 bits, then OR in the sign spread over all
+                // 64 bits: a negative id becomes u64::MAX (not its two's
+                // complement, which a table of 2^64 - 1 rows would accept),
+                // and a positive one stays itself. No branch, so the scan
+                // still vectorises.
+                let wide = self as i64;
+                (wide as u64) | ((wide >> 63) as u64)
             }
             #[inline(always)]
             fn to_i128(self) -> i128 {
@@ -161,12 +166,35 @@ mod tests {
 
     #[test]
     fn negative_ids_map_above_every_row_count() {
-        assert!((-1i32).key() >= 1 << 63);
-        assert!((i32::MIN).key() >= 1 << 63);
-        assert!((-1i64).key() >= 1 << 63);
-        assert!((i64::MIN).key() >= 1 << 63);
+        for key in [(-1i32).key(), i32::MIN.key(), (-1i64).key(), i64::MIN.key()] {
+            assert_eq!(key, u64::MAX);
+        }
         assert_eq!(7i32.key(), 7);
+        assert_eq!(i32::MAX.key(), i32::MAX as u64);
+        assert_eq!(i64::MAX.key(), i64::MAX as u64);
         assert_eq!(u64::MAX.key(), u64::MAX);
+    }
+
+    #[test]
+    fn negative_ids_are_refused_by_the_largest_row_count() {
+        let err = ValidIds::new(&[0i64, -2], usize::MAX).unwrap_err();
+        assert_eq!(
+            err,
+            EmbeddingError::IndexOutOfRange {
+                position: 1,
+                index: -2,
+                num_embeddings: usize::MAX
+            }
+        );
+        assert!(ValidIds::new(&[i32::MIN], usize::MAX).is_err());
+        // A large unsigned id is an id like any other.
+        if usize::BITS == 64 {
+            let big = 1u64 << 63;
+            assert_eq!(
+                ValidIds::new(&[big], usize::MAX).unwrap().row(0) as u64,
+                big
+            );
+        }
     }
 
     #[test]

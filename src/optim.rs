@@ -26,9 +26,12 @@ pub(crate) mod sealed {
         /// The rule for one step.
         type Rule: RowRule;
         /// Everything [`begin_step`](Self::begin_step) can refuse but an
-        /// allocation: the hyper-parameters and a state made for another
-        /// table. A layer calls it before it allocates its own workspace.
-        fn check(&self, rows: usize, dim: usize) -> Result<(), EmbeddingError>;
+        /// allocation, and no change: the hyper-parameters, and a state made
+        /// for another table than `rows × dim` (an empty state is made on
+        /// the first step). A layer calls it before it allocates its own
+        /// workspace, and a frozen layer in place of a step, so that it
+        /// refuses exactly what an unfrozen one would.
+        fn check_step(&self, rows: usize, dim: usize) -> Result<(), EmbeddingError>;
         /// Checks the hyper-parameters, makes or checks the state for a table
         /// of `rows × dim`, counts the step, and hands out the rule and the
         /// state. Nothing changes on an error.
@@ -189,7 +192,7 @@ impl RowRule for Sgd {
 
 impl sealed::Sealed for Sgd {
     type Rule = Sgd;
-    fn check(&self, _rows: usize, _dim: usize) -> Result<(), EmbeddingError> {
+    fn check_step(&self, _rows: usize, _dim: usize) -> Result<(), EmbeddingError> {
         self.validate()
     }
     fn begin_step(
@@ -297,7 +300,7 @@ impl RowRule for AdagradRule {
 
 impl sealed::Sealed for Adagrad {
     type Rule = AdagradRule;
-    fn check(&self, rows: usize, dim: usize) -> Result<(), EmbeddingError> {
+    fn check_step(&self, rows: usize, dim: usize) -> Result<(), EmbeddingError> {
         self.validate()?;
         check_state(&self.state, rows, dim).map(drop)
     }
@@ -403,7 +406,7 @@ impl RowRule for RowWiseAdagradRule {
 
 impl sealed::Sealed for RowWiseAdagrad {
     type Rule = RowWiseAdagradRule;
-    fn check(&self, rows: usize, _dim: usize) -> Result<(), EmbeddingError> {
+    fn check_step(&self, rows: usize, _dim: usize) -> Result<(), EmbeddingError> {
         self.validate()?;
         check_state(&self.state, rows, 1).map(drop)
     }

@@ -29,24 +29,33 @@
 //! * `padding_idx` keeps its meaning (the row is left out of every bag);
 //!   `scale_grad_by_freq` and `sparse` only shape gradients, so they have
 //!   nothing to do.
+//!
+//! A layer made by `from_float` keeps the float layer's `num_embeddings`,
+//! so ids are checked against it even when `embedding_dim` is 0 (a table
+//! of width 0 holds no values to count its rows by), as in the float
+//! layers.
 
 use crate::bags::Bags;
 use crate::embedding::{check_shape, Embedded, Embedding};
 use crate::embedding_bag::{BagOutput, EmbeddingBag};
-use crate::error::EmbeddingError;
+use crate::error::{EmbeddingError, Operand};
 use crate::formats::{Format, OwnedTable};
 use crate::index::{Index, ValidIds};
 use crate::io::FileError;
-use crate::kernels::{check_forward_unallocated, table_bag_forward_with, table_gather_with};
+use crate::kernels::{
+    check_forward_rows, check_forward_unallocated, table_bag_forward_with, table_gather_with,
+};
 use crate::parallel::Parallelism;
 use crate::pooling::{Mode, Pooling};
-use crate::shape::rows_len;
+use crate::shape::{check_len, rows_len};
 
 /// An embedding-bag layer for inference over a table of any format; see
 /// the [module notes](self).
 #[derive(Clone, Debug)]
 pub struct QuantizedEmbeddingBag {
     table: OwnedTable,
+    /// The table's rows, or the float layer's for a table of width 0.
+    num_embeddings: usize,
     mode: Mode,
     padding_idx: Option<usize>,
     include_last_offset: bool,
@@ -68,6 +77,7 @@ impl QuantizedEmbeddingBag {
         let table = OwnedTable::from_f32(emb.weight(), emb.embedding_dim(), format)?;
         Ok(QuantizedEmbeddingBag {
             table,
+            num_embeddings: emb.num_embeddings(),
             mode: bag.mode(),
             padding_idx: emb.padding_idx(),
             include_last_offset: bag.include_last_offset(),
@@ -89,6 +99,7 @@ impl QuantizedEmbeddingBag {
     ) -> Result<Self, EmbeddingError> {
         check_padding(&table, padding_idx)?;
         Ok(QuantizedEmbeddingBag {
+            num_embeddings: table.rows(),
             table,
             mode,
             padding_idx,
@@ -127,7 +138,7 @@ impl QuantizedEmbeddingBag {
 
     /// The number of rows.
     pub fn num_embeddings(&self) -> usize {
-        self.table.rows()
+        self.num_embeddings
     }
 
     /// The row width.
@@ -199,6 +210,14 @@ impl QuantizedEmbeddingBag {
             padding_idx: self.padding_idx,
             scale_grad_by_freq: false,
         };
+        let dim = self.embedding_dim();
+        if dim == 0 {
+            // Nothing to read or write, but every check of any width, with
+            // the layer's row count.
+            let rows = self.num_embeddings;
+            check_forward_rows(rows, dim, ids, bags, &pooling, out, max_indices)?;
+            return Ok(());
+        }
         let table = self.table.as_ref();
         table_bag_forward_with(
             self.parallelism,
@@ -251,6 +270,8 @@ impl QuantizedEmbeddingBag {
 #[derive(Clone, Debug)]
 pub struct QuantizedEmbedding {
     table: OwnedTable,
+    /// The table's rows, or the float layer's for a table of width 0.
+    num_embeddings: usize,
     parallelism: Parallelism,
 }
 
@@ -266,6 +287,7 @@ impl QuantizedEmbedding {
         let table = OwnedTable::from_f32(emb.weight(), emb.embedding_dim(), format)?;
         Ok(QuantizedEmbedding {
             table,
+            num_embeddings: emb.num_embeddings(),
             parallelism: emb.parallelism(),
         })
     }
@@ -273,6 +295,7 @@ impl QuantizedEmbedding {
     /// A layer over a table already in hand.
     pub fn from_table(table: OwnedTable) -> Self {
         QuantizedEmbedding {
+            num_embeddings: table.rows(),
             table,
             parallelism: Parallelism::Auto,
         }
@@ -298,7 +321,7 @@ impl QuantizedEmbedding {
 
     /// The number of rows.
     pub fn num_embeddings(&self) -> usize {
-        self.table.rows()
+        self.num_embeddings
     }
 
     /// The row width.
@@ -338,6 +361,13 @@ impl QuantizedEmbedding {
     /// # Errors
     /// As [`table_gather`](crate::table_gather); then `out` is untouched.
     pub fn forward_into<I: Index>(&self, ids: &[I], out: &mut [f32]) -> Result<(), EmbeddingError> {
+        if self.embedding_dim() == 0 {
+            // Nothing to read or write, but the checks of any width, with
+            // the layer's row count.
+            check_len(Operand::Output, 0, out.len())?;
+            ValidIds::new(ids, self.num_embeddings)?;
+            return Ok(());
+        }
         table_gather_with(self.parallelism, self.table.as_ref(), ids, out)
     }
 

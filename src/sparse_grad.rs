@@ -64,9 +64,16 @@ impl SparseGrad {
         &self.values
     }
 
-    /// The gradient row of the `k`-th touched row.
-    pub fn row(&self, k: usize) -> &[f32] {
-        &self.values[k * self.embedding_dim..(k + 1) * self.embedding_dim]
+    /// The gradient row of the `k`-th touched row (of row `indices()[k]`),
+    /// or `None` if `k >= nnz_rows()`, as [`slice::get`] answers.
+    pub fn row(&self, k: usize) -> Option<&[f32]> {
+        if k >= self.indices.len() {
+            return None;
+        }
+        // `k < nnz_rows()`, and `values` holds `nnz_rows() × dim` values:
+        // neither product overflows.
+        let dim = self.embedding_dim;
+        self.values.get(k * dim..(k + 1) * dim)
     }
 
     /// The row count of the table this gradient is for.
@@ -97,7 +104,7 @@ impl SparseGrad {
         let len = rows_len(self.num_embeddings, dim)?;
         let mut dense = crate::memory::zeroed_floats(len, "gradient")?;
         for (k, &r) in self.indices.iter().enumerate() {
-            dense[r * dim..(r + 1) * dim].copy_from_slice(self.row(k));
+            dense[r * dim..(r + 1) * dim].copy_from_slice(&self.values[k * dim..(k + 1) * dim]);
         }
         Ok(dense)
     }

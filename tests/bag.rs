@@ -283,7 +283,11 @@ impl<I: Index> Data<I> {
 
     /// The positions of bag `b` other than `padding_idx`.
     fn kept_in(&self, b: usize) -> Vec<usize> {
-        self.bags.bag(b).filter(|&p| self.kept(p)).collect()
+        self.bags
+            .bag(b)
+            .unwrap()
+            .filter(|&p| self.kept(p))
+            .collect()
     }
 
     /// The distinct ids in some bag, less `padding_idx`, ascending.
@@ -1256,8 +1260,8 @@ fn every_offsets_error_names_the_offset_and_nothing_is_written() {
 #[test]
 fn valid_offsets_make_the_bags_pytorch_makes() {
     let ranges = |bags: &Bags| {
-        (0..bags.len())
-            .map(|b| (bags.bag(b).start, bags.bag(b).end))
+        bags.iter()
+            .map(|bag| (bag.start, bag.end))
             .collect::<Vec<_>>()
     };
     // Offsets, include_last_offset, the bags as (start, end).

@@ -66,7 +66,11 @@ fn sum_and_max_equal_the_reference_and_mean_is_sum_over_count() {
         let mut mean = layer(Mode::Mean, options.clone());
         let got_mean = mean.forward(&ids, &bags, None).unwrap();
         for b in 0..5 {
-            let n = bags.bag(b).filter(|&p| Some(ids[p]) != padding).count();
+            let n = bags
+                .bag(b)
+                .unwrap()
+                .filter(|&p| Some(ids[p]) != padding)
+                .count();
             for j in 0..DIM {
                 let want = if n == 0 {
                     0.0
@@ -269,7 +273,7 @@ fn fused_rowwise_adagrad_step_equals_the_rule_on_the_sparse_gradient() {
         let mut want = table(1);
         let mut state = vec![0.0f32; ROWS];
         for (k, &r) in grad.indices().iter().enumerate() {
-            let row = grad.row(k);
+            let row = grad.row(k).unwrap();
             state[r] += row.iter().map(|x| x * x).sum::<f32>() / DIM as f32;
             let step = 0.1 / (state[r].sqrt() + 1e-8);
             for (w, x) in want[r * DIM..(r + 1) * DIM].iter_mut().zip(row) {

@@ -628,7 +628,7 @@ fn half_weighted_bag_sums_differ_only_where_a_product_is_inexact() {
         let dim = g.table.dim;
         let table: Vec<f32> = g.table.bits.iter().map(|&b| half.widen(b)).collect();
         for b in 0..g.bags.len() {
-            let terms = || g.bags.bag(b).map(|p| (p, g.ids[p] as usize * dim));
+            let terms = || g.bags.bag(b).unwrap().map(|p| (p, g.ids[p] as usize * dim));
             let inexact = terms().any(|(p, row)| {
                 (0..dim).any(|j| {
                     let (w, x) = (weights[p], table[row + j]);
@@ -684,7 +684,7 @@ fn half_bag_means_round_the_sum_then_the_quotient() {
         let want = g.want("mean_bits");
         let dim = g.table.dim;
         for b in 0..g.bags.len() {
-            let n = g.bags.bag(b).len();
+            let n = g.bags.bag(b).unwrap().len();
             for j in 0..dim {
                 let k = b * dim + j;
                 let what = format!("{} value {k} (of {n} rows)", g.what);
@@ -750,7 +750,7 @@ fn half_bag_maxes_and_their_indices_are_pytorchs() {
                     "{what}: {ours:#06x}, PyTorch {:#06x}",
                     want[k]
                 );
-                if g.bags.bag(b).is_empty() {
+                if g.bags.bag(b).unwrap().is_empty() {
                     assert_eq!((indices[k], want_indices[k]), (-1, 0), "{what}");
                     empty += 1;
                 } else {

@@ -259,7 +259,7 @@ fn packed_bags_follow_the_oracles() {
             let sum = reference::packed_bag_sum(&packed, &ids, &bags, None).unwrap();
             let mean_want: Vec<f32> = (0..bags.len())
                 .flat_map(|b| {
-                    let count = bags.bag(b).len() as f32;
+                    let count = bags.bag(b).unwrap().len() as f32;
                     sum[b * dim..(b + 1) * dim]
                         .iter()
                         .map(move |s| s / count)

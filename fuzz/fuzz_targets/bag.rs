@@ -429,11 +429,7 @@ fn bags_from<O: Id>(
     let want = expected_bags(&passed, num_ids, include_last_offset);
     let ranges = got
         .as_ref()
-        .map(|b| {
-            (0..b.len())
-                .map(|k| (b.bag(k).start, b.bag(k).end))
-                .collect::<Vec<_>>()
-        })
+        .map(|b| b.iter().map(|bag| (bag.start, bag.end)).collect::<Vec<_>>())
         .map_err(Clone::clone);
     assert_eq!(
         ranges,
@@ -589,6 +585,7 @@ impl<'a, I: Id> Prepared<'a, I> {
         let padding = self.padding_idx.map(|p| p as i128);
         self.bags
             .bag(b)
+            .expect("b < bags.len()")
             .filter(move |&p| Some(self.ids[p].to_i128()) != padding)
     }
 

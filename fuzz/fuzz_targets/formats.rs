@@ -471,10 +471,10 @@ impl Case {
         indices_len: usize,
     ) -> (Vec<f32>, Vec<i64>) {
         let dim = self.dim;
-        let kept: Vec<Vec<usize>> = (0..bags.len())
-            .map(|b| {
-                bags.bag(b)
-                    .filter(|&p| pooling.padding_idx != Some(ids[p].to_i128() as usize))
+        let kept: Vec<Vec<usize>> = bags
+            .iter()
+            .map(|bag| {
+                bag.filter(|&p| pooling.padding_idx != Some(ids[p].to_i128() as usize))
                     .collect()
             })
             .collect();

@@ -35,10 +35,12 @@ pub use token_position::{
 };
 
 pub(crate) use bag::{
-    check_backward_call, check_forward, check_forward_unallocated, forward_valid, BagUpdate,
+    bag_backward_valid, check_backward_rows, check_forward_rows, check_forward_unallocated,
+    forward_valid, BagUpdate,
 };
 pub(crate) use gather::{check as check_gather, gather_valid};
 pub(crate) use grouped::{
-    apply_sparse, for_each_row, fused_update, sparse_groups, Groups, RowRule, Target,
+    apply_sparse, dense_backward_valid, for_each_row, fused_update, sparse_groups, Groups, RowRule,
+    Target,
 };
 pub(crate) use tuning::PARALLEL_MIN_BYTES;

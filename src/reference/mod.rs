@@ -239,24 +239,42 @@ pub fn scatter_add<I: Index>(
 /// The `bags × ids` bag matrix of a sum or mean bag call: entry `(b, p)` is
 /// position `p`'s coefficient in bag `b` — its per-sample weight (sum with
 /// weights), 1 (sum), or `1 / n` (mean, `n` the bag's ids other than
-/// `padding_idx`) — and 0 where `p` is outside bag `b` or holds
+/// `padding_idx` — and 0 where `p` is outside bag `b` or holds
 /// `padding_idx`. Positions past the last bag have an all-zero column.
 ///
 /// # Errors
-/// [`EmbeddingError::SizeOverflow`] if the matrix cannot be sized.
+/// In the order of the bag calls: [`EmbeddingError::LengthMismatch`]
+/// ([`Operand::Ids`]) unless `ids` are as many as the bags were made for,
+/// [`EmbeddingError::PerSampleWeightsNeedSum`] for weights with another
+/// mode, [`EmbeddingError::LengthMismatch`]
+/// ([`Operand::PerSampleWeights`]) unless they are one per id; then
+/// [`EmbeddingError::InvalidArgument`] (`mode`) for max, whose pooling is
+/// no matrix product, and [`EmbeddingError::SizeOverflow`] if the matrix
+/// cannot be sized.
 pub fn bag_matrix<I: Index>(
     ids: &[I],
     bags: &Bags,
     pooling: &Pooling<'_>,
 ) -> Result<Vec<f32>, EmbeddingError> {
+    check_len(Operand::Ids, bags.num_ids(), ids.len())?;
+    if let Some(weights) = pooling.per_sample_weights {
+        if pooling.mode != Mode::Sum {
+            return Err(EmbeddingError::PerSampleWeightsNeedSum { mode: pooling.mode });
+        }
+        check_len(Operand::PerSampleWeights, ids.len(), weights.len())?;
+    }
+    if pooling.mode == Mode::Max {
+        return Err(EmbeddingError::InvalidArgument {
+            name: "mode",
+            value: Mode::Max.to_string(),
+            requirement: "sum or mean (max pooling is no matrix product)",
+        });
+    }
     let n = ids.len();
     let mut m = zeroed::<f32>(rows_len(bags.len(), n)?, "bag matrix")?;
     let padding = pooling.padding_idx.map(|p| p as i128);
-    for b in 0..bags.len() {
-        let kept: Vec<usize> = bags
-            .bag(b)
-            .filter(|&p| Some(ids[p].to_i128()) != padding)
-            .collect();
+    for (b, bag) in bags.iter().enumerate() {
+        let kept: Vec<usize> = bag.filter(|&p| Some(ids[p].to_i128()) != padding).collect();
         for &p in &kept {
             m[b * n + p] = match (pooling.mode, pooling.per_sample_weights) {
                 (Mode::Mean, _) => 1.0 / kept.len() as f32,
@@ -296,8 +314,8 @@ pub fn bag_forward<I: Index>(
         // The kernel's limit (its winners' positions ride in 32 bits); the
         // loop below has none, but the errors must match.
         let max = 1u64 << 32;
-        if let Some(bag) = (0..bags.len()).find(|&b| bags.bag(b).len() as u64 > max) {
-            let len = bags.bag(bag).len();
+        if let Some(bag) = (0..bags.len()).find(|&b| bags.range(b).len() as u64 > max) {
+            let len = bags.range(bag).len();
             return Err(EmbeddingError::BagTooLong { bag, len, max });
         }
     }
@@ -307,7 +325,7 @@ pub fn bag_forward<I: Index>(
         for b in 0..bags.len() {
             for j in 0..dim {
                 let mut best: Option<(f32, usize)> = None;
-                for p in bags.bag(b) {
+                for p in bags.range(b) {
                     if Some(ids[p].to_i128()) == pooling.padding_idx.map(|p| p as i128) {
                         continue;
                     }
@@ -410,7 +428,7 @@ pub fn bag_backward<I: Index>(
     matmul_tn_acc(&hot, &per_id, &mut sums, ids.len(), rows, dim);
     let mut counts = zeroed::<usize>(rows, "counts")?;
     for b in 0..bags.len() {
-        for p in bags.bag(b) {
+        for p in bags.range(b) {
             if Some(ids[p].to_i128()) != pooling.padding_idx.map(|p| p as i128) {
                 counts[ids[p].to_i128() as usize] += 1;
             }

@@ -68,7 +68,7 @@ pub fn packed_bag_sum<I: Index>(
     let mut out = crate::buffer::zeroed::<f32>(len, "output")?;
     for b in 0..bags.len() {
         let acc = &mut out[b * dim..(b + 1) * dim];
-        for p in bags.bag(b) {
+        for p in bags.range(b) {
             let r = rows[p];
             let w = per_sample_weights.map_or(1.0, |w| w[p]);
             let (scale, bias) = table.scale_bias(r).expect("a checked row");

@@ -6,4 +6,5 @@
 //! These run in debug builds (`cargo test`), so arithmetic overflow inside
 //! the crate would panic here rather than wrap.
 
+mod arguments;
 mod sizes;

@@ -3,7 +3,7 @@
 //! bag's row, times its weight or `1/len`; max adds each output column's
 //! gradient to the row that won it.
 
-use super::{check_backward, Bags};
+use super::{check_backward_rows, Bags};
 use crate::buffer::{copied, zeroed};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
@@ -60,7 +60,7 @@ fn bag_source<'a, I: Index>(
             // Mean: 1 / (kept ids of the bag).
             let mut inv = zeroed::<f32>(ids.len(), "workspace")?;
             for b in 0..bags.len() {
-                let range = bags.bag(b);
+                let range = bags.range(b);
                 let kept = range.clone().filter(|&p| Some(ids.row(p)) != skip).count();
                 let f = 1.0 / kept.max(1) as f32;
                 inv[range].fill(f);
@@ -97,7 +97,7 @@ fn bag_of(bags: &Bags) -> Result<Vec<usize>, EmbeddingError> {
     let mut of = spare::take(bags.num_ids())?;
     of.resize(bags.num_ids(), usize::MAX);
     for b in 0..bags.len() {
-        of[bags.bag(b)].fill(b);
+        of[bags.range(b)].fill(b);
     }
     Ok(of)
 }
@@ -145,10 +145,27 @@ pub fn bag_backward_with<I: Index>(
     pooling: &Pooling<'_>,
     grad_table: &mut [f32],
 ) -> Result<(), EmbeddingError> {
-    let ids = check_backward(grad_table.len(), dim, ids, bags, pooling, grad_bags)?;
+    let rows = table_rows(grad_table.len(), dim, Operand::GradTable)?;
+    let ids = check_backward_rows(rows, dim, ids, bags, pooling, grad_bags)?;
     if pooling.mode == Mode::Max {
         return Err(EmbeddingError::MaxNeedsIndices);
     }
+    bag_backward_valid(par, grad_bags, dim, ids, bags, pooling, grad_table)
+}
+
+/// The dense gradient of [`bag_backward_with`] once every argument is
+/// checked (sum or mean; `grad_table` whole rows of `dim` for the ids).
+///
+/// Fails only when the allocator refuses its workspace, before any write.
+pub(crate) fn bag_backward_valid<I: Index>(
+    par: Parallelism,
+    grad_bags: &[f32],
+    dim: usize,
+    ids: ValidIds<'_, I>,
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    grad_table: &mut [f32],
+) -> Result<(), EmbeddingError> {
     let source = bag_source(ids, bags, pooling, grad_bags, dim)?;
     let keep = |p, r| source.keeps(p, r);
     let divide = pooling.scale_grad_by_freq;
@@ -194,8 +211,8 @@ pub fn bag_sparse_backward_with<I: Index>(
     pooling: &Pooling<'_>,
     num_embeddings: usize,
 ) -> Result<SparseGrad, EmbeddingError> {
-    let len = rows_len(num_embeddings, dim)?;
-    let ids = check_backward(len, dim, ids, bags, pooling, grad_bags)?;
+    rows_len(num_embeddings, dim)?;
+    let ids = check_backward_rows(num_embeddings, dim, ids, bags, pooling, grad_bags)?;
     if pooling.mode == Mode::Max {
         return Err(EmbeddingError::MaxNeedsIndices);
     }
@@ -206,7 +223,7 @@ pub fn bag_sparse_backward_with<I: Index>(
 }
 
 /// The fused backward + update of a sum or mean bag batch, after
-/// [`check_backward_call`](super::check_backward_call): its workspace (the
+/// [`check_backward_rows`](super::check_backward_rows): its workspace (the
 /// gradient source and the grouping), made before the optimiser's step
 /// begins, since making it can fail.
 pub(crate) struct BagUpdate<'a> {
@@ -285,7 +302,7 @@ pub fn bag_max_backward_with(
         grad_bags.len(),
     )?;
     for (position, &i) in max_indices.iter().enumerate() {
-        if i < -1 || i >= rows as i64 {
+        if i < -1 || i128::from(i) >= rows as i128 {
             return Err(EmbeddingError::IndexOutOfRange {
                 position,
                 index: i128::from(i),

@@ -223,7 +223,7 @@ impl<I: Index, T: RowFormat> Body for BagTask<'_, '_, I, T> {
             rows.table.prefetch_row(rows.ids.row(p));
         }
         for (k, dst) in out.chunks_exact_mut(dim).enumerate() {
-            let bag = bags.bag(first_bag + k);
+            let bag = bags.range(first_bag + k);
             match pooling.mode {
                 Mode::Sum | Mode::Mean => {
                     let weights = pooling.per_sample_weights;

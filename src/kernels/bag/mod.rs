@@ -65,6 +65,7 @@ mod sum;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use backward::bag_backward_valid;
 pub(crate) use backward::BagUpdate;
 pub use backward::{
     bag_backward, bag_backward_with, bag_max_backward, bag_max_backward_with, bag_sparse_backward,
@@ -82,24 +83,10 @@ use crate::pooling::{Mode, Pooling};
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::Isa;
 
-/// The argument checks every bag call shares, in the crate's order: table,
-/// bags against the ids, `per_sample_weights` (mode, then length), the
-/// padding row. The ids come last, after the caller's buffers. Returns the
-/// row count.
-fn check_arguments<I: Index>(
-    table_len: usize,
-    dim: usize,
-    ids: &[I],
-    bags: &Bags,
-    pooling: &Pooling<'_>,
-) -> Result<usize, EmbeddingError> {
-    let rows = table_rows(table_len, dim, Operand::Table)?;
-    check_pooling(rows, ids, bags, pooling)?;
-    Ok(rows)
-}
-
-/// [`check_arguments`] after the table: bags against the ids,
-/// `per_sample_weights`, the padding row, for a table of `rows` rows.
+/// The argument checks every bag call shares, in the crate's order, after
+/// the table's: bags against the ids, `per_sample_weights` (mode, then
+/// length), the padding row, for a table of `rows` rows. The ids come
+/// last, after the caller's buffers.
 fn check_pooling<I: Index>(
     rows: usize,
     ids: &[I],
@@ -124,27 +111,9 @@ fn check_pooling<I: Index>(
     Ok(())
 }
 
-/// Every check of a sum or mean backward, in order (max mode is refused:
-/// its backward takes the forward's `max_indices`): the checked ids, for
-/// the kernels, the layer and the reference.
-pub(crate) fn check_backward_call<'a, I: Index>(
-    grad_bags: &[f32],
-    dim: usize,
-    ids: &'a [I],
-    bags: &Bags,
-    pooling: &Pooling<'_>,
-    grad_table_len: usize,
-) -> Result<ValidIds<'a, I>, EmbeddingError> {
-    let ids = check_backward(grad_table_len, dim, ids, bags, pooling, grad_bags)?;
-    if pooling.mode == Mode::Max {
-        return Err(EmbeddingError::MaxNeedsIndices);
-    }
-    Ok(ids)
-}
-
 /// Every check of the forward, in order, before any write: the checked
-/// ids, for the kernel, the layer and the reference.
-pub(crate) fn check_forward<'a, I: Index>(
+/// ids, for the kernels.
+fn check_forward<'a, I: Index>(
     table: &[f32],
     dim: usize,
     ids: &'a [I],
@@ -153,7 +122,23 @@ pub(crate) fn check_forward<'a, I: Index>(
     out: &[f32],
     max_indices: &[i64],
 ) -> Result<ValidIds<'a, I>, EmbeddingError> {
-    let rows = check_arguments(table.len(), dim, ids, bags, pooling)?;
+    let rows = table_rows(table.len(), dim, Operand::Table)?;
+    check_forward_rows(rows, dim, ids, bags, pooling, out, max_indices)
+}
+
+/// The forward's checks after the table's, for a table of `rows` rows: the
+/// pooling's, the output buffers, max's bag lengths, then every id. A layer
+/// calls this with its own row count, which a table of width 0 cannot tell.
+pub(crate) fn check_forward_rows<'a, I: Index>(
+    rows: usize,
+    dim: usize,
+    ids: &'a [I],
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    out: &[f32],
+    max_indices: &[i64],
+) -> Result<ValidIds<'a, I>, EmbeddingError> {
+    check_pooling(rows, ids, bags, pooling)?;
     check_outputs(rows, dim, ids, bags, pooling, out, max_indices)
 }
 
@@ -252,22 +237,24 @@ pub fn bag_forward_with<I: Index>(
     Ok(())
 }
 
-/// Checks a backward call's `grad_bags` (and mode) after the shared checks.
-pub(super) fn check_backward<'a, I: Index>(
-    table_len: usize,
+/// Every check of a backward call into a table of `rows` rows, in order:
+/// `grad_bags`' length, the pooling's arguments, then every id. The mode
+/// is the caller's to check (max mode's backward takes the forward's
+/// `max_indices`, and refuses to run without them only after these).
+pub(crate) fn check_backward_rows<'a, I: Index>(
+    rows: usize,
     dim: usize,
     ids: &'a [I],
     bags: &Bags,
     pooling: &Pooling<'_>,
     grad_bags: &[f32],
 ) -> Result<ValidIds<'a, I>, EmbeddingError> {
-    let rows = table_rows(table_len, dim, Operand::GradTable)?;
     check_len(
         Operand::GradOutput,
         rows_len(bags.len(), dim)?,
         grad_bags.len(),
     )?;
-    check_arguments(rows * dim, dim, ids, bags, pooling)?;
+    check_pooling(rows, ids, bags, pooling)?;
     ValidIds::new(ids, rows)
 }
 
@@ -281,10 +268,10 @@ fn check_max_bag_lengths(bags: &Bags) -> Result<(), EmbeddingError> {
     if bags.num_ids() as u64 <= MAX_BAG_LEN {
         return Ok(());
     }
-    match (0..bags.len()).find(|&b| bags.bag(b).len() as u64 > MAX_BAG_LEN) {
+    match (0..bags.len()).find(|&b| bags.range(b).len() as u64 > MAX_BAG_LEN) {
         Some(bag) => Err(EmbeddingError::BagTooLong {
             bag,
-            len: bags.bag(bag).len(),
+            len: bags.range(bag).len(),
             max: MAX_BAG_LEN,
         }),
         None => Ok(()),
@@ -341,8 +328,7 @@ pub fn table_bag_forward_with<I: Index>(
     max_indices: &mut [i64],
 ) -> Result<(), EmbeddingError> {
     let (rows, dim) = (table.rows(), table.dim());
-    check_pooling(rows, ids, bags, pooling)?;
-    let ids = check_outputs(rows, dim, ids, bags, pooling, out, max_indices)?;
+    let ids = check_forward_rows(rows, dim, ids, bags, pooling, out, max_indices)?;
     let op = forward::Forward {
         isa: Isa::detect(),
         par,

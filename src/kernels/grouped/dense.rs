@@ -72,6 +72,30 @@ pub fn dense_backward_with<I: Index>(
     )?;
     check_padding(padding_idx, rows)?;
     let ids = ValidIds::new(ids, rows)?;
+    dense_backward_valid(
+        par,
+        grad_output,
+        dim,
+        ids,
+        padding_idx,
+        scale_grad_by_freq,
+        grad_table,
+    )
+}
+
+/// [`dense_backward_with`] once every argument is checked: a layer checks
+/// the ids against its own row count (which a table of width 0 cannot
+/// tell), then calls this. Fails only when the allocator refuses its
+/// workspace, before any write.
+pub(crate) fn dense_backward_valid<I: Index>(
+    par: Parallelism,
+    grad_output: &[f32],
+    dim: usize,
+    ids: ValidIds<'_, I>,
+    padding_idx: Option<usize>,
+    scale_grad_by_freq: bool,
+    grad_table: &mut [f32],
+) -> Result<(), EmbeddingError> {
     let source = PerPosition { grad_output, dim };
     let keep = |_, r| Some(r) != padding_idx;
     dense(par, ids, keep, &source, dim, scale_grad_by_freq, grad_table)

@@ -64,7 +64,7 @@ mod groups;
 mod plan;
 mod sparse;
 
-pub(crate) use dense::dense;
+pub(crate) use dense::{dense, dense_backward_valid};
 pub use dense::{dense_backward, dense_backward_with};
 pub(crate) use fused::{apply_sparse, fused_update, sparse_groups, update, RowRule, Target};
 pub(crate) use groups::Groups;
