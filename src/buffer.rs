@@ -21,7 +21,6 @@ fn refused<T>(len: usize, what: &'static str) -> EmbeddingError {
 
 /// `len` zeros, from zeroed memory (so a large buffer is fresh pages the
 /// kernel zeroes as they are first touched, as `vec![0; len]` gets).
-#[cfg_attr(not(test), expect(dead_code, reason = "callers land next"))]
 pub(crate) fn zeroed<T: Zeroable>(
     len: usize,
     what: &'static str,
