@@ -5,3 +5,5 @@
 //!
 //! These run in debug builds (`cargo test`), so arithmetic overflow inside
 //! the crate would panic here rather than wrap.
+
+mod files;
