@@ -128,11 +128,11 @@
 //!    Shapes are kept only for the tensor asked for (every tensor for
 //!    [`load_all`]), and only if they have at most [`MAX_DIMS`] dims
 //!    (more is [`FileError::TooManyDims`]); metadata is kept only under the
-//!    keys asked for. Every size is computed with checked arithmetic: a
-//!    shape whose bits overflow `usize` is [`FileError::TensorTooLarge`], a
-//!    byte range that does not match them [`FileError::TensorBytes`], ranges
-//!    that do not tile the data [`FileError::DataOffsets`], a name listed
-//!    twice [`FileError::DuplicateEntry`], a file whose length is not
+//!    keys asked for. Then, in this order, with checked arithmetic: a name
+//!    listed twice is [`FileError::DuplicateEntry`], a shape whose bits
+//!    overflow `usize` [`FileError::TensorTooLarge`], a byte range that
+//!    does not hold them [`FileError::TensorBytes`], ranges that do not tile
+//!    the data [`FileError::DataOffsets`], a file whose length is not
 //!    `8 + header + data` (summed in `u128`) [`FileError::FileLength`].
 //!    A header that is not UTF-8 or not a header object is
 //!    [`FileError::Format`].
@@ -538,9 +538,9 @@ pub fn to_bytes(tables: &[(&str, &[f32], usize)]) -> Result<Vec<u8>, FileError> 
 ///
 /// [`FileError::Io`] if the file cannot be read; the header's errors
 /// ([`FileError::HeaderTooLong`], [`FileError::FileLength`],
-/// [`FileError::Format`], [`FileError::TensorTooLarge`],
-/// [`FileError::TensorBytes`], [`FileError::DataOffsets`],
-/// [`FileError::DuplicateEntry`], in the order of the
+/// [`FileError::Format`], [`FileError::DuplicateEntry`],
+/// [`FileError::TensorTooLarge`], [`FileError::TensorBytes`],
+/// [`FileError::DataOffsets`], in the order of the
 /// [module docs](self#hostile-files)); [`FileError::MissingTensor`] (with the
 /// names the file holds) if it has no tensor `name`;
 /// [`FileError::WrongDtype`] if that tensor is not F32, then

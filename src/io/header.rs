@@ -6,13 +6,13 @@
 //!          must fit in the file (checked before it is read or borrowed)
 //! header:  UTF-8 -> one streaming pass of serde_json over the JSON object:
 //!          per tensor: its name, its dtype, its byte range, and of its shape
-//!          only the element count (checked product); the dims themselves
+//!          only the bits (checked product); the dims themselves
 //!          are kept (at most MAX_DIMS of them) for the tensors asked for
 //!          per metadata entry: kept only under the keys asked for
-//!          -> each tensor's bits checked against its byte range as it ends
-//! after:   the ranges tile the data from 0 (sorted by range) -> the names
-//!          are unique (sorted by name, the order lookups use) -> 8 + header
-//!          + data is the file's length, in u128
+//! after:   the names are unique (sorted by name) -> each tensor's bits
+//!          (checked product) fit its byte range -> the ranges tile the
+//!          data from 0 (sorted by range) -> back in name order, the order
+//!          lookups use -> 8 + header + data is the file's length, in u128
 //! ```
 //!
 //! 1. **Why not `SafeTensors::read_metadata`.** Its header type flattens
@@ -99,6 +99,8 @@ pub(super) struct Entry {
     /// Its byte range in the data.
     pub start: usize,
     pub end: usize,
+    /// The bits its dtype and shape take, `None` if they overflow.
+    bits: Option<usize>,
     /// Its shape, for the tensors kept.
     pub shape: Option<Box<Shape>>,
 }
@@ -220,6 +222,35 @@ fn parse(header: &[u8], actual: u64, keep: &Keep<'_>) -> Result<Header, FileErro
         }
     };
 
+    // Names are unique: a name listed twice is the first thing wrong with
+    // a file, whatever its two ranges.
+    tensors.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    if let Some(pair) = tensors.windows(2).find(|pair| pair[0].name == pair[1].name) {
+        return Err(FileError::DuplicateEntry {
+            key: pair[0].name.clone(),
+        });
+    }
+
+    // Each tensor's bits fit in its byte range. A range that runs
+    // backwards is left to the tiling check, which names it.
+    for entry in &tensors {
+        let Some(bits) = entry.bits else {
+            return Err(FileError::TensorTooLarge {
+                name: entry.name.clone(),
+                dtype: entry.dtype.to_string(),
+            });
+        };
+        if let Some(bytes) = entry.end.checked_sub(entry.start) {
+            if !bits.is_multiple_of(8) || bits / 8 != bytes {
+                return Err(FileError::TensorBytes {
+                    name: entry.name.clone(),
+                    bits,
+                    bytes,
+                });
+            }
+        }
+    }
+
     // The byte ranges, in order, tile the data from 0 (as safetensors
     // requires; an empty tensor may sit anywhere its start fits).
     tensors.sort_unstable_by_key(|entry| (entry.start, entry.end));
@@ -235,13 +266,8 @@ fn parse(header: &[u8], actual: u64, keep: &Keep<'_>) -> Result<Header, FileErro
         }
         data_len = entry.end;
     }
-
+    // Back in name order, for lookups.
     tensors.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-    if let Some(pair) = tensors.windows(2).find(|pair| pair[0].name == pair[1].name) {
-        return Err(FileError::DuplicateEntry {
-            key: pair[0].name.clone(),
-        });
-    }
 
     let data_start = LEN_BYTES as u64 + header.len() as u64;
     let expected = u128::from(data_start) + data_len as u128;
@@ -304,16 +330,13 @@ impl<'de> Visitor<'de> for HeaderSeed<'_, '_> {
                 })?;
             } else {
                 let keep = self.keep.tensor(&key);
-                let info = map.next_value_seed(InfoSeed {
-                    name: &key,
-                    keep,
-                    slot: self.slot,
-                })?;
+                let info = map.next_value_seed(InfoSeed { keep })?;
                 tensors.push(Entry {
                     name: key,
                     dtype: info.dtype,
                     start: info.start,
                     end: info.end,
+                    bits: info.bits,
                     shape: info.shape,
                 });
             }
@@ -376,18 +399,17 @@ struct Info {
     dtype: Dtype,
     start: usize,
     end: usize,
+    bits: Option<usize>,
     shape: Option<Box<Shape>>,
 }
 
 /// One tensor's object: `dtype`, `shape` and `data_offsets` (other fields
 /// are skipped, as safetensors skips them).
-struct InfoSeed<'n, 's> {
-    name: &'n str,
+struct InfoSeed {
     keep: bool,
-    slot: &'s mut Option<FileError>,
 }
 
-impl<'de> DeserializeSeed<'de> for InfoSeed<'_, '_> {
+impl<'de> DeserializeSeed<'de> for InfoSeed {
     type Value = Info;
 
     fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Info, D::Error> {
@@ -395,7 +417,7 @@ impl<'de> DeserializeSeed<'de> for InfoSeed<'_, '_> {
     }
 }
 
-impl<'de> Visitor<'de> for InfoSeed<'_, '_> {
+impl<'de> Visitor<'de> for InfoSeed {
     type Value = Info;
 
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -425,32 +447,16 @@ impl<'de> Visitor<'de> for InfoSeed<'_, '_> {
         let shape = shape.ok_or_else(|| de::Error::missing_field("shape"))?;
         let (start, end) = offsets.ok_or_else(|| de::Error::missing_field("data_offsets"))?;
 
-        // The tensor's bits against its byte range. A range that runs
-        // backwards is left to the tiling check, which names it.
+        // The bits are checked against the byte range once the names are
+        // known to be unique.
         let bits = shape
             .elements
             .and_then(|elements| elements.checked_mul(dtype.bitsize()));
-        let Some(bits) = bits else {
-            let error = FileError::TensorTooLarge {
-                name: self.name.to_owned(),
-                dtype: dtype.to_string(),
-            };
-            return Err(fail(self.slot, error));
-        };
-        if let Some(bytes) = end.checked_sub(start) {
-            if !bits.is_multiple_of(8) || bits / 8 != bytes {
-                let error = FileError::TensorBytes {
-                    name: self.name.to_owned(),
-                    bits,
-                    bytes,
-                };
-                return Err(fail(self.slot, error));
-            }
-        }
         Ok(Info {
             dtype,
             start,
             end,
+            bits,
             shape: shape.kept,
         })
     }
@@ -496,7 +502,50 @@ impl<'de> Visitor<'de> for ShapeSeed {
             // Each dim takes a byte of the header at least: no overflow.
             count = count.saturating_add(1);
         }
-        let kept = self.keep.then(|| Box::new(Shape { dims, count }));
+        let kept = self.keep.then(|| {
+            dims.shrink_to_fit();
+            Box::new(Shape { dims, count })
+        });
         Ok(Counted { elements, kept })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(header: &str, data_len: usize) -> Vec<u8> {
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.resize(bytes.len() + data_len, 0);
+        bytes
+    }
+
+    #[test]
+    fn only_the_tensor_asked_for_keeps_its_shape_and_only_its_metadata() {
+        let ones = vec!["1"; 1000].join(",");
+        let header = format!(
+            r#"{{"__metadata__":{{"w.dim":"3","x.dim":"4"}},"long":{{"dtype":"U8","shape":[{ones}],"data_offsets":[0,1]}},"w":{{"dtype":"U8","shape":[2,3],"data_offsets":[1,7]}}}}"#
+        );
+        let bytes = file(&header, 7);
+        let keys = ["w.dim".to_owned()];
+        let parsed = from_bytes(
+            &bytes,
+            &Keep::One {
+                name: "w",
+                keys: &keys,
+            },
+        )
+        .unwrap();
+        assert_eq!(parsed.names(), ["long", "w"]);
+        assert!(parsed.get("long").unwrap().shape.is_none());
+        let w = parsed.get("w").unwrap().shape.as_deref().unwrap();
+        assert_eq!((w.dims.as_slice(), w.count), (&[2, 3][..], 2));
+        assert_eq!(parsed.metadata, [("w.dim".to_owned(), "3".to_owned())]);
+
+        let all = from_bytes(&bytes, &Keep::All).unwrap();
+        let long = all.get("long").unwrap().shape.as_deref().unwrap();
+        assert_eq!((long.dims.len(), long.count), (MAX_DIMS, 1000));
+        assert!(all.metadata.is_empty());
     }
 }

@@ -247,6 +247,18 @@ fn names_listed_twice_are_refused() {
     for result in same_from_path(&file(&twice, &data), "w") {
         assert_eq!(result, Err("the header lists `w` twice".into()));
     }
+    // Listed twice over one range, or with a size that the range does not
+    // hold: the name is what is wrong first (safetensors keeps the last).
+    for second in [
+        tensor("w", "F32", "[1,1]", 0, 4),
+        tensor("w", "F16", "[1,1]", 0, 4),
+    ] {
+        let header = object(&[tensor("w", "F32", "[1,1]", 0, 4), second]);
+        assert!(matches!(
+            io::from_bytes(&file(&header, &data[..4]), "w"),
+            Err(FileError::DuplicateEntry { key }) if key == "w"
+        ));
+    }
     let metadata_twice = format!(
         r#"{{"__metadata__":{{}},"__metadata__":{{}},{}}}"#,
         tensor("w", "F32", "[1,1]", 0, 4)
