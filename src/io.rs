@@ -112,6 +112,47 @@
 //! BF16 tensor reads as a table of width 0 and no rows, as the kernels count
 //! such a table.
 //!
+//! # Hostile files
+//!
+//! A file is read in three steps, each bounded by what the previous one
+//! checked, so a file that lies about itself costs little memory and is
+//! refused before its claims are believed:
+//!
+//! 1. **The 8-byte header length.** More than [`MAX_HEADER_BYTES`]
+//!    (100 MB, the cap of the `safetensors` crate) is
+//!    [`FileError::HeaderTooLong`]; more than the file holds after the
+//!    field is [`FileError::FileLength`]. Nothing else is read yet.
+//! 2. **The header**, read (from a path) or borrowed (from bytes), then
+//!    parsed in one streaming pass that keeps a few dozen bytes per tensor:
+//!    its name, dtype and byte range, and the shape's element count.
+//!    Shapes are kept only for the tensor asked for (every tensor for
+//!    [`load_all`]), and only if they have at most [`MAX_DIMS`] dims
+//!    (more is [`FileError::TooManyDims`]); metadata is kept only under the
+//!    keys asked for. Then, in this order, with checked arithmetic: a name
+//!    listed twice is [`FileError::DuplicateEntry`], a shape whose bits
+//!    overflow `usize` [`FileError::TensorTooLarge`], a byte range that
+//!    does not hold them [`FileError::TensorBytes`], ranges that do not tile
+//!    the data [`FileError::DataOffsets`], a file whose length is not
+//!    `8 + header + data` (summed in `u128`) [`FileError::FileLength`].
+//!    A header that is not UTF-8 or not a header object is
+//!    [`FileError::Format`].
+//! 3. **The tensor asked for**, and only it: [`load`], [`load_table`] and
+//!    [`load_packed`] seek to its range and read that much, into a buffer
+//!    allocated fallibly ([`FileError::AllocationFailed`] if refused).
+//!
+//! So reading one table from a path costs the header (at most
+//! [`MAX_HEADER_BYTES`] and at most the file's size), a few dozen bytes per
+//! tensor of it, and the table (twice the table's bytes at the peak for
+//! [`load_table`] and [`load_packed`], which read the bytes and then
+//! convert them); from bytes, the file is borrowed and only the table is
+//! allocated. A path must name a file whose length its metadata gives (a
+//! regular file, not a pipe). The figures measured on hostile files are in
+//! `docs/testing.md`.
+//!
+//! The files refused beyond what the `safetensors` crate refuses are those
+//! listing a name twice (JSON would keep one of them silently) and those
+//! whose tensor asked for has more than [`MAX_DIMS`] dims.
+//!
 //! # Bits and byte order
 //!
 //! Values are stored and read as IEEE-754 bit patterns in little-endian
@@ -134,21 +175,26 @@
 
 mod any_format;
 mod atomic;
+mod body;
+mod header;
 
 use std::borrow::Cow;
 use std::collections::HashSet;
-use std::fs;
+use std::fs::File;
 use std::io as stdio;
 use std::path::Path;
 
-use safetensors::tensor::TensorView;
-use safetensors::{Dtype, SafeTensorError, SafeTensors, View};
+use safetensors::{Dtype, SafeTensorError, View};
 
 pub use any_format::{
     load_packed, load_table, packed_from_bytes, save_tables, table_from_bytes, tables_to_bytes,
 };
 use atomic::write_atomically;
+use body::Body;
+use header::{Entry, Header, Keep};
+pub use header::{MAX_DIMS, MAX_HEADER_BYTES};
 
+use crate::buffer;
 use crate::error::{EmbeddingError, Operand};
 use crate::formats::{Format, RowWise};
 use crate::shape::table_rows;
@@ -191,11 +237,91 @@ pub enum FileError {
     #[error("I/O error: {0}")]
     Io(#[from] stdio::Error),
 
-    /// The bytes are not a valid safetensors file (truncated, a header that
-    /// is not JSON, byte ranges that do not match the shapes, ...), or the
-    /// serializer refused the tables.
+    /// The header is not UTF-8, not JSON, or not a safetensors header (a
+    /// dtype it does not know, a field missing or of the wrong type, ...),
+    /// or the serializer refused the tables.
     #[error("invalid safetensors data: {0}")]
     Format(#[source] SafeTensorError),
+
+    /// The header length field gives more than [`MAX_HEADER_BYTES`].
+    #[error("the file claims a header of {claimed} bytes; at most {max} are read")]
+    HeaderTooLong {
+        /// The length the field gives.
+        claimed: u64,
+        /// The longest header read, [`MAX_HEADER_BYTES`].
+        max: u64,
+    },
+
+    /// The file is not as long as it says: shorter than the 8-byte header
+    /// length (`expected` is then 8), than the length and the header it
+    /// gives, or than `8 + header + data`; or longer than that.
+    #[error("the file holds {actual} bytes, but its header says it holds {expected}")]
+    FileLength {
+        /// The length the header gives (or the part of it read so far).
+        expected: u128,
+        /// The file's length.
+        actual: u64,
+    },
+
+    /// The header lists a tensor name, `__metadata__`, or a metadata key
+    /// that is read, twice.
+    #[error("the header lists `{key}` twice")]
+    DuplicateEntry {
+        /// The name or key listed twice.
+        key: String,
+    },
+
+    /// A tensor's element count, or its size in bits, overflows `usize`.
+    #[error("tensor `{name}`: its shape holds more {dtype} values than a usize counts in bits")]
+    TensorTooLarge {
+        /// The tensor's name.
+        name: String,
+        /// Its dtype, as the safetensors header spells it.
+        dtype: String,
+    },
+
+    /// A tensor's byte range does not hold the bits its dtype and shape
+    /// take (or they are not whole bytes).
+    #[error("tensor `{name}` takes {bits} bits by its dtype and shape, but its byte range holds {bytes} bytes")]
+    TensorBytes {
+        /// The tensor's name.
+        name: String,
+        /// The bits its dtype and shape take.
+        bits: usize,
+        /// The bytes of its range (`end - start`).
+        bytes: usize,
+    },
+
+    /// The tensors' byte ranges, in order, do not tile the data from 0:
+    /// this one starts elsewhere than where the one before it ends, or ends
+    /// before it starts.
+    #[error("tensor `{name}` spans bytes {start}..{end} of the data, where bytes from {expected_start} on come next")]
+    DataOffsets {
+        /// The tensor's name.
+        name: String,
+        /// Its range's start.
+        start: usize,
+        /// Its range's end.
+        end: usize,
+        /// Where the tensor before it ends (0 for the first).
+        expected_start: usize,
+    },
+
+    /// The shape of the tensor read has more than [`MAX_DIMS`] dims.
+    #[error("tensor `{name}` has {dims} dims; a tensor read may have at most {max}")]
+    TooManyDims {
+        /// The tensor's name.
+        name: String,
+        /// How many dims its shape has.
+        dims: usize,
+        /// [`MAX_DIMS`].
+        max: usize,
+    },
+
+    /// The memory for the header or the tensor could not be allocated: an
+    /// [`EmbeddingError::AllocationFailed`] with the bytes asked for.
+    #[error(transparent)]
+    AllocationFailed(EmbeddingError),
 
     /// The file holds no tensor of the name asked for.
     #[error("no tensor named `{name}` in the file; it holds {}", list_names(.available))]
@@ -402,19 +528,29 @@ pub fn to_bytes(tables: &[(&str, &[f32], usize)]) -> Result<Vec<u8>, FileError> 
     Ok(safetensors::serialize(views, None)?)
 }
 
-/// Reads the table `name` from the safetensors file at `path`.
+/// Reads the table `name` from the safetensors file at `path`: the header,
+/// then that tensor's bytes only (see the
+/// [module docs](self#hostile-files)).
 ///
 /// The file's other tensors may have any dtype and shape.
 ///
 /// # Errors
 ///
-/// [`FileError::Io`] if the file cannot be read; [`FileError::Format`] if it
-/// is not a valid safetensors file; [`FileError::MissingTensor`] (with the
-/// names the file holds) if it has no tensor `name`; [`FileError::WrongDtype`]
-/// if that tensor is not F32, then [`FileError::WrongShape`] if it is not 2-D.
+/// [`FileError::Io`] if the file cannot be read; the header's errors
+/// ([`FileError::HeaderTooLong`], [`FileError::FileLength`],
+/// [`FileError::Format`], [`FileError::DuplicateEntry`],
+/// [`FileError::TensorTooLarge`], [`FileError::TensorBytes`],
+/// [`FileError::DataOffsets`], in the order of the
+/// [module docs](self#hostile-files)); [`FileError::MissingTensor`] (with the
+/// names the file holds) if it has no tensor `name`;
+/// [`FileError::WrongDtype`] if that tensor is not F32, then
+/// [`FileError::TooManyDims`] or [`FileError::WrongShape`] if it is not
+/// 2-D; [`FileError::AllocationFailed`] if its memory is refused.
 pub fn load(path: impl AsRef<Path>, name: &str) -> Result<Table, FileError> {
-    let bytes = fs::read(path)?;
-    from_bytes(&bytes, name)
+    let mut file = File::open(path)?;
+    let keep = Keep::One { name, keys: &[] };
+    let header = header::from_file(&mut file, &keep)?;
+    read_table(&header, name, &mut Body::File(&mut file))
 }
 
 /// Reads the table `name` from the bytes of a safetensors file.
@@ -423,15 +559,9 @@ pub fn load(path: impl AsRef<Path>, name: &str) -> Result<Table, FileError> {
 ///
 /// As [`load`], less [`FileError::Io`].
 pub fn from_bytes(bytes: &[u8], name: &str) -> Result<Table, FileError> {
-    let file = SafeTensors::deserialize(bytes)?;
-    match file.tensor(name) {
-        Ok(view) => table(name, &view),
-        Err(SafeTensorError::TensorNotFound(_)) => Err(FileError::MissingTensor {
-            name: name.to_owned(),
-            available: sorted_names(&file),
-        }),
-        Err(error) => Err(error.into()),
-    }
+    let keep = Keep::One { name, keys: &[] };
+    let header = header::from_bytes(bytes, &keep)?;
+    read_table(&header, name, &mut Body::Bytes(bytes))
 }
 
 /// Reads every tensor of the safetensors file at `path` as a table, sorted
@@ -443,12 +573,15 @@ pub fn from_bytes(bytes: &[u8], name: &str) -> Result<Table, FileError> {
 ///
 /// # Errors
 ///
-/// [`FileError::Io`], [`FileError::Format`] as for [`load`]; then
-/// [`FileError::WrongDtype`] or [`FileError::WrongShape`] for the first
-/// tensor, in name order, that is not a 2-D F32 tensor.
+/// [`FileError::Io`] and the header's errors as for [`load`]; then
+/// [`FileError::WrongDtype`], [`FileError::TooManyDims`] or
+/// [`FileError::WrongShape`] for the first tensor, in name order, that is
+/// not a 2-D F32 tensor; [`FileError::AllocationFailed`] if the memory of a
+/// table is refused.
 pub fn load_all(path: impl AsRef<Path>) -> Result<Vec<Table>, FileError> {
-    let bytes = fs::read(path)?;
-    all_from_bytes(&bytes)
+    let mut file = File::open(path)?;
+    let header = header::from_file(&mut file, &Keep::All)?;
+    read_all(&header, &mut Body::File(&mut file))
 }
 
 /// Reads every tensor of the bytes of a safetensors file as a table, sorted
@@ -458,54 +591,103 @@ pub fn load_all(path: impl AsRef<Path>) -> Result<Vec<Table>, FileError> {
 ///
 /// As [`load_all`], less [`FileError::Io`].
 pub fn all_from_bytes(bytes: &[u8]) -> Result<Vec<Table>, FileError> {
-    let file = SafeTensors::deserialize(bytes)?;
-    let mut tensors: Vec<(&str, TensorView<'_>)> = file.iter().collect();
-    tensors.sort_unstable_by(|a, b| a.0.cmp(b.0));
-    tensors
-        .iter()
-        .map(|(name, view)| table(name, view))
-        .collect()
+    let header = header::from_bytes(bytes, &Keep::All)?;
+    read_all(&header, &mut Body::Bytes(bytes))
 }
 
-/// The names of the tensors in `file`, sorted.
-fn sorted_names(file: &SafeTensors<'_>) -> Vec<String> {
-    let mut names: Vec<String> = file.names().into_iter().map(str::to_owned).collect();
-    names.sort_unstable();
-    names
-}
-
-/// Converts one tensor of a file into a table: dtype first, then shape.
-fn table(name: &str, view: &TensorView<'_>) -> Result<Table, FileError> {
-    if view.dtype() != Dtype::F32 {
-        return Err(FileError::WrongDtype {
-            name: name.to_owned(),
-            dtype: view.dtype().to_string(),
-        });
-    }
-    let &[num_embeddings, embedding_dim] = view.shape() else {
-        return Err(FileError::WrongShape {
-            name: name.to_owned(),
-            shape: view.shape().to_vec(),
-        });
-    };
-    let data = view.data();
-    // The parser has checked that the byte range matches dtype and shape;
-    // this keeps a mismatch an error rather than a wrong table regardless.
-    let expected_bytes = num_embeddings
-        .checked_mul(embedding_dim)
-        .and_then(|len| len.checked_mul(size_of::<f32>()));
-    if expected_bytes != Some(data.len()) {
-        return Err(FileError::Format(SafeTensorError::TensorInvalidInfo));
-    }
-    let weight = data
-        .chunks_exact(size_of::<f32>())
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
-    Ok(Table {
+/// The tensor `name` of `header`, or the error that lists the names.
+fn find<'h>(header: &'h Header, name: &str) -> Result<&'h Entry, FileError> {
+    header.get(name).ok_or_else(|| FileError::MissingTensor {
         name: name.to_owned(),
+        available: header.names(),
+    })
+}
+
+/// Reads the table `name` of a checked header from `body`.
+fn read_table(header: &Header, name: &str, body: &mut Body<'_>) -> Result<Table, FileError> {
+    let entry = find(header, name)?;
+    let [num_embeddings, embedding_dim] = f32_shape(entry)?;
+    read_f32(header, entry, num_embeddings, embedding_dim, body)
+}
+
+/// Reads every tensor of a checked header from `body` as a table, in name
+/// order, once every tensor is known to be one.
+fn read_all(header: &Header, body: &mut Body<'_>) -> Result<Vec<Table>, FileError> {
+    let shapes = header
+        .tensors
+        .iter()
+        .map(f32_shape)
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut tables =
+        buffer::with_capacity(shapes.len(), "tables").map_err(FileError::AllocationFailed)?;
+    for (entry, [rows, dim]) in header.tensors.iter().zip(shapes) {
+        tables.push(read_f32(header, entry, rows, dim, body)?);
+    }
+    Ok(tables)
+}
+
+/// The `[num_embeddings, embedding_dim]` of an F32 tensor: dtype first,
+/// then shape.
+fn f32_shape(entry: &Entry) -> Result<[usize; 2], FileError> {
+    if entry.dtype != Dtype::F32 {
+        return Err(FileError::WrongDtype {
+            name: entry.name.clone(),
+            dtype: entry.dtype.to_string(),
+        });
+    }
+    two_d(entry)
+}
+
+/// The shape of a tensor read, as `[rows, columns]`, unless it is not 2-D.
+fn two_d(entry: &Entry) -> Result<[usize; 2], FileError> {
+    // Every tensor read has its shape kept; an error rather than a panic
+    // regardless.
+    let shape = entry
+        .shape
+        .as_deref()
+        .ok_or(FileError::Format(SafeTensorError::TensorInvalidInfo))?;
+    if shape.count > MAX_DIMS {
+        return Err(FileError::TooManyDims {
+            name: entry.name.clone(),
+            dims: shape.count,
+            max: MAX_DIMS,
+        });
+    }
+    match *shape.dims {
+        [rows, columns] => Ok([rows, columns]),
+        _ => Err(FileError::WrongShape {
+            name: entry.name.clone(),
+            shape: shape.dims.clone(),
+        }),
+    }
+}
+
+/// Reads the F32 tensor `entry`, of shape `[rows, dim]`, into a table.
+fn read_f32(
+    header: &Header,
+    entry: &Entry,
+    rows: usize,
+    dim: usize,
+    body: &mut Body<'_>,
+) -> Result<Table, FileError> {
+    // The header check has matched the byte range with dtype and shape;
+    // this keeps a mismatch an error rather than a wrong table regardless.
+    let len = rows
+        .checked_mul(dim)
+        .filter(|len| len.checked_mul(size_of::<f32>()) == entry.end.checked_sub(entry.start))
+        .ok_or(FileError::Format(SafeTensorError::TensorInvalidInfo))?;
+    let mut weight = buffer::zeroed::<f32>(len, "table").map_err(FileError::AllocationFailed)?;
+    body.read_into(header, entry, bytemuck::cast_slice_mut(&mut weight))?;
+    if cfg!(target_endian = "big") {
+        for x in &mut weight {
+            *x = f32::from_bits(u32::from_le(x.to_bits()));
+        }
+    }
+    Ok(Table {
+        name: entry.name.clone(),
         weight,
-        num_embeddings,
-        embedding_dim,
+        num_embeddings: rows,
+        embedding_dim: dim,
     })
 }
 

@@ -387,28 +387,47 @@ fn a_tensor_of_zero_width_reads_as_its_shape() {
 
 // ----------------------------------------------------------- corrupt bytes
 
+/// The error of the file `bytes` cut to `len` bytes: the 8-byte length
+/// first, then the header it gives, then the data.
+fn truncated(bytes: &[u8], len: usize) -> FileError {
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let expected = if len < 8 {
+        8
+    } else if len < 8 + header_len {
+        8 + header_len
+    } else {
+        bytes.len()
+    };
+    FileError::FileLength {
+        expected: expected as u128,
+        actual: len as u64,
+    }
+}
+
 #[test]
-fn every_truncation_is_a_format_error() {
+fn every_truncation_is_a_file_length_error() {
     let weight = tricky_values();
     let bytes = io::to_bytes(&[("a", &weight, 3), ("b", &weight[..4], 2)]).unwrap();
     for len in 0..bytes.len() {
         let cut = &bytes[..len];
+        let want = truncated(&bytes, len).to_string();
         let err = io::from_bytes(cut, "a").unwrap_err();
-        assert!(matches!(err, FileError::Format(_)), "{len}: {err:?}");
+        assert_eq!(err.to_string(), want, "{len}");
         let err = io::all_from_bytes(cut).unwrap_err();
-        assert!(matches!(err, FileError::Format(_)), "{len}: {err:?}");
+        assert_eq!(err.to_string(), want, "{len}");
     }
     // One byte too many is wrong too.
     let mut longer = bytes.clone();
     longer.push(0);
     assert!(matches!(
         io::from_bytes(&longer, "a"),
-        Err(FileError::Format(_))
+        Err(FileError::FileLength { expected, actual })
+            if expected == bytes.len() as u128 && actual == longer.len() as u64
     ));
 }
 
 #[test]
-fn a_truncated_file_is_a_format_error() {
+fn a_truncated_file_is_a_file_length_error() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("cut.safetensors");
     let weight = values(64, 10);
@@ -416,16 +435,22 @@ fn a_truncated_file_is_a_format_error() {
     let bytes = fs::read(&path).unwrap();
     fs::write(&path, &bytes[..bytes.len() - 4]).unwrap();
     let err = io::load(&path, "w").unwrap_err();
-    assert!(matches!(err, FileError::Format(_)), "{err:?}");
-    assert!(
-        err.to_string().starts_with("invalid safetensors data: "),
-        "{err}"
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "the file holds {} bytes, but its header says it holds {}",
+            bytes.len() - 4,
+            bytes.len()
+        )
     );
-    assert!(matches!(io::load_all(&path), Err(FileError::Format(_))));
+    assert!(matches!(
+        io::load_all(&path),
+        Err(FileError::FileLength { .. })
+    ));
 }
 
 #[test]
-fn garbage_headers_are_format_errors() {
+fn garbage_headers_are_refused_precisely() {
     let header = |json: &str| {
         let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
         bytes.extend_from_slice(json.as_bytes());
@@ -435,41 +460,74 @@ fn garbage_headers_are_format_errors() {
     huge_len.extend_from_slice(b"{}");
     let mut non_utf8 = 2u64.to_le_bytes().to_vec();
     non_utf8.extend_from_slice(&[0xff, 0xfe]);
-    let cases: Vec<(&str, Vec<u8>)> = vec![
-        ("empty", Vec::new()),
+    type Check = fn(&FileError) -> bool;
+    let format: Check = |e| matches!(e, FileError::Format(_));
+    let length: Check = |e| matches!(e, FileError::FileLength { .. });
+    let cases: Vec<(&str, Vec<u8>, Check)> = vec![
+        ("empty", Vec::new(), length),
         (
             "text",
             b"hello, this is not a safetensors file at all".to_vec(),
+            |e| {
+                matches!(
+                    e,
+                    FileError::HeaderTooLong {
+                        max: io::MAX_HEADER_BYTES,
+                        ..
+                    }
+                )
+            },
         ),
-        ("huge header length", huge_len),
-        ("header past the end", header("{}")[..9].to_vec()),
-        ("not UTF-8", non_utf8),
-        ("not JSON", header("{not json")),
-        ("JSON, not a header", header("[1, 2, 3]")),
+        ("huge header length", huge_len, |e| {
+            matches!(
+                e,
+                FileError::HeaderTooLong {
+                    claimed: u64::MAX,
+                    max: io::MAX_HEADER_BYTES
+                }
+            )
+        }),
+        ("header past the end", header("{}")[..9].to_vec(), length),
+        ("not UTF-8", non_utf8, format),
+        ("not JSON", header("{not json"), format),
+        ("JSON, not a header", header("[1, 2, 3]"), format),
         (
             "unknown dtype",
             header(r#"{"w":{"dtype":"F33","shape":[1,1],"data_offsets":[0,4]}}"#),
+            format,
         ),
         (
             "offsets past the data",
             header(r#"{"w":{"dtype":"F32","shape":[1,1],"data_offsets":[0,4]}}"#),
+            length,
         ),
         (
             "offsets that disagree with the shape",
             header(r#"{"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,0]}}"#),
+            |e| {
+                matches!(
+                    e,
+                    FileError::TensorBytes {
+                        bits: 128,
+                        bytes: 0,
+                        ..
+                    }
+                )
+            },
         ),
         (
             "a shape whose size overflows",
             header(
                 r#"{"w":{"dtype":"F32","shape":[4294967296,4294967296,4],"data_offsets":[0,0]}}"#,
             ),
+            |e| matches!(e, FileError::TensorTooLarge { .. }),
         ),
     ];
-    for (what, bytes) in cases {
+    for (what, bytes, check) in cases {
         let err = io::from_bytes(&bytes, "w").unwrap_err();
-        assert!(matches!(err, FileError::Format(_)), "{what}: {err:?}");
+        assert!(check(&err), "{what}: {err:?}");
         let err = io::all_from_bytes(&bytes).unwrap_err();
-        assert!(matches!(err, FileError::Format(_)), "{what}: {err:?}");
+        assert!(check(&err), "{what}: {err:?}");
     }
 }
 
@@ -662,7 +720,9 @@ fn errors_are_send_sync_and_have_sources() {
         source.to_string(),
         "the table holds 3 values, not a multiple of embedding_dim 2"
     );
-    let err = io::from_bytes(b"", "w").unwrap_err();
+    let mut not_json = 4u64.to_le_bytes().to_vec();
+    not_json.extend_from_slice(b"{no}");
+    let err = io::from_bytes(&not_json, "w").unwrap_err();
     assert!(std::error::Error::source(&err).is_some());
 }
 
@@ -1460,11 +1520,13 @@ fn refusals_read_well() {
 }
 
 #[test]
-fn hostile_packed_headers_are_format_errors() {
+fn hostile_packed_headers_are_refused_precisely() {
     // Sizes the parser refuses before anything is allocated: rows ×
     // row_bytes overflowing, byte ranges past the data, metadata that is
     // not a map of strings.
-    let cases = [
+    type Check = fn(&FileError) -> bool;
+    let format: Check = |e| matches!(e, FileError::Format(_));
+    let cases: [(&str, Vec<u8>, Check); 4] = [
         (
             "rows × row_bytes overflows",
             raw_file(
@@ -1474,6 +1536,7 @@ fn hostile_packed_headers_are_format_errors() {
                 ),
                 0,
             ),
+            |e| matches!(e, FileError::TensorTooLarge { .. }),
         ),
         (
             "a huge tensor the file does not hold",
@@ -1481,6 +1544,7 @@ fn hostile_packed_headers_are_format_errors() {
                 r#"{"__metadata__":{"w.format":"int8","w.dim":"13"},"w":{"dtype":"U8","shape":[1099511627776,21],"data_offsets":[0,23089744183296]}}"#,
                 42,
             ),
+            |e| matches!(e, FileError::FileLength { .. }),
         ),
         (
             "a width that is a number, not a string",
@@ -1488,6 +1552,7 @@ fn hostile_packed_headers_are_format_errors() {
                 r#"{"__metadata__":{"w.format":"int8","w.dim":13},"w":{"dtype":"U8","shape":[2,21],"data_offsets":[0,42]}}"#,
                 42,
             ),
+            format,
         ),
         (
             "metadata that is a list",
@@ -1495,13 +1560,14 @@ fn hostile_packed_headers_are_format_errors() {
                 r#"{"__metadata__":["int8",13],"w":{"dtype":"U8","shape":[2,21],"data_offsets":[0,42]}}"#,
                 42,
             ),
+            format,
         ),
     ];
-    for (what, bytes) in cases {
+    for (what, bytes, check) in cases {
         let err = io::table_from_bytes(&bytes, "w").unwrap_err();
-        assert!(matches!(err, FileError::Format(_)), "{what}: {err:?}");
+        assert!(check(&err), "{what}: {err:?}");
         let err = io::packed_from_bytes(&bytes, "w", RowWise::Int8, 13).unwrap_err();
-        assert!(matches!(err, FileError::Format(_)), "{what}: {err:?}");
+        assert!(check(&err), "{what}: {err:?}");
     }
     // The same header, well formed, reads.
     let good = raw_file(
@@ -1516,16 +1582,17 @@ fn hostile_packed_headers_are_format_errors() {
 }
 
 #[test]
-fn every_truncation_of_a_mixed_file_is_a_format_error() {
+fn every_truncation_of_a_mixed_file_is_a_file_length_error() {
     let tables = one_of_each();
     let entries_: Vec<(&str, &OwnedTable)> = tables.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let bytes = io::tables_to_bytes(&entries_).unwrap();
     for len in 0..bytes.len() {
         let cut = &bytes[..len];
+        let want = truncated(&bytes, len).to_string();
         let err = io::table_from_bytes(cut, "table.int4").unwrap_err();
-        assert!(matches!(err, FileError::Format(_)), "{len}: {err:?}");
+        assert_eq!(err.to_string(), want, "{len}");
         let err = io::packed_from_bytes(cut, "table.int4", RowWise::Int4, 13).unwrap_err();
-        assert!(matches!(err, FileError::Format(_)), "{len}: {err:?}");
+        assert_eq!(err.to_string(), want, "{len}");
     }
 }
 

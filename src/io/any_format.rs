@@ -9,11 +9,12 @@
 //!                      lies in memory (F32 / F16 / BF16 values, U8 packed rows)
 //!        serialize without metadata, then put the metadata of the packed
 //!        tables into the header, sorted by key
-//! load:  parse the header (the safetensors parser checks every byte range
-//!        against its dtype and shape)
+//! load:  read and check the header (super::header), keeping the tensor's
+//!        shape and its two metadata entries only
 //!        find the tensor -> its dtype -> 2-D -> its format and width
 //!        (dtype, or metadata, or the caller) -> row length checked
-//!        -> only then copy the values out
+//!        -> only then read (from a path) or borrow (from bytes) its bytes
+//!        and copy the values out
 //! ```
 //!
 //! 1. **Why the metadata is put in by hand.** The serializer takes the
@@ -25,24 +26,21 @@
 //!    entry, sorted, as its first member (where the serializer puts it) and
 //!    pads again. The data offsets count from the end of the header, so
 //!    they do not move.
-//! 2. **One parse.** [`find`] parses the header once
-//!    (`SafeTensors::read_metadata`) and keeps it: the tensor's dtype, shape
-//!    and byte range and the file's metadata come from the same parse.
+//! 2. **One parse.** The header is parsed once: the tensor's dtype, shape
+//!    and byte range and the two metadata entries come from the same pass.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
-use std::fs;
+use std::fs::File;
 use std::path::Path;
 
-use safetensors::tensor::Metadata;
-use safetensors::{Dtype, SafeTensorError, SafeTensors, View};
+use safetensors::{Dtype, SafeTensorError, View};
 
-use super::{check_name, write_atomically, FileError, METADATA_KEY};
+use super::body::Body;
+use super::header::{self, Entry, Header, Keep, LEN_BYTES as HEADER_LEN_BYTES};
+use super::{check_name, find, two_d, write_atomically, FileError, METADATA_KEY};
 use crate::formats::{Data, Format, OwnedTable, RowWise, TableRef};
-
-/// The bytes of a safetensors file's header length.
-const HEADER_LEN_BYTES: usize = size_of::<u64>();
 
 /// The dtypes [`load_table`] reads.
 const TABLE_DTYPES: &str = "F32, F16, BF16 or U8";
@@ -111,26 +109,30 @@ pub fn tables_to_bytes(tables: &[(&str, &OwnedTable)]) -> Result<Vec<u8>, FileEr
 /// Reads the table `name`, of any format, from the safetensors file at
 /// `path`: F32, F16 and BF16 tensors by their dtype, U8 tensors (packed
 /// rows) by the file's metadata (see the
-/// [module docs](super#tables-of-every-format)).
+/// [module docs](super#tables-of-every-format)). Only the header and that
+/// tensor's bytes are read ([module docs](super#hostile-files)).
 ///
 /// The file's other tensors may have any dtype and shape.
 ///
 /// # Errors
 ///
-/// [`FileError::Io`] if the file cannot be read; [`FileError::Format`] if it
-/// is not a valid safetensors file; [`FileError::MissingTensor`] (with the
+/// [`FileError::Io`] if the file cannot be read; the header's errors, as
+/// for [`load`](super::load); [`FileError::MissingTensor`] (with the
 /// names the file holds) if it has no tensor `name`;
 /// [`FileError::UnsupportedDtype`] unless that tensor is F32, F16, BF16 or
-/// U8; [`FileError::WrongShape`] unless it is 2-D. Then for a U8 tensor, in
-/// this order: [`FileError::MissingFormat`], [`FileError::UnknownFormat`]
-/// (not `int8`, `int4` or `int2`), [`FileError::MissingDim`],
-/// [`FileError::BadDim`]. Last, for any tensor, [`FileError::RowTooLong`]
-/// if a row's bytes overflow `usize`, and for a U8 tensor
-/// [`FileError::PackedLayout`] unless its second dimension is the length
-/// of a packed row of that format and width.
+/// U8; [`FileError::TooManyDims`] or [`FileError::WrongShape`] unless it is
+/// 2-D. Then for a U8 tensor, in this order: [`FileError::MissingFormat`],
+/// [`FileError::UnknownFormat`] (not `int8`, `int4` or `int2`),
+/// [`FileError::MissingDim`], [`FileError::BadDim`]. Last, for any tensor,
+/// [`FileError::RowTooLong`] if a row's bytes overflow `usize`, for a U8
+/// tensor [`FileError::PackedLayout`] unless its second dimension is the
+/// length of a packed row of that format and width, and
+/// [`FileError::AllocationFailed`] if the memory for its bytes is refused.
 pub fn load_table(path: impl AsRef<Path>, name: &str) -> Result<OwnedTable, FileError> {
-    let bytes = fs::read(path)?;
-    table_from_bytes(&bytes, name)
+    let mut file = File::open(path)?;
+    let keys = metadata_keys(name);
+    let header = header::from_file(&mut file, &Keep::One { name, keys: &keys })?;
+    read_table(&header, name, &mut Body::File(&mut file))
 }
 
 /// Reads the table `name`, of any format, from the bytes of a safetensors
@@ -140,27 +142,9 @@ pub fn load_table(path: impl AsRef<Path>, name: &str) -> Result<OwnedTable, File
 ///
 /// As [`load_table`], less [`FileError::Io`].
 pub fn table_from_bytes(bytes: &[u8], name: &str) -> Result<OwnedTable, FileError> {
-    let found = find(bytes, name)?;
-    let format = match found.dtype {
-        Dtype::F32 => Some(Format::F32),
-        Dtype::F16 => Some(Format::F16),
-        Dtype::BF16 => Some(Format::Bf16),
-        Dtype::U8 => None,
-        other => return Err(unsupported_dtype(name, other, TABLE_DTYPES)),
-    };
-    let [rows, columns] = two_d(name, &found.shape)?;
-    match format {
-        Some(format) => {
-            let dim = columns;
-            let row_bytes = row_bytes(name, format, dim)?;
-            owned(format, dim, rows, row_bytes, found.data)
-        }
-        None => {
-            let format = found.packed_format(name)?;
-            let dim = found.packed_dim(name, format)?;
-            packed(name, format, dim, [rows, columns], found.data)
-        }
-    }
+    let keys = metadata_keys(name);
+    let header = header::from_bytes(bytes, &Keep::One { name, keys: &keys })?;
+    read_table(&header, name, &mut Body::Bytes(bytes))
 }
 
 /// Reads the U8 tensor `name` of the safetensors file at `path` as a table
@@ -175,19 +159,22 @@ pub fn table_from_bytes(bytes: &[u8], name: &str) -> Result<OwnedTable, FileErro
 ///
 /// # Errors
 ///
-/// [`FileError::Io`], [`FileError::Format`], [`FileError::MissingTensor`] as
-/// for [`load_table`]; [`FileError::UnsupportedDtype`] unless the tensor is
-/// U8; [`FileError::WrongShape`] unless it is 2-D; [`FileError::RowTooLong`]
-/// if a row of `dim` overflows `usize`; [`FileError::PackedLayout`] unless
-/// its second dimension is [`format.row_bytes(dim)`](RowWise::row_bytes).
+/// [`FileError::Io`], the header's errors and [`FileError::MissingTensor`]
+/// as for [`load_table`]; [`FileError::UnsupportedDtype`] unless the tensor
+/// is U8; [`FileError::TooManyDims`] or [`FileError::WrongShape`] unless it
+/// is 2-D; [`FileError::RowTooLong`] if a row of `dim` overflows `usize`;
+/// [`FileError::PackedLayout`] unless its second dimension is
+/// [`format.row_bytes(dim)`](RowWise::row_bytes);
+/// [`FileError::AllocationFailed`] if the memory for its bytes is refused.
 pub fn load_packed(
     path: impl AsRef<Path>,
     name: &str,
     format: RowWise,
     dim: usize,
 ) -> Result<OwnedTable, FileError> {
-    let bytes = fs::read(path)?;
-    packed_from_bytes(&bytes, name, format, dim)
+    let mut file = File::open(path)?;
+    let header = header::from_file(&mut file, &Keep::One { name, keys: &[] })?;
+    read_packed(&header, name, format, dim, &mut Body::File(&mut file))
 }
 
 /// Reads the U8 tensor `name` of the bytes of a safetensors file as a table
@@ -202,90 +189,84 @@ pub fn packed_from_bytes(
     format: RowWise,
     dim: usize,
 ) -> Result<OwnedTable, FileError> {
-    let found = find(bytes, name)?;
-    if found.dtype != Dtype::U8 {
-        return Err(unsupported_dtype(name, found.dtype, PACKED_DTYPE));
-    }
-    let shape = two_d(name, &found.shape)?;
-    packed(name, format, dim, shape, found.data)
+    let header = header::from_bytes(bytes, &Keep::One { name, keys: &[] })?;
+    read_packed(&header, name, format, dim, &mut Body::Bytes(bytes))
 }
 
-/// One tensor of a parsed file, with the file's header.
-struct Found<'a> {
-    /// The parsed header: every tensor's place, and the file's metadata.
-    header: Metadata,
-    dtype: Dtype,
-    shape: Vec<usize>,
-    /// The tensor's bytes.
-    data: &'a [u8],
+/// The metadata keys [`load_table`] reads for the tensor `name`.
+fn metadata_keys(name: &str) -> [String; 2] {
+    [format_key(name), dim_key(name)]
 }
 
-/// Parses the file and finds the tensor `name` in it.
-fn find<'a>(bytes: &'a [u8], name: &str) -> Result<Found<'a>, FileError> {
-    let (header_len, header) = SafeTensors::read_metadata(bytes)?;
-    let Some(info) = header.info(name) else {
-        let mut available = header.offset_keys();
-        available.sort_unstable();
-        return Err(FileError::MissingTensor {
-            name: name.to_owned(),
-            available,
-        });
+/// Reads the table `name` of any format of a checked header from `body`.
+fn read_table(header: &Header, name: &str, body: &mut Body<'_>) -> Result<OwnedTable, FileError> {
+    let entry = find(header, name)?;
+    let format = match entry.dtype {
+        Dtype::F32 => Some(Format::F32),
+        Dtype::F16 => Some(Format::F16),
+        Dtype::BF16 => Some(Format::Bf16),
+        Dtype::U8 => None,
+        other => return Err(unsupported_dtype(name, other, TABLE_DTYPES)),
     };
-    // The parser has checked that every byte range lies in the file; this
-    // keeps a mismatch an error rather than a panic regardless.
-    let (start, end) = info.data_offsets;
-    let data = HEADER_LEN_BYTES
-        .checked_add(header_len)
-        .and_then(|data_start| bytes.get(data_start..))
-        .and_then(|data| data.get(start..end))
-        .ok_or(FileError::Format(SafeTensorError::MetadataIncompleteBuffer))?;
-    let (dtype, shape) = (info.dtype, info.shape.clone());
-    Ok(Found {
-        header,
-        dtype,
-        shape,
-        data,
-    })
+    let [rows, columns] = two_d(entry)?;
+    match format {
+        Some(format) => {
+            let dim = columns;
+            let row_bytes = row_bytes(name, format, dim)?;
+            owned(format, dim, rows, row_bytes, &body.bytes(header, entry)?)
+        }
+        None => {
+            let format = packed_format(header, name)?;
+            let dim = packed_dim(header, name, format)?;
+            packed(name, format, dim, [rows, columns], header, entry, body)
+        }
+    }
 }
 
-impl Found<'_> {
-    /// The file's metadata under `key`.
-    fn metadata(&self, key: &str) -> Option<&str> {
-        self.header
-            .metadata()
-            .as_ref()?
-            .get(key)
-            .map(String::as_str)
+/// Reads the U8 tensor `name` of a checked header from `body` as packed
+/// rows of `format` and `dim`.
+fn read_packed(
+    header: &Header,
+    name: &str,
+    format: RowWise,
+    dim: usize,
+    body: &mut Body<'_>,
+) -> Result<OwnedTable, FileError> {
+    let entry = find(header, name)?;
+    if entry.dtype != Dtype::U8 {
+        return Err(unsupported_dtype(name, entry.dtype, PACKED_DTYPE));
     }
+    let shape = two_d(entry)?;
+    packed(name, format, dim, shape, header, entry, body)
+}
 
-    /// The packed format the metadata gives the U8 tensor `name`.
-    fn packed_format(&self, name: &str) -> Result<RowWise, FileError> {
-        let value = self
-            .metadata(&format_key(name))
-            .ok_or_else(|| FileError::MissingFormat {
-                name: name.to_owned(),
-            })?;
-        Format::from_name(value)
-            .and_then(Format::row_wise)
-            .ok_or_else(|| FileError::UnknownFormat {
-                name: name.to_owned(),
-                format: value.to_owned(),
-            })
-    }
-
-    /// The width the metadata gives the U8 tensor `name`, of `format`.
-    fn packed_dim(&self, name: &str, format: RowWise) -> Result<usize, FileError> {
-        let value = self
-            .metadata(&dim_key(name))
-            .ok_or_else(|| FileError::MissingDim {
-                name: name.to_owned(),
-                format,
-            })?;
-        parse_dim(value).ok_or_else(|| FileError::BadDim {
+/// The packed format the metadata gives the U8 tensor `name`.
+fn packed_format(header: &Header, name: &str) -> Result<RowWise, FileError> {
+    let value = header
+        .metadata(&format_key(name))
+        .ok_or_else(|| FileError::MissingFormat {
             name: name.to_owned(),
-            dim: value.to_owned(),
+        })?;
+    Format::from_name(value)
+        .and_then(Format::row_wise)
+        .ok_or_else(|| FileError::UnknownFormat {
+            name: name.to_owned(),
+            format: value.to_owned(),
         })
-    }
+}
+
+/// The width the metadata gives the U8 tensor `name`, of `format`.
+fn packed_dim(header: &Header, name: &str, format: RowWise) -> Result<usize, FileError> {
+    let value = header
+        .metadata(&dim_key(name))
+        .ok_or_else(|| FileError::MissingDim {
+            name: name.to_owned(),
+            format,
+        })?;
+    parse_dim(value).ok_or_else(|| FileError::BadDim {
+        name: name.to_owned(),
+        dim: value.to_owned(),
+    })
 }
 
 /// A width as [`tables_to_bytes`] writes it: decimal digits, no sign, no
@@ -305,17 +286,6 @@ fn unsupported_dtype(name: &str, dtype: Dtype, expected: &'static str) -> FileEr
     }
 }
 
-/// The shape as `[rows, columns]`, unless it is not 2-D.
-fn two_d(name: &str, shape: &[usize]) -> Result<[usize; 2], FileError> {
-    match *shape {
-        [rows, columns] => Ok([rows, columns]),
-        _ => Err(FileError::WrongShape {
-            name: name.to_owned(),
-            shape: shape.to_vec(),
-        }),
-    }
-}
-
 /// Bytes of a row of `dim` values of `format`, unless that overflows.
 fn row_bytes(name: &str, format: Format, dim: usize) -> Result<usize, FileError> {
     format.row_bytes(dim).ok_or_else(|| FileError::RowTooLong {
@@ -332,7 +302,9 @@ fn packed(
     format: RowWise,
     dim: usize,
     [rows, columns]: [usize; 2],
-    data: &[u8],
+    header: &Header,
+    entry: &Entry,
+    body: &mut Body<'_>,
 ) -> Result<OwnedTable, FileError> {
     let expected_row_bytes = row_bytes(name, format.into(), dim)?;
     if expected_row_bytes != columns {
@@ -344,7 +316,8 @@ fn packed(
             got: columns,
         });
     }
-    owned(format.into(), dim, rows, expected_row_bytes, data)
+    let data = body.bytes(header, entry)?;
+    owned(format.into(), dim, rows, expected_row_bytes, &data)
 }
 
 /// The table of `rows` rows of `row_bytes` each in `data`, copied out.

@@ -7,4 +7,5 @@
 //! the crate would panic here rather than wrap.
 
 mod arguments;
+mod files;
 mod sizes;
