@@ -1121,7 +1121,7 @@ mod bags {
     }
 
     fn ranges(bags: &Bags) -> Vec<Range<usize>> {
-        (0..bags.len()).map(|k| bags.bag(k)).collect()
+        bags.iter().collect()
     }
 
     /// Decodes one call and checks it.
