@@ -1229,7 +1229,7 @@ mod bags {
                             })
                             .collect()
                     }),
-                    (_, k) => (k == 0).then(|| vec![0; out_len.unwrap_or(0)]),
+                    (_, k) => (k == 0).then(|| vec![0; length(b, out_len)]),
                 };
                 let model = &w.model;
                 let expected = if mode == Mode::Max {
