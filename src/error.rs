@@ -45,6 +45,12 @@ pub enum Operand {
     PerSampleWeights,
     /// The ids of the winning rows of a max bag call.
     MaxIndices,
+    /// The left factor `A` of a [`reference`](crate::reference) product.
+    MatrixA,
+    /// The right factor `B` of a [`reference`](crate::reference) product.
+    MatrixB,
+    /// The accumulator `C` of [`reference::matmul_tn_acc`](crate::reference::matmul_tn_acc).
+    MatrixC,
 }
 
 impl fmt::Display for Operand {
@@ -60,6 +66,9 @@ impl fmt::Display for Operand {
             Operand::Ids => "ids",
             Operand::PerSampleWeights => "per_sample_weights",
             Operand::MaxIndices => "max_indices",
+            Operand::MatrixA => "matrix A",
+            Operand::MatrixB => "matrix B",
+            Operand::MatrixC => "matrix C",
         })
     }
 }

@@ -116,11 +116,11 @@ pub fn one_hot<I: Index>(ids: &[I], num_embeddings: usize) -> Result<Vec<f32>, E
 /// the module notes).
 ///
 /// # Errors
-/// [`EmbeddingError::SizeOverflow`] (`count` = `m`) if `m × n` overflows,
-/// [`EmbeddingError::AllocationFailed`] if `C` cannot be allocated.
-///
-/// # Panics
-/// If `a.len() != m * k` or `b.len() != k * n`.
+/// [`EmbeddingError::SizeOverflow`] if a shape's product overflows, then
+/// [`EmbeddingError::LengthMismatch`] ([`Operand::MatrixA`],
+/// [`Operand::MatrixB`]) if a slice does not have the length its shape
+/// implies, then [`EmbeddingError::AllocationFailed`] if `C` cannot be
+/// allocated.
 pub fn matmul(
     a: &[f32],
     b: &[f32],
@@ -128,8 +128,8 @@ pub fn matmul(
     k: usize,
     n: usize,
 ) -> Result<Vec<f32>, EmbeddingError> {
-    assert_eq!(Some(a.len()), m.checked_mul(k), "A is not m × k");
-    assert_eq!(Some(b.len()), k.checked_mul(n), "B is not k × n");
+    check_len(Operand::MatrixA, rows_len(m, k)?, a.len())?;
+    check_len(Operand::MatrixB, rows_len(k, n)?, b.len())?;
     let mut c = with_capacity(rows_len(m, n)?, "matrix product")?;
     c.resize(m * n, -0.0);
     for i in 0..m {
@@ -150,12 +150,22 @@ pub fn matmul(
 /// (`k × n`), accumulating in the order `i = 0, 1, …, m - 1`. Zero entries
 /// of `A` are skipped.
 ///
-/// # Panics
-/// If a slice does not have the length its shape implies.
-pub fn matmul_tn_acc(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize) {
-    assert_eq!(Some(a.len()), m.checked_mul(k), "A is not m × k");
-    assert_eq!(Some(b.len()), m.checked_mul(n), "B is not m × n");
-    assert_eq!(Some(c.len()), k.checked_mul(n), "C is not k × n");
+/// # Errors
+/// [`EmbeddingError::SizeOverflow`] if a shape's product overflows, then
+/// [`EmbeddingError::LengthMismatch`] ([`Operand::MatrixA`],
+/// [`Operand::MatrixB`], [`Operand::MatrixC`]) if a slice does not have the
+/// length its shape implies; then `c` is untouched.
+pub fn matmul_tn_acc(
+    a: &[f32],
+    b: &[f32],
+    c: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Result<(), EmbeddingError> {
+    check_len(Operand::MatrixA, rows_len(m, k)?, a.len())?;
+    check_len(Operand::MatrixB, rows_len(m, n)?, b.len())?;
+    check_len(Operand::MatrixC, rows_len(k, n)?, c.len())?;
     for i in 0..m {
         for l in 0..k {
             let a_il = a[i * k + l];
@@ -167,6 +177,7 @@ pub fn matmul_tn_acc(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n:
             }
         }
     }
+    Ok(())
 }
 
 /// [`gather`](crate::gather) as `one_hot(ids) · table`.
@@ -232,8 +243,7 @@ pub fn scatter_add<I: Index>(
         grad_output.len(),
     )?;
     let hot = one_hot(ids, rows)?;
-    matmul_tn_acc(&hot, grad_output, grad_table, ids.len(), rows, dim);
-    Ok(())
+    matmul_tn_acc(&hot, grad_output, grad_table, ids.len(), rows, dim)
 }
 
 /// The `bags × ids` bag matrix of a sum or mean bag call: entry `(b, p)` is
@@ -417,15 +427,14 @@ pub fn bag_backward<I: Index>(
     }
     let m = bag_matrix(ids, bags, pooling)?;
     let mut per_id = zeroed::<f32>(rows_len(ids.len(), dim)?, "gradient")?;
-    matmul_tn_acc(&m, grad_bags, &mut per_id, bags.len(), ids.len(), dim);
+    matmul_tn_acc(&m, grad_bags, &mut per_id, bags.len(), ids.len(), dim)?;
     let hot = one_hot(ids, rows)?;
     if !pooling.scale_grad_by_freq {
-        matmul_tn_acc(&hot, &per_id, grad_table, ids.len(), rows, dim);
-        return Ok(());
+        return matmul_tn_acc(&hot, &per_id, grad_table, ids.len(), rows, dim);
     }
     // Each row's sum divided by its id's count among the kept positions.
     let mut sums = zeroed::<f32>(grad_table.len(), "gradient")?;
-    matmul_tn_acc(&hot, &per_id, &mut sums, ids.len(), rows, dim);
+    matmul_tn_acc(&hot, &per_id, &mut sums, ids.len(), rows, dim)?;
     let mut counts = zeroed::<usize>(rows, "counts")?;
     for b in 0..bags.len() {
         for p in bags.range(b) {

@@ -519,3 +519,48 @@ fn max_bag_backward_checks_in_one_order_in_every_entry_point() {
         assert_eq!(got, want, "sparse backward");
     }
 }
+
+#[test]
+fn the_reference_products_refuse_slices_their_shapes_do_not_fit() {
+    use embedding_kernels::reference::{matmul, matmul_tn_acc};
+    let mismatch = |operand, expected, got| EmbeddingError::LengthMismatch {
+        operand,
+        expected,
+        got,
+    };
+    let (a, b) = ([1.0f32; 6], [2.0f32; 6]);
+    // A 2 × 3 by 3 × 2 product, with each slice one value short in turn.
+    assert_eq!(matmul(&a, &b, 2, 3, 2).unwrap(), [6.0; 4]);
+    assert_eq!(
+        matmul(&a[..5], &b, 2, 3, 2).unwrap_err(),
+        mismatch(Operand::MatrixA, 6, 5)
+    );
+    assert_eq!(
+        matmul(&a, &b[..5], 2, 3, 2).unwrap_err(),
+        mismatch(Operand::MatrixB, 6, 5)
+    );
+    assert_eq!(
+        matmul(&a, &b, usize::MAX, 3, 2).unwrap_err(),
+        EmbeddingError::SizeOverflow {
+            count: usize::MAX,
+            dim: 3
+        }
+    );
+    // Cᵀ-accumulate: A 2 × 3, B 2 × 3, C 3 × 3; a refused call leaves C alone.
+    let mut c = [0.5f32; 9];
+    assert_eq!(
+        matmul_tn_acc(&a, &b, &mut c[..8], 2, 3, 3).unwrap_err(),
+        mismatch(Operand::MatrixC, 9, 8)
+    );
+    assert_eq!(
+        matmul_tn_acc(&a[..5], &b, &mut c, 2, 3, 3).unwrap_err(),
+        mismatch(Operand::MatrixA, 6, 5)
+    );
+    assert_eq!(
+        matmul_tn_acc(&a, &b[..5], &mut c, 2, 3, 3).unwrap_err(),
+        mismatch(Operand::MatrixB, 6, 5)
+    );
+    assert_eq!(c, [0.5; 9]);
+    matmul_tn_acc(&a, &b, &mut c, 2, 3, 3).unwrap();
+    assert_eq!(c, [4.5; 9]);
+}
