@@ -658,20 +658,7 @@ impl Setup {
     /// Whether the documented checks accept these options, and the padding
     /// row they name.
     fn valid(&self, rows: usize, bag: bool) -> Option<Option<usize>> {
-        let padding = match self.padding_idx {
-            None => None,
-            Some(p) => {
-                let row = if p < 0 {
-                    i128::from(p) + rows as i128
-                } else {
-                    i128::from(p)
-                };
-                if !(0..rows as i128).contains(&row) {
-                    return None;
-                }
-                Some(row as usize)
-            }
-        };
+        let padding = oracle::padding_row(self.padding_idx, rows)?;
         let max_norm_ok = self.max_norm.is_none_or(|m| m > 0.0);
         let pair_ok = !(bag && self.mode == Mode::Max && self.scale_grad_by_freq);
         (max_norm_ok && !self.norm_type.is_nan() && pair_ok).then_some(padding)

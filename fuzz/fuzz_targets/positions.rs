@@ -178,20 +178,7 @@ fn options(b: &mut Bytes<'_>, rows: usize) -> (EmbeddingOptions, bool) {
 /// A table's model, if the documented checks accept its options.
 fn model(weight: &[f32], dim: usize, o: &EmbeddingOptions, frozen: bool) -> Option<Model> {
     let rows = weight.len().checked_div(dim).unwrap_or(0);
-    let padding = match o.padding_idx {
-        None => None,
-        Some(p) => {
-            let row = if p < 0 {
-                i128::from(p) + rows as i128
-            } else {
-                i128::from(p)
-            };
-            if !(0..rows as i128).contains(&row) {
-                return None;
-            }
-            Some(row as usize)
-        }
-    };
+    let padding = oracle::padding_row(o.padding_idx, rows)?;
     if o.max_norm.is_some_and(|m| m.is_nan() || m <= 0.0) || o.norm_type.is_nan() {
         return None;
     }

@@ -65,6 +65,23 @@ pub struct Model {
     pub rowwise: Vec<f32>,
 }
 
+/// The row `padding_idx` names in a table of `rows` rows (negative counts
+/// from the end, as in PyTorch): `Some(None)` without one, `None` when it is
+/// out of range (the documented error).
+pub fn padding_row(padding_idx: Option<i64>, rows: usize) -> Option<Option<usize>> {
+    let Some(p) = padding_idx else {
+        return Some(None);
+    };
+    let row = if p < 0 {
+        i128::from(p) + rows as i128
+    } else {
+        i128::from(p)
+    };
+    (0..rows as i128)
+        .contains(&row)
+        .then_some(Some(row as usize))
+}
+
 /// The `p`-norm of a row as `Embedding`'s notes define it, summed in `f64`:
 /// 0 counts the non-zeros, ±inf take the largest or smallest magnitude.
 pub fn norm(row: &[f32], p: f32) -> f64 {
