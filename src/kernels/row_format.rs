@@ -221,7 +221,7 @@ impl Element for half::f16 {
 
     #[inline(always)]
     fn prefetch_block<const N: usize>(table: &[half::f16], at: usize) {
-        prefetch::span(table.as_ptr().cast(), at * 2, (at + N * LANES) * 2);
+        prefetch::bytes(table.as_ptr().cast(), at * 2, N * LANES * 2);
     }
 }
 
@@ -233,7 +233,7 @@ impl Element for half::bf16 {
 
     #[inline(always)]
     fn prefetch_block<const N: usize>(table: &[half::bf16], at: usize) {
-        prefetch::span(table.as_ptr().cast(), at * 2, (at + N * LANES) * 2);
+        prefetch::bytes(table.as_ptr().cast(), at * 2, N * LANES * 2);
     }
 }
 
@@ -312,6 +312,9 @@ impl<'a, const BITS: u32> Packed<'a, BITS> {
     const PER_BYTE: usize = 8 / BITS as usize;
     /// Code bytes per vector of eight values.
     const VECTOR_BYTES: usize = LANES / Self::PER_BYTE;
+    /// Bytes of the scale and bias after a row's codes: two `f32`s after
+    /// 8-bit codes, two `f16`s after 4- and 2-bit ones.
+    const AFFINE_BYTES: usize = if BITS == 8 { 8 } else { 4 };
 
     /// The table's bytes, laid out for `BITS` (the caller matched the
     /// table's format to `BITS`).
@@ -424,19 +427,17 @@ impl<const BITS: u32> RowFormat for Packed<'_, BITS> {
 
     #[inline(always)]
     fn prefetch_block<const N: usize>(&self, r: usize, cols: Cols<N>) {
-        // The block's codes, then the scale and bias at the row's end.
+        // The block's codes (a whole block's worth, even for a row's last
+        // few columns: a hint past them is only a wasted fetch), then the
+        // scale and bias at the row's end; both counted at compile time.
         let at = r * self.row_bytes;
-        let first = at + cols.start / Self::PER_BYTE;
-        let end = at + (cols.start + cols.width).div_ceil(Self::PER_BYTE);
         let base = self.bytes.as_ptr();
-        if end == at + self.code_bytes {
-            // The row's last block: its codes and the scale and bias are one
-            // run of bytes.
-            prefetch::span(base, first, at + self.row_bytes);
-        } else {
-            prefetch::span(base, first, end);
-            prefetch::span(base, at + self.code_bytes, at + self.row_bytes);
-        }
+        prefetch::bytes(
+            base,
+            at + cols.start / Self::PER_BYTE,
+            N * Self::VECTOR_BYTES,
+        );
+        prefetch::bytes(base, at + self.code_bytes, Self::AFFINE_BYTES);
     }
 
     #[inline(always)]

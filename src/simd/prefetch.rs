@@ -42,26 +42,34 @@ pub(crate) fn row(row: &[f32]) {
     let _ = row;
 }
 
-/// [`row`] for the block `table[at..at + N·8]`, its hints counted at
-/// compile time: one every 64 bytes from the block's start (`N/2` of them,
-/// at least one) and one at its last value, which for a block that starts
-/// on a line repeats the line before (a hint whose line is already asked
-/// for costs one instruction) and otherwise reaches the line the block
-/// straddles into. Neither the range nor the hints are checked: a hint is
-/// only an address, and a wrong one costs a wasted fetch, never a fault.
+/// [`row`] for the block `table[at..at + N·8]` of an `f32` table: [`bytes`]
+/// for its `N·32` bytes.
 #[inline(always)]
 pub(crate) fn block<const N: usize>(table: &[f32], at: usize) {
+    bytes(table.as_ptr().cast(), at * 4, N * LANES * 4);
+}
+
+/// Hints for the `len` bytes `base[from..from + len]`, where the caller
+/// passes a `len` fixed by its block size (a constant once inlined), so
+/// the loop below unrolls into bare hints: one every 64 bytes from the start
+/// (at least one) and one at the last byte, which for a run that starts on a
+/// line repeats the line before (a hint whose line is already asked for
+/// costs one instruction) and otherwise reaches the line the run straddles
+/// into. Neither the range nor the hints are checked: a hint is only an
+/// address (`wrapping_add`), and a wrong one costs a wasted fetch, never a
+/// fault.
+#[inline(always)]
+pub(crate) fn bytes(base: *const u8, from: usize, len: usize) {
     #[cfg(target_arch = "x86_64")]
     {
-        // `wrapping_add`: defined for any offset, and only an address.
-        let start = table.as_ptr().wrapping_add(at) as usize;
-        for k in 0..(N * LANES * 4).div_ceil(64) {
+        let start = base.wrapping_add(from) as usize;
+        for k in 0..len.div_ceil(64) {
             hint(start + 64 * k);
         }
-        hint(start + (N * LANES - 1) * 4);
+        hint(start + len.max(1) - 1);
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (table, at);
+    let _ = (base, from, len);
 }
 
 /// One `T0` prefetch of the line holding `addr`: the single hint of
