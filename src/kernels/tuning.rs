@@ -56,15 +56,11 @@ pub(crate) const STREAM_MIN_BYTES: usize = 8 << 20;
 /// the bag sum in 2.3 ms against 3.2 ms at 8 rows (two threads).
 const PREFETCH_BYTES: usize = 16 << 10;
 
-/// How many positions ahead a bag prefetches. A bag reads its rows a column
-/// block at a time (at most 16 vectors: 512 bytes of `f32`, fewer of the
-/// other formats), and what it asks for ahead is the same block of a later
-/// row, so the distance counts blocks, not rows: 16 blocks are at most 8 KiB
-/// in flight, under [`PREFETCH_BYTES`], on rows of any width. On recsys
-/// (one block a row), a test program's medians of paired rounds: 16 ahead
-/// took 0.92x the time of 32 back to back and 0.95x after a cache sweep; 8
-/// ahead 0.95x and 0.97x.
-pub(crate) const BAG_AHEAD: usize = 16;
+/// The most rows a bag prefetches ahead (the [`PREFETCH_BYTES`] rule would
+/// give recsys's 512-byte rows 32). On recsys, a test program's medians of
+/// paired rounds: 16 ahead took 0.92x the time of 32 back to back and 0.95x
+/// after a cache sweep; 8 ahead 0.95x and 0.97x.
+pub(crate) const BAG_MAX_AHEAD_ROWS: usize = 16;
 
 /// The prefetch distance, in rows, for rows of `row_floats` `f32`s: between
 /// 4 and 32 rows, about [`PREFETCH_BYTES`] ahead. Saturates, so even an

@@ -8,7 +8,7 @@
 //!     without; then 32, 16, 8, then the last < 8 columns):
 //!         acc = -0.0 in registers              (max: the first kept row)
 //!         for p in bag b, skipping padding_idx:
-//!             prefetch table[ids[p + 16], block]
+//!             prefetch table[ids[p + ahead], block]   (at most 16 ahead)
 //!             sum:  acc += table[ids[p], block] (· weight[p])
 //!             max:  where table[ids[p], block] > acc: acc = it, at = p
 //!         out[b, block] = acc (/ count, mean)  (written once)
@@ -35,10 +35,8 @@
 //!    columns. The last `dim % 8` columns go through the same body, copied
 //!    into a zero-padded vector.
 //! 3. **Prefetch per block.** Every pass prefetches its own block of the row
-//!    16 positions on, so the hints are spread evenly over the passes and the
-//!    count of hints per block is a constant. The distance counts blocks,
-//!    whatever the row's width: a pass spends as long on a block of a wide
-//!    row as on a whole narrow one.
+//!    `ahead` positions on (at most 16 rows), so the hints are spread evenly
+//!    over the passes; the count of hints per block is a constant.
 //! 4. **Exact order.** Each bag is summed in position order, one rounded
 //!    product and one rounded sum per term (no fused multiply-add), from
 //!    `-0.0` (so the first term comes through as it is). These are the
