@@ -434,7 +434,7 @@ class EmbeddingBag(nn.Module):
             s += f", norm_type={self.norm_type}"
         if self.scale_grad_by_freq:
             s += ", scale_grad_by_freq=True"
-        s += f", mode={self.mode}"
+        s += f", mode={self.mode!r}"
         if self.sparse:
             s += ", sparse=True"
         if self.include_last_offset:
