@@ -99,3 +99,22 @@ def test_from_pretrained_and_repr():
     bag = ekt.EmbeddingBag.from_pretrained(table, freeze=False, mode="max")
     assert repr(bag) == repr(nn.EmbeddingBag.from_pretrained(table, freeze=False, mode="max"))
     assert bag.weight.requires_grad
+
+
+@pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.Adagrad, torch.optim.SparseAdam])
+def test_sparse_gradient_accepted_by_optimisers(optimizer):
+    """The sparse gradient steps PyTorch's sparse-capable optimisers as PyTorch's own does."""
+    results = []
+    for module in (nn, ekt):
+        torch.manual_seed(3)
+        emb = module.Embedding(20, 4, sparse=True)
+        start = emb.weight.detach().clone()
+        opt = optimizer(emb.parameters(), lr=0.1)
+        for step in range(3):
+            ids = torch.tensor([[1, 5, 5], [7, 1, step]])
+            opt.zero_grad()
+            emb(ids).square().sum().backward()
+            opt.step()
+        assert not torch.equal(emb.weight[1], start[1]) and torch.equal(emb.weight[9], start[9])
+        results.append(emb.weight.detach())
+    assert torch.allclose(results[0], results[1], rtol=1e-6, atol=1e-6)
