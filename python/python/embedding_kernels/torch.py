@@ -1,0 +1,483 @@
+"""Drop-in ``torch.nn.Embedding`` and ``torch.nn.EmbeddingBag`` on the crate's kernels.
+
+``Embedding`` and ``EmbeddingBag`` take PyTorch's constructor arguments, hold
+their table in a ``weight`` ``nn.Parameter`` (so ``state_dict()`` and
+``load_state_dict()`` move tables between these modules and PyTorch's, both
+ways), and train through ``torch.autograd.Function``s whose forward and
+backward are the crate's kernels: a dense gradient, or with ``sparse=True`` a
+coalesced ``torch.sparse_coo_tensor`` that PyTorch's optimisers accept.
+
+Tensors reach the kernels as NumPy views (``tensor.numpy()``), without a copy
+when they are contiguous (``.contiguous()`` makes one otherwise, as PyTorch
+would). Only CPU float32 tables and gradients are supported, with int32 or
+int64 ids; any other device or dtype raises ``ValueError``. An id out of range
+(negative ones included) raises ``IndexError`` naming its flat position and
+value, before anything is written.
+
+``max_norm`` renormalises the looked-up rows in place, under ``no_grad``,
+with PyTorch's own ``torch.embedding_renorm_`` (the crate renormalises only
+tables it owns, not a borrowed one), after the crate has checked every id.
+"""
+
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+from torch.nn import init
+
+from . import _native
+
+__all__ = ["Embedding", "EmbeddingBag"]
+
+
+def _check_table(weight: Tensor, name: str = "weight") -> None:
+    """Raises ValueError unless ``weight`` is a CPU float32 tensor."""
+    if weight.device.type != "cpu":
+        raise ValueError(
+            f"embedding_kernels runs on the CPU only, but {name} is on {weight.device}"
+        )
+    if weight.dtype != torch.float32:
+        raise ValueError(f"embedding_kernels needs a float32 {name}, got {weight.dtype}")
+    if weight.layout != torch.strided:
+        raise ValueError(f"embedding_kernels needs a dense {name}, got {weight.layout}")
+
+
+def _check_ids(ids: Tensor, name: str) -> None:
+    """Raises ValueError unless ``ids`` is a CPU int32 or int64 tensor."""
+    if not isinstance(ids, Tensor):
+        raise ValueError(f"{name} must be a tensor of int32 or int64 ids, got {type(ids).__name__}")
+    if ids.device.type != "cpu":
+        raise ValueError(f"embedding_kernels runs on the CPU only, but {name} is on {ids.device}")
+    if ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name} must hold int32 or int64 ids, got {ids.dtype}")
+
+
+def _array(tensor: Tensor):
+    """A NumPy view of ``tensor`` (a contiguous copy first if it is not contiguous)."""
+    return tensor.detach().contiguous().numpy()
+
+
+def _check_factory(device, dtype) -> None:
+    """Refuses a ``device`` or ``dtype`` the kernels cannot serve."""
+    if device is not None and torch.device(device).type != "cpu":
+        raise ValueError(f"embedding_kernels runs on the CPU only, got device={device}")
+    if dtype is not None and dtype != torch.float32:
+        raise ValueError(f"embedding_kernels needs float32 tables, got dtype={dtype}")
+
+
+def _padding_row(padding_idx: Optional[int], num_embeddings: int) -> Optional[int]:
+    """``padding_idx`` as a row (a negative one counts from the end), as PyTorch does."""
+    if padding_idx is None:
+        return None
+    if not -num_embeddings <= padding_idx < num_embeddings:
+        raise ValueError(
+            f"padding_idx {padding_idx} must be within [-{num_embeddings}, {num_embeddings})"
+        )
+    return padding_idx + num_embeddings if padding_idx < 0 else padding_idx
+
+
+def _sparse(rows, values, num_embeddings: int, embedding_dim: int) -> Tensor:
+    """The crate's coalesced ``(rows, values)`` as a sparse COO gradient of the table's shape."""
+    return torch.sparse_coo_tensor(
+        torch.from_numpy(rows).unsqueeze(0),
+        torch.from_numpy(values),
+        (num_embeddings, embedding_dim),
+        is_coalesced=True,
+        # The crate's rows are distinct, ascending and in range: nothing to check.
+        check_invariants=False,
+    )
+
+
+class _EmbeddingFunction(torch.autograd.Function):
+    """The lookup and its backward (dense or sparse) on the crate's kernels."""
+
+    @staticmethod
+    def forward(ctx, weight, ids, padding_idx, scale_grad_by_freq, sparse):
+        out = _native.embedding(_array(weight), _array(ids), padding_idx)
+        ctx.save_for_backward(ids)
+        ctx.shape = tuple(weight.shape)
+        ctx.options = (padding_idx, scale_grad_by_freq, sparse)
+        return torch.from_numpy(out)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None, None
+        (ids,) = ctx.saved_tensors
+        padding_idx, scale_grad_by_freq, sparse = ctx.options
+        num_embeddings, embedding_dim = ctx.shape
+        _check_table(grad_out, "grad_output")
+        if sparse:
+            rows, values = _native.embedding_sparse_backward(
+                _array(grad_out), _array(ids), num_embeddings, padding_idx, scale_grad_by_freq
+            )
+            grad = _sparse(rows, values, num_embeddings, embedding_dim)
+        else:
+            grad = torch.from_numpy(
+                _native.embedding_dense_backward(
+                    _array(grad_out), _array(ids), num_embeddings, padding_idx, scale_grad_by_freq
+                )
+            )
+        return grad, None, None, None, None
+
+
+class Embedding(nn.Module):
+    """``torch.nn.Embedding`` on the crate's kernels: same arguments, same ``weight``.
+
+    Differences from PyTorch: CPU float32 only; ``embedding_dim`` must be
+    positive; a bad id raises ``IndexError`` (PyTorch: ``IndexError`` too, with
+    another message), a bad argument ``ValueError`` (PyTorch: ``AssertionError``
+    for ``padding_idx``); ``sparse=True`` gradients come coalesced.
+    """
+
+    __constants__ = [
+        "num_embeddings",
+        "embedding_dim",
+        "padding_idx",
+        "max_norm",
+        "norm_type",
+        "scale_grad_by_freq",
+        "sparse",
+    ]
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        padding_idx: Optional[int] = None,
+        max_norm: Optional[float] = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        sparse: bool = False,
+        _weight: Optional[Tensor] = None,
+        _freeze: bool = False,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        _check_factory(device, dtype)
+        if embedding_dim <= 0:
+            raise ValueError(f"embedding_dim must be positive, got {embedding_dim}")
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.padding_idx = _padding_row(padding_idx, num_embeddings)
+        self.max_norm = max_norm
+        self.norm_type = norm_type
+        self.scale_grad_by_freq = scale_grad_by_freq
+        self.sparse = sparse
+        if _weight is None:
+            self.weight = nn.Parameter(
+                torch.empty((num_embeddings, embedding_dim), dtype=torch.float32),
+                requires_grad=not _freeze,
+            )
+            self.reset_parameters()
+        else:
+            if list(_weight.shape) != [num_embeddings, embedding_dim]:
+                raise ValueError(
+                    f"_weight has shape {list(_weight.shape)}, expected "
+                    f"[{num_embeddings}, {embedding_dim}]"
+                )
+            _check_table(_weight, "_weight")
+            self.weight = nn.Parameter(_weight, requires_grad=not _freeze)
+
+    def reset_parameters(self) -> None:
+        """Draws the table from N(0, 1) and zeroes the padding row, as PyTorch does."""
+        init.normal_(self.weight)
+        self._fill_padding_idx_with_zero()
+
+    def _fill_padding_idx_with_zero(self) -> None:
+        if self.padding_idx is not None:
+            with torch.no_grad():
+                self.weight[self.padding_idx].fill_(0)
+
+    def forward(self, input: Tensor) -> Tensor:
+        _check_table(self.weight)
+        _check_ids(input, "input")
+        if self.max_norm is not None:
+            # Every id is checked before the table changes.
+            _native.embedding(_array(self.weight), _array(input))
+            with torch.no_grad():
+                torch.embedding_renorm_(self.weight, input, self.max_norm, self.norm_type)
+        return _EmbeddingFunction.apply(
+            self.weight, input, self.padding_idx, self.scale_grad_by_freq, self.sparse
+        )
+
+    def extra_repr(self) -> str:
+        s = f"{self.num_embeddings}, {self.embedding_dim}"
+        if self.padding_idx is not None:
+            s += f", padding_idx={self.padding_idx}"
+        if self.max_norm is not None:
+            s += f", max_norm={self.max_norm}"
+        if self.norm_type != 2:
+            s += f", norm_type={self.norm_type}"
+        if self.scale_grad_by_freq:
+            s += ", scale_grad_by_freq=True"
+        if self.sparse:
+            s += ", sparse=True"
+        return s
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        embeddings: Tensor,
+        freeze: bool = True,
+        padding_idx: Optional[int] = None,
+        max_norm: Optional[float] = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        sparse: bool = False,
+    ) -> "Embedding":
+        """A layer over ``embeddings`` (2-D), frozen unless ``freeze=False``, as PyTorch's."""
+        if embeddings.dim() != 2:
+            raise ValueError(f"embeddings must be 2-D, got {embeddings.dim()}-D")
+        rows, cols = embeddings.shape
+        return cls(
+            num_embeddings=rows,
+            embedding_dim=cols,
+            _weight=embeddings,
+            _freeze=freeze,
+            padding_idx=padding_idx,
+            max_norm=max_norm,
+            norm_type=norm_type,
+            scale_grad_by_freq=scale_grad_by_freq,
+            sparse=sparse,
+        )
+
+
+class _BagFunction(torch.autograd.Function):
+    """The bag forward and its backward on the crate's kernels.
+
+    The gradient of ``per_sample_weights`` (which the crate has no kernel
+    for) is computed here with torch: each position's gradient is the dot
+    product of its bag's output gradient with its row.
+    """
+
+    @staticmethod
+    def forward(ctx, weight, per_sample_weights, ids, offsets, options):
+        mode, include_last_offset, padding_idx, scale_grad_by_freq, sparse = options
+        weights = None if per_sample_weights is None else _array(per_sample_weights)
+        offsets_array = None if offsets is None else _array(offsets)
+        out, max_indices = _native.embedding_bag(
+            _array(weight),
+            _array(ids),
+            offsets_array,
+            mode,
+            weights,
+            include_last_offset,
+            padding_idx,
+        )
+        max_indices = None if max_indices is None else torch.from_numpy(max_indices)
+        ctx.save_for_backward(weight, per_sample_weights, ids, offsets, max_indices)
+        ctx.options = options
+        return torch.from_numpy(out)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        weight, per_sample_weights, ids, offsets, max_indices = ctx.saved_tensors
+        mode, include_last_offset, padding_idx, scale_grad_by_freq, sparse = ctx.options
+        num_embeddings, embedding_dim = weight.shape
+        _check_table(grad_out, "grad_output")
+        grad = _array(grad_out)
+        ids_array = _array(ids)
+        offsets_array = None if offsets is None else _array(offsets)
+        weights = None if per_sample_weights is None else _array(per_sample_weights)
+        grad_weight = grad_weights = None
+        if ctx.needs_input_grad[0]:
+            if sparse:
+                rows, values = _native.embedding_bag_sparse_backward(
+                    grad, ids_array, num_embeddings, offsets_array, mode, weights,
+                    include_last_offset, padding_idx, scale_grad_by_freq,
+                )
+                grad_weight = _sparse(rows, values, num_embeddings, embedding_dim)
+            else:
+                grad_weight = torch.from_numpy(
+                    _native.embedding_bag_backward(
+                        grad, ids_array, num_embeddings, offsets_array, mode, weights,
+                        include_last_offset, padding_idx, scale_grad_by_freq,
+                        None if max_indices is None else _array(max_indices),
+                    )
+                )
+        if ctx.needs_input_grad[1]:
+            grad_weights = _sample_weights_grad(
+                grad_out, weight, ids, offsets, include_last_offset, padding_idx
+            )
+        return grad_weight, grad_weights, None, None, None
+
+
+def _sample_weights_grad(grad_out, weight, ids, offsets, include_last_offset, padding_idx):
+    """d loss / d per_sample_weights[p] = <grad_out[bag(p)], weight[ids[p]]>; 0 off any bag or at padding."""
+    flat = ids.reshape(-1).long()
+    num_bags = grad_out.shape[0]
+    if ids.dim() == 2:
+        bag_of = torch.arange(ids.shape[0]).repeat_interleave(ids.shape[1])
+    else:
+        starts = offsets.long()
+        bag_of = torch.searchsorted(starts, torch.arange(flat.numel()), right=True) - 1
+    kept = bag_of < num_bags
+    if padding_idx is not None:
+        kept &= flat != padding_idx
+    if num_bags == 0:
+        return torch.zeros(ids.shape, dtype=grad_out.dtype)
+    rows = weight.detach()[flat]
+    grads = grad_out[bag_of.clamp(max=num_bags - 1)]
+    return ((grads * rows).sum(1) * kept).reshape(ids.shape)
+
+
+class EmbeddingBag(nn.Module):
+    """``torch.nn.EmbeddingBag`` on the crate's kernels: same arguments, same ``weight``.
+
+    ``forward(input, offsets=None, per_sample_weights=None)``: 1-D ids with
+    ``offsets``, or 2-D ids ``[B, N]`` (a bag per row). Differences from
+    PyTorch: CPU float32 only; ``sparse=True`` with ``mode="max"`` is refused
+    (PyTorch documents it as unsupported); sparse gradients come coalesced.
+    """
+
+    __constants__ = [
+        "num_embeddings",
+        "embedding_dim",
+        "max_norm",
+        "norm_type",
+        "scale_grad_by_freq",
+        "mode",
+        "sparse",
+        "include_last_offset",
+        "padding_idx",
+    ]
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        max_norm: Optional[float] = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        mode: str = "mean",
+        sparse: bool = False,
+        _weight: Optional[Tensor] = None,
+        include_last_offset: bool = False,
+        padding_idx: Optional[int] = None,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        _check_factory(device, dtype)
+        if embedding_dim <= 0:
+            raise ValueError(f"embedding_dim must be positive, got {embedding_dim}")
+        if mode not in ("sum", "mean", "max"):
+            raise ValueError(f'mode must be "sum", "mean" or "max", got {mode!r}')
+        if sparse and mode == "max":
+            raise ValueError('sparse gradients are not supported with mode="max" (as in PyTorch)')
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.max_norm = max_norm
+        self.norm_type = norm_type
+        self.scale_grad_by_freq = scale_grad_by_freq
+        self.mode = mode
+        self.sparse = sparse
+        self.include_last_offset = include_last_offset
+        self.padding_idx = _padding_row(padding_idx, num_embeddings)
+        if _weight is None:
+            self.weight = nn.Parameter(
+                torch.empty((num_embeddings, embedding_dim), dtype=torch.float32)
+            )
+            self.reset_parameters()
+        else:
+            if list(_weight.shape) != [num_embeddings, embedding_dim]:
+                raise ValueError(
+                    f"_weight has shape {list(_weight.shape)}, expected "
+                    f"[{num_embeddings}, {embedding_dim}]"
+                )
+            _check_table(_weight, "_weight")
+            self.weight = nn.Parameter(_weight)
+
+    def reset_parameters(self) -> None:
+        """Draws the table from N(0, 1) and zeroes the padding row, as PyTorch does."""
+        init.normal_(self.weight)
+        self._fill_padding_idx_with_zero()
+
+    def _fill_padding_idx_with_zero(self) -> None:
+        if self.padding_idx is not None:
+            with torch.no_grad():
+                self.weight[self.padding_idx].fill_(0)
+
+    def forward(
+        self,
+        input: Tensor,
+        offsets: Optional[Tensor] = None,
+        per_sample_weights: Optional[Tensor] = None,
+    ) -> Tensor:
+        _check_table(self.weight)
+        _check_ids(input, "input")
+        if offsets is not None:
+            _check_ids(offsets, "offsets")
+        if per_sample_weights is not None:
+            _check_table(per_sample_weights, "per_sample_weights")
+        options = (
+            self.mode,
+            self.include_last_offset,
+            self.padding_idx,
+            self.scale_grad_by_freq,
+            self.sparse,
+        )
+        if self.max_norm is not None:
+            # Every argument and id is checked before the table changes.
+            _BagFunction.forward(_NoContext(), self.weight, per_sample_weights, input, offsets, options)
+            with torch.no_grad():
+                torch.embedding_renorm_(self.weight, input, self.max_norm, self.norm_type)
+        return _BagFunction.apply(self.weight, per_sample_weights, input, offsets, options)
+
+    def extra_repr(self) -> str:
+        s = f"{self.num_embeddings}, {self.embedding_dim}"
+        if self.max_norm is not None:
+            s += f", max_norm={self.max_norm}"
+        if self.norm_type != 2:
+            s += f", norm_type={self.norm_type}"
+        if self.scale_grad_by_freq:
+            s += ", scale_grad_by_freq=True"
+        s += f", mode={self.mode!r}"
+        if self.sparse:
+            s += ", sparse=True"
+        if self.include_last_offset:
+            s += ", include_last_offset=True"
+        if self.padding_idx is not None:
+            s += f", padding_idx={self.padding_idx}"
+        return s
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        embeddings: Tensor,
+        freeze: bool = True,
+        max_norm: Optional[float] = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        mode: str = "mean",
+        sparse: bool = False,
+        include_last_offset: bool = False,
+        padding_idx: Optional[int] = None,
+    ) -> "EmbeddingBag":
+        """A layer over ``embeddings`` (2-D), frozen unless ``freeze=False``, as PyTorch's."""
+        if embeddings.dim() != 2:
+            raise ValueError(f"embeddings must be 2-D, got {embeddings.dim()}-D")
+        rows, cols = embeddings.shape
+        bag = cls(
+            num_embeddings=rows,
+            embedding_dim=cols,
+            _weight=embeddings,
+            max_norm=max_norm,
+            norm_type=norm_type,
+            scale_grad_by_freq=scale_grad_by_freq,
+            mode=mode,
+            sparse=sparse,
+            include_last_offset=include_last_offset,
+            padding_idx=padding_idx,
+        )
+        bag.weight.requires_grad = not freeze
+        return bag
+
+
+class _NoContext:
+    """A stand-in for autograd's context, for a forward run only to check its arguments."""
+
+    def save_for_backward(self, *tensors) -> None:
+        pass

@@ -1,0 +1,35 @@
+//! `embedding_kernels._native`: the crate's kernels as NumPy functions.
+//!
+//! Each function takes NumPy arrays, reads them in place (no copy: a
+//! non-contiguous array is refused), checks every argument and id before it
+//! writes anything, and runs the kernel with the GIL released. The output is
+//! the caller's `out` array or a fresh one. An id out of range raises
+//! `IndexError` naming its position and value; any other bad argument raises
+//! `ValueError` with the crate's message; on an error nothing is written.
+//!
+//! | function | kernel |
+//! | --- | --- |
+//! | `embedding` | `gather` |
+//! | `embedding_dense_backward`, `embedding_sparse_backward` | `dense_backward`, `sparse_backward` |
+//! | `embedding_bag` | `bag_forward` |
+//! | `embedding_bag_backward`, `embedding_bag_sparse_backward` | `bag_backward` or `bag_max_backward`, `bag_sparse_backward` |
+//!
+//! The PyTorch modules (`embedding_kernels.torch`) are Python, built on these.
+
+mod bag;
+mod convert;
+mod embedding;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+#[pyo3(name = "_native")]
+fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(embedding::embedding, m)?)?;
+    m.add_function(wrap_pyfunction!(embedding::embedding_dense_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(embedding::embedding_sparse_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(bag::embedding_bag, m)?)?;
+    m.add_function(wrap_pyfunction!(bag::embedding_bag_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(bag::embedding_bag_sparse_backward, m)?)?;
+    Ok(())
+}

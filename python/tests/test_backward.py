@@ -1,0 +1,159 @@
+"""Gradients against PyTorch's: dense, sparse, per_sample_weights."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import embedding_kernels as ek
+import embedding_kernels.torch as ekt
+from helpers import assert_bitwise, assert_within_sum_bound
+from test_forward import pair_bag, pair_embedding, random_bags
+
+
+def embedding_grads(theirs, ours, ids, grad_out):
+    """Both modules' weight gradients for the loss sum(out * grad_out)."""
+    (theirs(ids) * grad_out).sum().backward()
+    (ours(ids) * grad_out).sum().backward()
+    return ours.weight.grad, theirs.weight.grad
+
+
+def abs_embedding_grad(ids, grad_out, n, **options):
+    """The gradient's terms' magnitudes, summed in float64 (the rounding bound's scale)."""
+    w = torch.zeros(n, grad_out.shape[-1], dtype=torch.float64, requires_grad=True)
+    (F.embedding(ids, w, **options) * grad_out.double().abs()).sum().backward()
+    return w.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("padding_idx", [None, 2])
+@pytest.mark.parametrize("shape", [(0,), (40,), (6, 7), (2, 3, 4)])
+def test_embedding_dense_grad_bitwise(dtype, padding_idx, shape):
+    """Each row's gradients are summed in position order, as PyTorch's CPU kernel does."""
+    g = torch.Generator().manual_seed(len(shape) * 7 + (padding_idx or 0))
+    theirs, ours = pair_embedding(9, 13, 4, padding_idx=padding_idx)
+    ids = torch.randint(0, 9, shape, generator=g, dtype=dtype)
+    grad_out = torch.randn(shape + (13,), generator=g)
+    got, expected = embedding_grads(theirs, ours, ids, grad_out)
+    assert_bitwise(got, expected)
+    if padding_idx is not None:
+        assert torch.all(got[padding_idx] == 0)
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_embedding_scale_grad_by_freq_within_bound(case):
+    """scale_grad_by_freq: the crate divides each row's sum by its count, PyTorch adds each
+    term times 1/count. Equal within the summation bound."""
+    g = torch.Generator().manual_seed(case)
+    theirs, ours = pair_embedding(7, 10, case, scale_grad_by_freq=True, padding_idx=[None, 1][case % 2])
+    ids = torch.randint(0, 7, (50,), generator=g)
+    grad_out = torch.randn(50, 10, generator=g)
+    got, expected = embedding_grads(theirs, ours, ids, grad_out)
+    scale = abs_embedding_grad(ids, grad_out, 7, scale_grad_by_freq=True)
+    assert_within_sum_bound(got, expected, scale, 50)
+
+
+@pytest.mark.parametrize("scale_grad_by_freq", [False, True])
+@pytest.mark.parametrize("padding_idx", [None, 0])
+def test_embedding_sparse_grad(scale_grad_by_freq, padding_idx):
+    """sparse=True: a coalesced sparse gradient of the table's shape, rows ascending, whose
+    values are the dense gradient's rows bit for bit; PyTorch's (uncoalesced) sums to the
+    same within the bound. PyTorch 2.15 refuses scale_grad_by_freq with sparse gradients;
+    there its dense gradient is the reference."""
+    g = torch.Generator().manual_seed(11)
+    options = dict(scale_grad_by_freq=scale_grad_by_freq, padding_idx=padding_idx)
+    theirs, _ = pair_embedding(12, 5, 0, sparse=not scale_grad_by_freq, **options)
+    _, ours = pair_embedding(12, 5, 0, sparse=True, **options)
+    ids = torch.randint(0, 12, (4, 6), generator=g)
+    grad_out = torch.randn(4, 6, 5, generator=g)
+    got, expected = embedding_grads(theirs, ours, ids, grad_out)
+    assert_coalesced(got, (12, 5))
+    rows = got._indices()[0]
+    assert padding_idx is None or padding_idx not in rows.tolist()
+    dense = ek.embedding_dense_backward(
+        grad_out.numpy(), ids.numpy(), 12, padding_idx, scale_grad_by_freq
+    )
+    assert_bitwise(got.to_dense(), torch.from_numpy(dense))
+    scale = abs_embedding_grad(ids, grad_out, 12, scale_grad_by_freq=scale_grad_by_freq)
+    expected = expected.coalesce().to_dense() if expected.is_sparse else expected
+    assert_within_sum_bound(got.to_dense(), expected, scale, ids.numel())
+
+
+def assert_coalesced(grad, shape):
+    """A sparse COO gradient of ``shape`` whose rows are distinct and ascending. (Autograd
+    copies a gradient into ``.grad`` without its is_coalesced flag, so the rows are checked.)"""
+    assert grad.is_sparse and grad.shape == shape
+    rows = grad._indices()[0]
+    assert torch.all(rows[1:] > rows[:-1])
+
+
+def bag_grads(theirs, ours, ids, offsets, grad_out, weights=None):
+    wt = wo = None
+    if weights is not None:
+        wt, wo = weights.clone().requires_grad_(), weights.clone().requires_grad_()
+    (theirs(ids, offsets, wt) * grad_out).sum().backward()
+    (ours(ids, offsets, wo) * grad_out).sum().backward()
+    return ours.weight.grad, theirs.weight.grad, wo, wt
+
+
+BAG_CASES = [
+    (mode, include_last_offset, padding_idx, sparse, case)
+    for mode in ["sum", "mean", "max"]
+    for include_last_offset in [False, True]
+    for padding_idx in [None, 1]
+    for sparse in [False, True]
+    for case in range(3)
+    if not (sparse and mode == "max")
+]
+
+
+@pytest.mark.parametrize("mode,include_last_offset,padding_idx,sparse,case", BAG_CASES)
+def test_embedding_bag_grad(mode, include_last_offset, padding_idx, sparse, case):
+    """Max: bitwise (each column's gradient goes to its winner). Sum and mean: PyTorch sums
+    a row's terms in another order, so within the summation bound."""
+    g = torch.Generator().manual_seed(case * 31 + len(mode))
+    n, d = 15, 21
+    theirs, ours = pair_bag(
+        n, d, case, mode=mode, include_last_offset=include_last_offset,
+        padding_idx=padding_idx, sparse=sparse,
+    )
+    ids, offsets = random_bags(g, n, 45, 6, include_last_offset, torch.int64)
+    grad_out = torch.randn(theirs(ids, offsets).shape, generator=g)
+    got, expected, _, _ = bag_grads(theirs, ours, ids, offsets, grad_out)
+    if sparse:
+        assert_coalesced(got, (n, d))
+        got, expected = got.to_dense(), expected.coalesce().to_dense()
+    if mode == "max":
+        assert_bitwise(got, expected)
+        return
+    w = torch.zeros(n, d, dtype=torch.float64, requires_grad=True)
+    out = F.embedding_bag(ids, w, offsets, mode=mode, include_last_offset=include_last_offset, padding_idx=padding_idx)
+    (out * grad_out.double().abs()).sum().backward()
+    assert_within_sum_bound(got, expected, w.grad, ids.numel())
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_per_sample_weights_grad(case):
+    """Both gradients of a weighted sum: the table's within the summation bound, and the
+    weights' (a dot product of length embedding_dim per id, computed with torch) within
+    the bound of a dot product."""
+    g = torch.Generator().manual_seed(case)
+    n, d = 10, 16
+    theirs, ours = pair_bag(n, d, case, mode="sum", padding_idx=[None, 2][case % 2])
+    ids, offsets = random_bags(g, n, 30, 4, False, torch.int64)
+    weights = torch.randn(30, generator=g)
+    grad_out = torch.randn(4, d, generator=g)
+    got, expected, wo, wt = bag_grads(theirs, ours, ids, offsets, grad_out, weights)
+    w = torch.zeros(n, d, dtype=torch.float64, requires_grad=True)
+    out = F.embedding_bag(ids, w, offsets, mode="sum", per_sample_weights=weights.double().abs(), padding_idx=theirs.padding_idx)
+    (out * grad_out.double().abs()).sum().backward()
+    assert_within_sum_bound(got, expected, w.grad, 30)
+    table = theirs.weight.detach().double().abs()
+    bag_of = torch.searchsorted(offsets, torch.arange(30), right=True) - 1
+    dot_scale = (grad_out.double().abs()[bag_of] * table[ids]).sum(1)
+    assert_within_sum_bound(wo.grad, wt.grad, dot_scale, d)
+
+
+def test_frozen_table_gets_no_gradient():
+    ours = ekt.Embedding.from_pretrained(torch.randn(5, 3))
+    out = ours(torch.tensor([1, 2]))
+    assert not out.requires_grad and ours.weight.grad is None

@@ -1,0 +1,167 @@
+"""Forward passes against PyTorch's modules, bit for bit, on random cases."""
+
+import pytest
+import torch
+
+import embedding_kernels.torch as ekt
+from helpers import assert_bitwise, assert_within_sum_bound
+
+ID_TYPES = [torch.int32, torch.int64]
+
+
+def pair_embedding(n, d, seed, **options):
+    """PyTorch's Embedding and ours, with the same table (ours loaded from its state_dict)."""
+    torch.manual_seed(seed)
+    theirs = torch.nn.Embedding(n, d, **options)
+    ours = ekt.Embedding(n, d, **options)
+    ours.load_state_dict(theirs.state_dict())
+    return theirs, ours
+
+
+@pytest.mark.parametrize("dtype", ID_TYPES)
+@pytest.mark.parametrize("padding_idx", [None, 0, 5, -1])
+@pytest.mark.parametrize("shape", [(), (0,), (1,), (37,), (4, 9), (2, 3, 5), (3, 0)])
+def test_embedding_forward_bitwise(dtype, padding_idx, shape):
+    g = torch.Generator().manual_seed(hash((str(dtype), padding_idx, shape)) % 2**31)
+    n, d = 11, 19
+    theirs, ours = pair_embedding(n, d, 3, padding_idx=padding_idx)
+    ids = torch.randint(0, n, shape, generator=g, dtype=dtype)
+    expected = theirs(ids)
+    got = ours(ids)
+    assert_bitwise(got, expected)
+
+
+def test_embedding_same_init_as_pytorch():
+    torch.manual_seed(7)
+    theirs = torch.nn.Embedding(30, 8, padding_idx=4)
+    torch.manual_seed(7)
+    ours = ekt.Embedding(30, 8, padding_idx=4)
+    assert_bitwise(ours.weight, theirs.weight)
+    assert torch.all(ours.weight[4] == 0)
+
+
+@pytest.mark.parametrize("norm_type", [1.0, 2.0, 3.5])
+def test_embedding_max_norm_renormalises_as_pytorch(norm_type):
+    theirs, ours = pair_embedding(20, 6, 5, max_norm=1.5, norm_type=norm_type)
+    ids = torch.tensor([[1, 2, 2], [7, 19, 1]])
+    assert_bitwise(ours(ids), theirs(ids))
+    # The rows looked up were renormalised in place, the others were not.
+    assert_bitwise(ours.weight, theirs.weight)
+
+
+def test_embedding_non_contiguous_ids():
+    theirs, ours = pair_embedding(10, 4, 1)
+    ids = torch.randint(0, 10, (6, 5)).t()
+    assert not ids.is_contiguous()
+    assert_bitwise(ours(ids), theirs(ids))
+
+
+def random_bags(g, n, num_ids, num_bags, include_last_offset, dtype):
+    """Ids and valid offsets (starting at 0, never decreasing, some bags empty)."""
+    ids = torch.randint(0, n, (num_ids,), generator=g, dtype=dtype)
+    starts = torch.sort(torch.randint(0, num_ids + 1, (num_bags,), generator=g)).values
+    if num_bags:
+        starts[0] = 0
+    if include_last_offset:
+        starts = torch.cat([starts, torch.tensor([num_ids])])
+    return ids, starts.to(dtype)
+
+
+def pair_bag(n, d, seed, **options):
+    torch.manual_seed(seed)
+    theirs = torch.nn.EmbeddingBag(n, d, **options)
+    ours = ekt.EmbeddingBag(n, d, **options)
+    ours.load_state_dict(theirs.state_dict())
+    return theirs, ours
+
+
+BAG_CASES = [
+    (mode, include_last_offset, padding_idx, dtype, case)
+    for mode in ["sum", "mean", "max"]
+    for include_last_offset in [False, True]
+    for padding_idx in [None, 0, -1]
+    for dtype in ID_TYPES
+    for case in range(4)
+]
+
+
+@pytest.mark.parametrize("mode,include_last_offset,padding_idx,dtype,case", BAG_CASES)
+def test_embedding_bag_forward_bitwise(mode, include_last_offset, padding_idx, dtype, case):
+    g = torch.Generator().manual_seed(hash((mode, include_last_offset, padding_idx, str(dtype), case)) % 2**31)
+    n = int(torch.randint(1, 40, (1,), generator=g))
+    d = int(torch.randint(1, 70, (1,), generator=g))
+    num_ids = int(torch.randint(0, 80, (1,), generator=g))
+    num_bags = int(torch.randint(1, 10, (1,), generator=g))
+    theirs, ours = pair_bag(
+        n, d, case, mode=mode, include_last_offset=include_last_offset, padding_idx=padding_idx
+    )
+    ids, offsets = random_bags(g, n, num_ids, num_bags, include_last_offset, dtype)
+    assert_bitwise(ours(ids, offsets), theirs(ids, offsets))
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("dtype", ID_TYPES)
+@pytest.mark.parametrize("shape", [(5, 7), (1, 1), (0, 4)])
+def test_embedding_bag_2d_input_bitwise(mode, dtype, shape):
+    theirs, ours = pair_bag(25, 33, 2, mode=mode)
+    ids = torch.randint(0, 25, shape, dtype=dtype)
+    assert_bitwise(ours(ids), theirs(ids))
+
+
+def test_embedding_bag_all_bags_empty():
+    theirs, ours = pair_bag(6, 5, 0, mode="mean")
+    ids = torch.tensor([], dtype=torch.int64)
+    offsets = torch.tensor([0, 0, 0])
+    out = ours(ids, offsets)
+    assert_bitwise(out, theirs(ids, offsets))
+    assert torch.all(out == 0)
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_embedding_bag_per_sample_weights_within_bound(case):
+    """Sum with per_sample_weights: PyTorch (FBGEMM) fuses each product into the sum
+    (fma); the crate rounds the product, then the sum. Equal within the summation bound."""
+    g = torch.Generator().manual_seed(case)
+    n, d = 30, 24
+    num_ids = int(torch.randint(0, 60, (1,), generator=g))
+    include_last_offset = bool(case % 2)
+    padding_idx = [None, 3][case % 3 == 0]
+    theirs, ours = pair_bag(
+        n, d, case, mode="sum", include_last_offset=include_last_offset, padding_idx=padding_idx
+    )
+    ids, offsets = random_bags(g, n, num_ids, 5, include_last_offset, torch.int64)
+    weights = torch.randn(num_ids, generator=g)
+    got, expected = ours(ids, offsets, weights), theirs(ids, offsets, weights)
+    exact = torch.nn.EmbeddingBag.from_pretrained(
+        theirs.weight.detach().double().abs(), mode="sum",
+        include_last_offset=include_last_offset, padding_idx=padding_idx,
+    )
+    abs_sum = exact(ids, offsets, weights.double().abs())
+    assert_within_sum_bound(got, expected, abs_sum, num_ids)
+
+
+def test_embedding_bag_2d_input_of_empty_rows_is_zeros():
+    """[B, 0] ids: B empty bags, zeros. (PyTorch 2.15 raises "step must be nonzero".)"""
+    ours = ekt.EmbeddingBag(5, 3, mode="mean")
+    out = ours(torch.zeros((4, 0), dtype=torch.int64))
+    assert out.shape == (4, 3) and torch.all(out == 0)
+
+
+def test_embedding_bag_include_last_offset_single_offset():
+    """include_last_offset with offsets [0]: no bag at all. (PyTorch 2.15 crashes the
+    process with a segmentation fault here, so it is not called.)"""
+    ours = ekt.EmbeddingBag(5, 3, mode="sum", include_last_offset=True)
+    out = ours(torch.tensor([1, 2]), torch.tensor([0]))
+    assert out.shape == (0, 3)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_ids_past_the_last_offset_are_left_out(mode):
+    """include_last_offset: the last offset ends the last bag, and ids after it belong to no
+    bag, in every mode. PyTorch 2.15 leaves them out in sum mode but adds them to the last
+    bag in mean and max mode (its docs want the last offset to be the number of ids)."""
+    theirs, ours = pair_bag(8, 4, 1, mode=mode, include_last_offset=True)
+    ids, offsets = torch.tensor([1, 2, 3, 4]), torch.tensor([0, 1, 3])
+    got = ours(ids, offsets)
+    assert_bitwise(got, theirs(ids[:3], offsets))
+    assert torch.equal(got, theirs(ids, offsets)) == (mode == "sum")
