@@ -88,6 +88,39 @@ def _sparse(rows, values, num_embeddings: int, embedding_dim: int) -> Tensor:
     )
 
 
+def _parameter(
+    num_embeddings: int, embedding_dim: int, weight: Optional[Tensor], requires_grad: bool
+) -> nn.Parameter:
+    """A module's table: a fresh float32 one (for `reset_parameters`), or `weight` (the
+    `_weight` argument), checked against the module's shape."""
+    if weight is None:
+        fresh = torch.empty((num_embeddings, embedding_dim), dtype=torch.float32)
+        return nn.Parameter(fresh, requires_grad=requires_grad)
+    if list(weight.shape) != [num_embeddings, embedding_dim]:
+        raise ValueError(
+            f"_weight has shape {list(weight.shape)}, expected [{num_embeddings}, {embedding_dim}]"
+        )
+    _check_table(weight, "_weight")
+    return nn.Parameter(weight, requires_grad=requires_grad)
+
+
+class _Table(nn.Module):
+    """What both modules share: the `weight` table and its padding row."""
+
+    weight: nn.Parameter
+    padding_idx: Optional[int]
+
+    def reset_parameters(self) -> None:
+        """Draws the table from N(0, 1) and zeroes the padding row, as PyTorch does."""
+        init.normal_(self.weight)
+        self._fill_padding_idx_with_zero()
+
+    def _fill_padding_idx_with_zero(self) -> None:
+        if self.padding_idx is not None:
+            with torch.no_grad():
+                self.weight[self.padding_idx].fill_(0)
+
+
 class _EmbeddingFunction(torch.autograd.Function):
     """The lookup and its backward (dense or sparse) on the crate's kernels."""
 
@@ -121,7 +154,7 @@ class _EmbeddingFunction(torch.autograd.Function):
         return grad, None, None, None, None
 
 
-class Embedding(nn.Module):
+class Embedding(_Table):
     """``torch.nn.Embedding`` on the crate's kernels: same arguments, same ``weight``.
 
     Differences from PyTorch: CPU float32 only; ``embedding_dim`` must be
@@ -165,30 +198,9 @@ class Embedding(nn.Module):
         self.norm_type = norm_type
         self.scale_grad_by_freq = scale_grad_by_freq
         self.sparse = sparse
+        self.weight = _parameter(num_embeddings, embedding_dim, _weight, not _freeze)
         if _weight is None:
-            self.weight = nn.Parameter(
-                torch.empty((num_embeddings, embedding_dim), dtype=torch.float32),
-                requires_grad=not _freeze,
-            )
             self.reset_parameters()
-        else:
-            if list(_weight.shape) != [num_embeddings, embedding_dim]:
-                raise ValueError(
-                    f"_weight has shape {list(_weight.shape)}, expected "
-                    f"[{num_embeddings}, {embedding_dim}]"
-                )
-            _check_table(_weight, "_weight")
-            self.weight = nn.Parameter(_weight, requires_grad=not _freeze)
-
-    def reset_parameters(self) -> None:
-        """Draws the table from N(0, 1) and zeroes the padding row, as PyTorch does."""
-        init.normal_(self.weight)
-        self._fill_padding_idx_with_zero()
-
-    def _fill_padding_idx_with_zero(self) -> None:
-        if self.padding_idx is not None:
-            with torch.no_grad():
-                self.weight[self.padding_idx].fill_(0)
 
     def forward(self, input: Tensor) -> Tensor:
         _check_table(self.weight)
@@ -323,7 +335,7 @@ def _sample_weights_grad(grad_out, weight, ids, offsets, include_last_offset, pa
     return ((grads * rows).sum(1) * kept).reshape(ids.shape)
 
 
-class EmbeddingBag(nn.Module):
+class EmbeddingBag(_Table):
     """``torch.nn.EmbeddingBag`` on the crate's kernels: same arguments, same ``weight``.
 
     ``forward(input, offsets=None, per_sample_weights=None)``: 1-D ids with
@@ -376,29 +388,9 @@ class EmbeddingBag(nn.Module):
         self.sparse = sparse
         self.include_last_offset = include_last_offset
         self.padding_idx = _padding_row(padding_idx, num_embeddings)
+        self.weight = _parameter(num_embeddings, embedding_dim, _weight, True)
         if _weight is None:
-            self.weight = nn.Parameter(
-                torch.empty((num_embeddings, embedding_dim), dtype=torch.float32)
-            )
             self.reset_parameters()
-        else:
-            if list(_weight.shape) != [num_embeddings, embedding_dim]:
-                raise ValueError(
-                    f"_weight has shape {list(_weight.shape)}, expected "
-                    f"[{num_embeddings}, {embedding_dim}]"
-                )
-            _check_table(_weight, "_weight")
-            self.weight = nn.Parameter(_weight)
-
-    def reset_parameters(self) -> None:
-        """Draws the table from N(0, 1) and zeroes the padding row, as PyTorch does."""
-        init.normal_(self.weight)
-        self._fill_padding_idx_with_zero()
-
-    def _fill_padding_idx_with_zero(self) -> None:
-        if self.padding_idx is not None:
-            with torch.no_grad():
-                self.weight[self.padding_idx].fill_(0)
 
     def forward(
         self,
