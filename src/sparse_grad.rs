@@ -64,6 +64,13 @@ impl SparseGrad {
         &self.values
     }
 
+    /// The touched rows and their summed gradient rows
+    /// ([`indices`](Self::indices), [`values`](Self::values)), handed over
+    /// without a copy.
+    pub fn into_parts(self) -> (Vec<usize>, Vec<f32>) {
+        (self.indices, self.values)
+    }
+
     /// The gradient row of the `k`-th touched row (of row `indices()[k]`),
     /// or `None` if `k >= nnz_rows()`, as [`slice::get`] answers.
     pub fn row(&self, k: usize) -> Option<&[f32]> {

@@ -7,7 +7,7 @@ use common::{
     assert_close, assert_error, bad_id, bits, convert, draw_ids, invalid, mismatch, not_whole_rows,
     numeric_gradient, pools, row, run_table, values, weighted_sum, Pattern, Row, SplitMix,
 };
-use embedding_kernels::{dense_backward_with, sparse_backward_with};
+use embedding_kernels::{dense_backward_with, sparse_backward_with, sparse_step_with};
 use embedding_kernels::{
     reference, Adagrad, Embedding, EmbeddingError, EmbeddingOptions, Gradient, Operand,
     Parallelism, RowWiseAdagrad, Sgd, SparseGrad,
@@ -221,41 +221,53 @@ fn check_updates(c: &Case) -> Result<(), TestCaseError> {
             }
         }
         let want = bits(&want);
-        let run = |par: Parallelism, fused: bool| -> Vec<f32> {
+        // Three ways to the same step: the layer's fused step, the layer
+        // applying its own sparse gradient, and the free fused step on a
+        // plain table.
+        let run = |par: Parallelism, way: &str| -> Vec<f32> {
             let mut emb = layer(c, weight.clone()).with_parallelism(par);
+            let mut table = weight.clone();
             let mut sgd = Sgd::new(0.05);
             let mut adagrad = Adagrad::new(0.05);
             adagrad.lr_decay = 0.01;
             let mut rowwise = RowWiseAdagrad::new(0.05);
             for g in &batches {
                 let sparse = emb.backward_sparse(g, &ids).unwrap();
-                let result = match (rule, fused) {
-                    ("sgd", true) => emb.sparse_step(g, &ids, &mut sgd),
-                    ("sgd", false) => emb.apply_sparse(&sparse, &mut sgd),
-                    ("adagrad", true) => emb.sparse_step(g, &ids, &mut adagrad),
-                    ("adagrad", false) => emb.apply_sparse(&sparse, &mut adagrad),
-                    (_, true) => emb.sparse_step(g, &ids, &mut rowwise),
-                    (_, false) => emb.apply_sparse(&sparse, &mut rowwise),
+                let (t, d, pad, freq) = (&mut table[..], c.dim, c.padding, c.by_freq);
+                let result = match (rule, way) {
+                    ("sgd", "fused") => emb.sparse_step(g, &ids, &mut sgd),
+                    ("sgd", "apply") => emb.apply_sparse(&sparse, &mut sgd),
+                    ("sgd", _) => sparse_step_with(par, t, d, g, &ids, pad, freq, &mut sgd),
+                    ("adagrad", "fused") => emb.sparse_step(g, &ids, &mut adagrad),
+                    ("adagrad", "apply") => emb.apply_sparse(&sparse, &mut adagrad),
+                    ("adagrad", _) => sparse_step_with(par, t, d, g, &ids, pad, freq, &mut adagrad),
+                    (_, "fused") => emb.sparse_step(g, &ids, &mut rowwise),
+                    (_, "apply") => emb.apply_sparse(&sparse, &mut rowwise),
+                    (_, _) => sparse_step_with(par, t, d, g, &ids, pad, freq, &mut rowwise),
                 };
                 result.unwrap();
             }
-            emb.into_weight().unwrap()
+            if way == "free" {
+                table
+            } else {
+                emb.into_weight().unwrap()
+            }
         };
-        for fused in [true, false] {
+        for way in ["fused", "apply", "free"] {
             prop_assert_eq!(
-                bits(&run(Parallelism::Serial, fused)),
+                bits(&run(Parallelism::Serial, way)),
                 want.clone(),
                 "{} serial",
                 rule
             );
             for pool in pools() {
-                let got = pool.install(|| run(Parallelism::Rayon, fused));
+                let got = pool.install(|| run(Parallelism::Rayon, way));
                 prop_assert_eq!(
                     bits(&got),
                     want.clone(),
-                    "{} fused {} on {} threads",
+                    "{} {} on {} threads",
                     rule,
-                    fused,
+                    way,
                     pool.current_num_threads()
                 );
             }
@@ -1090,4 +1102,142 @@ fn layer_errors() -> Vec<Row<Call>> {
 #[test]
 fn every_layer_error_is_precise_and_changes_nothing() {
     run_table(&layer_errors(), Call::run);
+}
+
+/// The free fused step refuses each bad argument in its documented order,
+/// with the table, the optimiser's state and its step count as they were.
+#[test]
+fn free_sparse_step_refuses_and_changes_nothing() {
+    let (rows, dim) = (6, 4);
+    let table: Vec<f32> = (0..rows * dim).map(|x| x as f32 * 0.25).collect();
+    let grad = vec![1.0f32; 3 * dim];
+    // An Adagrad whose state was made by a first step on this table.
+    let fresh = || {
+        let mut adagrad = Adagrad::new(0.1);
+        let mut t = table.clone();
+        sparse_step_with(
+            Parallelism::Serial,
+            &mut t,
+            dim,
+            &grad[..dim],
+            &[0i64],
+            None,
+            false,
+            &mut adagrad,
+        )
+        .unwrap();
+        adagrad
+    };
+    let mut bad_lr = Adagrad::new(0.1);
+    bad_lr.lr = f32::NAN;
+    type Call = (
+        &'static str,
+        usize,
+        usize,
+        Vec<i64>,
+        Option<usize>,
+        Option<Adagrad>,
+        EmbeddingError,
+    );
+    let cases: Vec<Call> = vec![
+        (
+            "table of part rows",
+            rows * dim - 1,
+            3 * dim,
+            vec![0, 1, 2],
+            None,
+            None,
+            not_whole_rows(Operand::Table, rows * dim - 1, dim),
+        ),
+        (
+            "short gradient",
+            rows * dim,
+            3 * dim - 1,
+            vec![0, 1, 2],
+            None,
+            None,
+            mismatch(Operand::GradOutput, 3 * dim, 3 * dim - 1),
+        ),
+        (
+            "padding past the table",
+            rows * dim,
+            3 * dim,
+            vec![0, 1, 2],
+            Some(rows),
+            None,
+            EmbeddingError::PaddingIdxOutOfRange {
+                padding_idx: rows as i64,
+                num_embeddings: rows,
+            },
+        ),
+        (
+            "negative id",
+            rows * dim,
+            3 * dim,
+            vec![0, -1, 2],
+            None,
+            None,
+            bad_id(1, -1, rows),
+        ),
+        (
+            "id past the table",
+            rows * dim,
+            3 * dim,
+            vec![0, 1, 6],
+            None,
+            None,
+            bad_id(2, 6, rows),
+        ),
+        (
+            "NaN learning rate",
+            rows * dim,
+            3 * dim,
+            vec![0, 1, 2],
+            None,
+            Some(bad_lr),
+            invalid("lr", f32::NAN),
+        ),
+    ];
+    for (what, table_len, grad_len, ids, padding, optimizer, want) in cases {
+        let mut t = table[..table_len].to_vec();
+        let mut adagrad = optimizer.unwrap_or_else(fresh);
+        let (state, steps) = (bits(adagrad.state()), adagrad.steps());
+        let got = sparse_step_with(
+            Parallelism::Serial,
+            &mut t,
+            dim,
+            &grad[..grad_len],
+            &ids,
+            padding,
+            false,
+            &mut adagrad,
+        );
+        assert_error(what, got, &want);
+        assert_eq!(
+            bits(&t),
+            bits(&table[..table_len]),
+            "{what}: the table changed"
+        );
+        assert_eq!(bits(adagrad.state()), state, "{what}: the state changed");
+        assert_eq!(adagrad.steps(), steps, "{what}: a step was counted");
+    }
+    // A state made for another table's shape.
+    let mut adagrad = fresh();
+    let mut wider = vec![0.0f32; rows * 8];
+    let got = sparse_step_with(
+        Parallelism::Serial,
+        &mut wider,
+        8,
+        &[1.0; 8],
+        &[0i64],
+        None,
+        false,
+        &mut adagrad,
+    );
+    assert_error(
+        "state of another shape",
+        got,
+        &mismatch(Operand::OptimizerState, rows * 8, rows * dim),
+    );
+    assert!(wider.iter().all(|&x| x == 0.0), "the wider table changed");
 }

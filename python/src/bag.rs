@@ -251,5 +251,5 @@ pub(crate) fn embedding_bag_sparse_backward<'py>(
             ))
         })
         .map_err(error)?;
-    sparse_pair(py, &sparse)
+    sparse_pair(py, sparse)
 }

@@ -113,18 +113,19 @@ pub(crate) fn embedding_sparse_backward<'py>(
             ))
         })
         .map_err(error)?;
-    sparse_pair(py, &sparse)
+    sparse_pair(py, sparse)
 }
 
 /// A sparse gradient as Python gets it: int64 rows and float32 values.
 pub(crate) type SparsePair<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArrayDyn<f32>>);
 
-/// `grad` as `(rows, values)` arrays. Both are copied out of the
-/// [`SparseGrad`] (it lends its buffers but does not give them up), a cost
-/// proportional to the rows the batch touched.
-pub(crate) fn sparse_pair<'py>(py: Python<'py>, grad: &SparseGrad) -> PyResult<SparsePair<'py>> {
-    let rows: Vec<i64> = grad.indices().iter().map(|&r| r as i64).collect();
-    let values = PyArray1::from_slice(py, grad.values())
-        .reshape(vec![grad.nnz_rows(), grad.embedding_dim()])?;
+/// `grad` as `(rows, values)` arrays: the values handed to NumPy as they
+/// are, the rows widened to int64 (a copy proportional to the rows the
+/// batch touched).
+pub(crate) fn sparse_pair<'py>(py: Python<'py>, grad: SparseGrad) -> PyResult<SparsePair<'py>> {
+    let (nnz, dim) = (grad.nnz_rows(), grad.embedding_dim());
+    let (indices, values) = grad.into_parts();
+    let rows: Vec<i64> = indices.iter().map(|&r| r as i64).collect();
+    let values = PyArray1::from_vec(py, values).reshape(vec![nnz, dim])?;
     Ok((PyArray1::from_vec(py, rows), values))
 }

@@ -26,7 +26,10 @@ pub use bag::{
     table_bag_forward_with,
 };
 pub use gather::{gather, gather_scaled, gather_scaled_with, gather_with};
-pub use grouped::{dense_backward, dense_backward_with, sparse_backward, sparse_backward_with};
+pub use grouped::{
+    dense_backward, dense_backward_with, sparse_backward, sparse_backward_with, sparse_step,
+    sparse_step_with,
+};
 pub use lookup::{gather_half, gather_half_with, table_gather, table_gather_with, Half};
 pub(crate) use scatter::check as check_scatter;
 pub use scatter::{scatter_add, scatter_add_scaled, scatter_add_scaled_with, scatter_add_with};

@@ -3,10 +3,13 @@
 //! no gradient is ever materialised.
 
 use super::plan::{carve, plan, run, Space, Task, TaskBody};
-use super::{sum_positions, Groups, PerPosition, Source};
-use crate::error::EmbeddingError;
+use super::{check_padding, sum_positions, Groups, PerPosition, Source};
+use crate::error::{EmbeddingError, Operand};
+use crate::index::{Index, ValidIds};
 use crate::kernels::tuning::{prefetch_ahead, GROUP_TASK_BYTES, PARALLEL_MIN_BYTES};
+use crate::optim::SparseOptimizer;
 use crate::parallel::Parallelism;
+use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::{prefetch, Lanes};
 use crate::sparse_grad::SparseGrad;
 
@@ -25,6 +28,84 @@ mod sealed {
 }
 
 pub(crate) use sealed::RowRule;
+
+/// One sparse training step on a table the caller holds: the lookup's
+/// gradient rows summed per touched row (less `padding_idx`, divided by
+/// the id's count with `scale_grad_by_freq`) and handed at once to
+/// `optimizer`'s rule, so no gradient is stored and untouched rows are not
+/// read. [`sparse_step_with`] with [`Parallelism::Auto`].
+///
+/// # Errors
+/// As [`sparse_step_with`].
+pub fn sparse_step<I: Index, O: SparseOptimizer>(
+    table: &mut [f32],
+    dim: usize,
+    grad_output: &[f32],
+    ids: &[I],
+    padding_idx: Option<usize>,
+    scale_grad_by_freq: bool,
+    optimizer: &mut O,
+) -> Result<(), EmbeddingError> {
+    sparse_step_with(
+        Parallelism::Auto,
+        table,
+        dim,
+        grad_output,
+        ids,
+        padding_idx,
+        scale_grad_by_freq,
+        optimizer,
+    )
+}
+
+/// [`sparse_step`] with an explicit [`Parallelism`]: the step of
+/// [`Embedding::sparse_step`](crate::Embedding::sparse_step), with the same
+/// bits on every thread count, on a table of `table.len() / dim` rows that
+/// the caller owns (a NumPy array, a framework's tensor). An optimiser with
+/// state ([`Adagrad`](crate::Adagrad), [`RowWiseAdagrad`](crate::RowWiseAdagrad))
+/// makes it for this table's shape on its first step and refuses a table
+/// of another shape afterwards.
+///
+/// # Errors
+/// In this order: [`EmbeddingError::ZeroDimWithData`] or
+/// [`EmbeddingError::NotMultipleOfDim`] for the table,
+/// [`EmbeddingError::LengthMismatch`] for `grad_output` (`ids.len() × dim`),
+/// [`EmbeddingError::PaddingIdxOutOfRange`],
+/// [`EmbeddingError::IndexOutOfRange`] for the first bad id, the
+/// optimiser's own errors (a bad hyper-parameter, a state made for another
+/// shape), then [`EmbeddingError::AllocationFailed`] for the workspace or a
+/// first step's state. On any error the table and the optimiser (its
+/// state and step count) are as they were.
+#[allow(clippy::too_many_arguments)]
+pub fn sparse_step_with<I: Index, O: SparseOptimizer>(
+    par: Parallelism,
+    table: &mut [f32],
+    dim: usize,
+    grad_output: &[f32],
+    ids: &[I],
+    padding_idx: Option<usize>,
+    scale_grad_by_freq: bool,
+    optimizer: &mut O,
+) -> Result<(), EmbeddingError> {
+    let rows = table_rows(table.len(), dim, Operand::Table)?;
+    check_len(
+        Operand::GradOutput,
+        rows_len(ids.len(), dim)?,
+        grad_output.len(),
+    )?;
+    check_padding(padding_idx, rows)?;
+    let valid = ValidIds::new(ids, rows)?;
+    optimizer.check_step(rows, dim)?;
+    let groups = Groups::new(valid, padding_idx)?;
+    let (rule, state) = optimizer.begin_step(rows, dim)?;
+    let target = Target {
+        weight: table,
+        dim,
+        state,
+    };
+    fused_update(par, grad_output, &groups, scale_grad_by_freq, target, &rule);
+    Ok(())
+}
 
 /// The table side of a fused update, checked: the weight, its row width and
 /// the optimiser state. (The row that never changes is left out of the
