@@ -124,6 +124,8 @@
 
 mod bags;
 mod buffer;
+#[cfg(feature = "candle")]
+pub mod candle;
 pub mod embedding;
 pub mod embedding_bag;
 pub mod error;
