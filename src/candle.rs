@@ -550,6 +550,20 @@ impl candle_nn::Module for EmbeddingBag {
 ///
 /// # Errors
 /// As [`embedding`].
+///
+/// # Example
+/// ```
+/// use candle_core::{DType, Device, Tensor};
+/// use candle_nn::{Module, VarBuilder, VarMap};
+/// use embedding_kernels::Mode;
+///
+/// let varmap = VarMap::new();
+/// let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+/// let bags = embedding_kernels::candle::embedding_bag(100, 8, Mode::Mean, vb.pp("bag"))?;
+/// let ids = Tensor::new(&[[1u32, 2, 3], [4, 5, 6]], &Device::Cpu)?; // two bags of three
+/// assert_eq!(bags.forward(&ids)?.dims(), [2, 8]);
+/// # Ok::<(), candle_core::Error>(())
+/// ```
 pub fn embedding_bag(
     in_size: usize,
     out_size: usize,
