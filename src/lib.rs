@@ -37,6 +37,13 @@
 //! # Ok::<(), embedding_kernels::EmbeddingError>(())
 //! ```
 //!
+//! # Features
+//!
+//! * `candle` (off by default): the `candle` module's `Embedding` and
+//!   `EmbeddingBag`, candle modules whose forward and backward run this
+//!   crate's kernels; `embedding_kernels::candle::embedding(..)` replaces
+//!   `candle_nn::embedding(..)` line for line.
+//!
 //! # The kernels
 //!
 //! The layers are built only from these free functions over slices, each in
@@ -124,6 +131,8 @@
 
 mod bags;
 mod buffer;
+#[cfg(feature = "candle")]
+pub mod candle;
 pub mod embedding;
 pub mod embedding_bag;
 pub mod error;
