@@ -2,7 +2,7 @@
 //! the grouped backward, max through the forward's winners).
 
 use super::embedding::embedding;
-use super::{check_cpu, check_ids, check_table, contiguous, kernel_error, Ids};
+use super::{check_cpu, check_ids, check_table, contiguous, kernel_error, matrix_width, Ids};
 use crate::bags::Bags;
 use crate::parallel::Parallelism;
 use crate::pooling::{Mode, Pooling};
@@ -242,12 +242,7 @@ impl CustomOp2 for BagForward {
         ids_layout: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let op = self.name();
-        let &[_, dim] = weight_layout.dims() else {
-            return Err(Error::Msg(format!(
-                "{op}: the table has shape {:?}, not a matrix",
-                weight_layout.shape()
-            )));
-        };
+        let dim = matrix_width(weight_layout, op)?;
         let CpuStorage::F32(w) = weight else {
             return Err(Error::UnsupportedDTypeForOp(weight.dtype(), op));
         };

@@ -1,6 +1,6 @@
 //! [`Embedding`]: the lookup op and its dense backward op.
 
-use super::{check_ids, check_table, contiguous, kernel_error, Ids};
+use super::{check_ids, check_table, contiguous, kernel_error, matrix_width, Ids};
 use crate::parallel::Parallelism;
 use crate::{dense_backward_with, gather_half_with, gather_with};
 use candle_core::backend::BackendStorage;
@@ -147,12 +147,7 @@ impl CustomOp2 for Lookup {
         ids_layout: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let op = self.name();
-        let &[_, dim] = weight_layout.dims() else {
-            return Err(Error::Msg(format!(
-                "{op}: the table has shape {:?}, not a matrix",
-                weight_layout.shape()
-            )));
-        };
+        let dim = matrix_width(weight_layout, op)?;
         let ids = Ids::new(ids, ids_layout, op)?;
         let mut dims = ids_layout.dims().to_vec();
         dims.push(dim);

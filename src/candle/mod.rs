@@ -86,10 +86,27 @@ fn check_cpu(t: &Tensor, what: &str) -> Result<()> {
     }
 }
 
+/// The row width of a table `layout` that must be a matrix, or `op`'s
+/// error naming its shape.
+fn matrix_width(layout: &Layout, op: &'static str) -> Result<usize> {
+    match layout.dims() {
+        &[_, dim] => Ok(dim),
+        _ => Err(Error::Msg(format!(
+            "{op}: the table has shape {:?}, not a matrix",
+            layout.shape()
+        ))),
+    }
+}
+
 /// The slice of `storage` that a contiguous `layout` spans.
 fn contiguous<'a, T>(values: &'a [T], layout: &Layout, op: &'static str) -> Result<&'a [T]> {
     match layout.contiguous_offsets() {
-        Some((start, end)) => Ok(&values[start..end]),
+        Some((start, end)) => values.get(start..end).ok_or_else(|| {
+            Error::Msg(format!(
+                "{op}: the layout spans {start}..{end} of a storage of {}",
+                values.len()
+            ))
+        }),
         None => Err(Error::RequiresContiguous { op }.bt()),
     }
 }
