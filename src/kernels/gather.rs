@@ -34,7 +34,8 @@ use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
-use crate::simd::{prefetch, row, Body, Isa, Lanes};
+use crate::simd::prefetch::{self, L2};
+use crate::simd::{row, Body, Isa, Lanes};
 use rayon::prelude::*;
 
 /// `out[i, :] = table[ids[i], :]` for every `i`.
@@ -256,12 +257,12 @@ impl<I: Index, Op: RowOp> Body for GatherBlock<'_, '_, I, Op> {
         // Warm the first rows too: a parallel block starts cold.
         for i in 0..ahead.min(n) {
             let start = ids.row(i) * dim;
-            prefetch::row(&table[start..start + dim]);
+            prefetch::row::<L2>(&table[start..start + dim]);
         }
         for (i, dst) in out.chunks_exact_mut(dim).enumerate() {
             if i + ahead < n {
                 let next = ids.row(i + ahead) * dim;
-                prefetch::row(&table[next..next + dim]);
+                prefetch::row::<L2>(&table[next..next + dim]);
             }
             let start = ids.row(i) * dim;
             op.write::<V>(dst, &table[start..start + dim]);

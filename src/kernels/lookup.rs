@@ -27,7 +27,8 @@ use crate::formats::{Data, TableRef};
 use crate::index::{Index, ValidIds};
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
-use crate::simd::{prefetch, Body, Isa, Lanes, LANES};
+use crate::simd::prefetch::{self, L2};
+use crate::simd::{Body, Isa, Lanes, LANES};
 use rayon::prelude::*;
 
 /// `out[i, :]` = row `ids[i]` of `table` as `f32`s, for every `i`:
@@ -240,7 +241,7 @@ pub fn gather_half_with<H: Half, I: Index>(
         for (i, dst) in out.chunks_exact_mut(dim).enumerate() {
             if i + ahead < ids.len() {
                 let at = ids.row(i + ahead) * row_bytes;
-                prefetch::span(base, at, at + row_bytes);
+                prefetch::span::<L2>(base, at, at + row_bytes);
             }
             let r = ids.row(i);
             dst.copy_from_slice(&table[r * dim..(r + 1) * dim]);

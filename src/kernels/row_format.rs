@@ -27,7 +27,8 @@
 //! columns zero-padded into one vector).
 
 use crate::formats::{Data, PackedTable, RowWise, TableRef};
-use crate::simd::{prefetch, Lanes, LANES};
+use crate::simd::prefetch::{self, L2};
+use crate::simd::{Lanes, LANES};
 
 /// A table whose rows read as `f32` lanes, a column block at a time: an
 /// `f32` table, a half table, or a packed one.
@@ -209,7 +210,7 @@ impl Element for f32 {
 
     #[inline(always)]
     fn prefetch_block<const N: usize>(table: &[f32], at: usize) {
-        prefetch::block::<N>(table, at);
+        prefetch::block::<L2, N>(table, at);
     }
 }
 
@@ -221,7 +222,7 @@ impl Element for half::f16 {
 
     #[inline(always)]
     fn prefetch_block<const N: usize>(table: &[half::f16], at: usize) {
-        prefetch::bytes(table.as_ptr().cast(), at * 2, N * LANES * 2);
+        prefetch::bytes::<L2>(table.as_ptr().cast(), at * 2, N * LANES * 2);
     }
 }
 
@@ -233,7 +234,7 @@ impl Element for half::bf16 {
 
     #[inline(always)]
     fn prefetch_block<const N: usize>(table: &[half::bf16], at: usize) {
-        prefetch::bytes(table.as_ptr().cast(), at * 2, N * LANES * 2);
+        prefetch::bytes::<L2>(table.as_ptr().cast(), at * 2, N * LANES * 2);
     }
 }
 
@@ -291,7 +292,7 @@ impl<E: Element> RowFormat for PlainRows<'_, E> {
     fn prefetch_row(&self, r: usize) {
         let size = core::mem::size_of::<E>();
         let at = r * self.dim * size;
-        prefetch::span(self.table.as_ptr().cast(), at, at + self.dim * size);
+        prefetch::span::<L2>(self.table.as_ptr().cast(), at, at + self.dim * size);
     }
 }
 
@@ -432,18 +433,18 @@ impl<const BITS: u32> RowFormat for Packed<'_, BITS> {
         // scale and bias at the row's end; both counted at compile time.
         let at = r * self.row_bytes;
         let base = self.bytes.as_ptr();
-        prefetch::bytes(
+        prefetch::bytes::<L2>(
             base,
             at + cols.start / Self::PER_BYTE,
             N * Self::VECTOR_BYTES,
         );
-        prefetch::bytes(base, at + self.code_bytes, Self::AFFINE_BYTES);
+        prefetch::bytes::<L2>(base, at + self.code_bytes, Self::AFFINE_BYTES);
     }
 
     #[inline(always)]
     fn prefetch_row(&self, r: usize) {
         let at = r * self.row_bytes;
-        prefetch::span(self.bytes.as_ptr(), at, at + self.row_bytes);
+        prefetch::span::<L2>(self.bytes.as_ptr(), at, at + self.row_bytes);
     }
 }
 

@@ -60,7 +60,8 @@ use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
-use crate::simd::{prefetch, row, Body, Isa, Lanes};
+use crate::simd::prefetch::{self, L1};
+use crate::simd::{row, Body, Isa, Lanes};
 use core::marker::PhantomData;
 use core::ops::Range;
 use rayon::prelude::*;
@@ -391,7 +392,7 @@ impl<I: Index, R: ColumnRows, A: AddRow, P: PositionTableSink> Body
         let ahead = prefetch_ahead(cols.len());
         for p in 0..n {
             if p + ahead < n {
-                prefetch::row(table.columns(ids.row(p + ahead), cols.clone()));
+                prefetch::row::<L1>(table.columns(ids.row(p + ahead), cols.clone()));
             }
             let src = &grad_output[p * dim + cols.start..p * dim + cols.end];
             add.add::<V>(table.columns(ids.row(p), cols.clone()), src);

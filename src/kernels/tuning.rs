@@ -56,11 +56,14 @@ pub(crate) const STREAM_MIN_BYTES: usize = 8 << 20;
 /// the bag sum in 2.3 ms against 3.2 ms at 8 rows (two threads).
 const PREFETCH_BYTES: usize = 16 << 10;
 
-/// The most rows a bag prefetches ahead (the [`PREFETCH_BYTES`] rule would
-/// give recsys's 512-byte rows 32). On recsys, a test program's medians of
-/// paired rounds: 16 ahead took 0.92x the time of 32 back to back and 0.95x
-/// after a cache sweep; 8 ahead 0.95x and 0.97x.
-pub(crate) const BAG_MAX_AHEAD_ROWS: usize = 16;
+/// How many positions ahead a bag prefetches its rows (a count of rows, for
+/// rows of any width), into L2. Measured on gpt2 (768 columns) with a test
+/// program (medians of paired warm and cold rounds, two threads): 16 ahead
+/// took 0.76-0.85x the time of the rule by bytes above (5 rows of `f32`, 10
+/// of `f16`), and 24 or 32 ahead were no faster than 16. Into L1 instead, 16
+/// ahead was 1.3-1.5x slower than the rule by bytes (docs/benchmarks.md,
+/// "Prefetch").
+pub(crate) const BAG_AHEAD_ROWS: usize = 16;
 
 /// The prefetch distance, in rows, for rows of `row_floats` `f32`s: between
 /// 4 and 32 rows, about [`PREFETCH_BYTES`] ahead. Saturates, so even an

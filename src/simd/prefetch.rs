@@ -2,6 +2,14 @@
 //! ask for a row some positions ahead while they work on the current one, as
 //! the hardware prefetcher cannot guess the next row. A hint reads nothing and
 //! cannot fault, and it compiles to nothing off x86-64.
+//!
+//! Every function takes the cache a hint fills as a type, [`L1`] or [`L2`]:
+//! a row read many positions ahead goes to L2 (`prefetcht1`), a line written
+//! next (a gradient row) to L1 (`prefetcht0`). On the development machine
+//! (Zen 3), sending the rows of a lookup or a bag 16 positions ahead to L1
+//! was slower than sending the same rows to L2, by 10-35 % warm and cold
+//! (docs/benchmarks.md, "Prefetch"): hints into L1 take the line-fill buffers
+//! that the loads of the current row need, and evict lines still in use.
 
 use super::LANES;
 
@@ -15,13 +23,13 @@ use super::LANES;
 /// each; the hints here step from the first line to the line of the last
 /// value; a missed last line is a cache miss per row.
 #[inline(always)]
-pub(crate) fn row(row: &[f32]) {
+pub(crate) fn row<L: Level>(row: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         let Some(last) = row.last() else { return };
         let first = row.as_ptr() as usize & !63;
         let lines = (last as *const f32 as usize - first) / 64 + 1;
-        let hint = |k: usize| hint(first + 64 * k);
+        let hint = |k: usize| L::hint(first + 64 * k);
         // Four hints per step, not one per loop trip: the loop's own
         // branches and counter cost more than the hints (measured in
         // docs/benchmarks.md).
@@ -45,8 +53,8 @@ pub(crate) fn row(row: &[f32]) {
 /// [`row`] for the block `table[at..at + N·8]` of an `f32` table: [`bytes`]
 /// for its `N·32` bytes.
 #[inline(always)]
-pub(crate) fn block<const N: usize>(table: &[f32], at: usize) {
-    bytes(table.as_ptr().cast(), at * 4, N * LANES * 4);
+pub(crate) fn block<L: Level, const N: usize>(table: &[f32], at: usize) {
+    bytes::<L>(table.as_ptr().cast(), at * 4, N * LANES * 4);
 }
 
 /// Hints for the `len` bytes `base[from..from + len]`, where the caller
@@ -59,31 +67,64 @@ pub(crate) fn block<const N: usize>(table: &[f32], at: usize) {
 /// address (`wrapping_add`), and a wrong one costs a wasted fetch, never a
 /// fault.
 #[inline(always)]
-pub(crate) fn bytes(base: *const u8, from: usize, len: usize) {
+pub(crate) fn bytes<L: Level>(base: *const u8, from: usize, len: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         let start = base.wrapping_add(from) as usize;
         for k in 0..len.div_ceil(64) {
-            hint(start + 64 * k);
+            L::hint(start + 64 * k);
         }
-        hint(start + len.max(1) - 1);
+        L::hint(start + len.max(1) - 1);
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (base, from, len);
 }
 
-/// One `T0` prefetch of the line holding `addr`: the single hint of
-/// [`row`], [`block`] and [`span`].
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-#[allow(unsafe_code)]
-fn hint(addr: usize) {
-    use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-    // SAFETY: `_mm_prefetch` needs SSE, which every x86-64 CPU has (it is
-    // in the target's baseline features). A prefetch never dereferences its
-    // address: any address, in a live slice or not, cannot fault and changes
-    // no memory.
-    unsafe { _mm_prefetch::<_MM_HINT_T0>(addr as *const i8) };
+/// The cache a hint fills: [`L1`] or [`L2`].
+pub(crate) trait Level {
+    /// One prefetch of the line holding `addr` into this level (and the
+    /// levels below it); nothing off x86-64.
+    fn hint(addr: usize);
+}
+
+/// `prefetcht0`: into L1, for a line the loop touches within a few rows.
+pub(crate) struct L1;
+
+/// `prefetcht1`: into L2, not L1, for a row read many positions on.
+pub(crate) struct L2;
+
+impl Level for L1 {
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    fn hint(addr: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            // SAFETY: `_mm_prefetch` needs SSE, which every x86-64 CPU has
+            // (it is in the target's baseline features). A prefetch never
+            // dereferences its address: any address, in a live slice or
+            // not, cannot fault and changes no memory.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(addr as *const i8) };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = addr;
+    }
+}
+
+impl Level for L2 {
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    fn hint(addr: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+            // SAFETY: as for `L1::hint`: SSE is baseline on x86-64, and a
+            // prefetch never dereferences its address.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(addr as *const i8) };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = addr;
+    }
 }
 
 /// Hints for the bytes `base[from..to]`: one at every 64 bytes from
@@ -91,17 +132,17 @@ fn hint(addr: usize) {
 /// checked: the hints are only addresses (`wrapping_add`), and a wrong one
 /// costs a wasted fetch, never a fault.
 #[inline(always)]
-pub(crate) fn span(base: *const u8, from: usize, to: usize) {
+pub(crate) fn span<L: Level>(base: *const u8, from: usize, to: usize) {
     #[cfg(target_arch = "x86_64")]
     if from < to {
         let start = base.wrapping_add(from) as usize;
         let last = base.wrapping_add(to - 1) as usize;
         let mut at = start;
         while at < last {
-            hint(at);
+            L::hint(at);
             at += 64;
         }
-        hint(last);
+        L::hint(last);
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (base, from, to);

@@ -6,7 +6,7 @@ use super::{max, sum};
 use crate::bags::Bags;
 use crate::index::{Index, ValidIds};
 use crate::kernels::row_format::{Cols, F32Rows, OnRows, RowFormat};
-use crate::kernels::tuning::{prefetch_ahead, BAG_MAX_AHEAD_ROWS, PARALLEL_MIN_BYTES, TASK_BYTES};
+use crate::kernels::tuning::{BAG_AHEAD_ROWS, PARALLEL_MIN_BYTES, TASK_BYTES};
 use crate::parallel::Parallelism;
 use crate::pooling::{Mode, Pooling};
 use crate::simd::{Body, Isa, Lanes};
@@ -84,9 +84,7 @@ pub(super) fn forward_on<I: Index, T: RowFormat>(
         dim,
         ids,
         padding_idx: pooling.padding_idx,
-        // About `PREFETCH_BYTES` of the stored rows ahead: a packed or half
-        // row is smaller than an f32 one, so more of them.
-        ahead: prefetch_ahead(table.row_bytes().div_ceil(4)).min(BAG_MAX_AHEAD_ROWS),
+        ahead: BAG_AHEAD_ROWS,
     };
     let task = |first_bag: usize, out: &mut [f32], max_indices: &mut [i64]| {
         isa.run(BagTask {

@@ -8,7 +8,7 @@
 //!     without; then 32, 16, 8, then the last < 8 columns):
 //!         acc = -0.0 in registers              (max: the first kept row)
 //!         for p in bag b, skipping padding_idx:
-//!             prefetch table[ids[p + ahead], block]   (at most 16 ahead)
+//!             prefetch table[ids[p + 16], block] into L2
 //!             sum:  acc += table[ids[p], block] (· weight[p])
 //!             max:  where table[ids[p], block] > acc: acc = it, at = p
 //!         out[b, block] = acc (/ count, mean)  (written once)
@@ -35,7 +35,7 @@
 //!    columns. The last `dim % 8` columns go through the same body, copied
 //!    into a zero-padded vector.
 //! 3. **Prefetch per block.** Every pass prefetches its own block of the row
-//!    `ahead` positions on (at most 16 rows), so the hints are spread evenly
+//!    16 positions on, into L2 (not L1), so the hints are spread evenly
 //!    over the passes; the count of hints per block is a constant.
 //! 4. **Exact order.** Each bag is summed in position order, one rounded
 //!    product and one rounded sum per term (no fused multiply-add), from

@@ -10,7 +10,8 @@ use crate::kernels::tuning::{prefetch_ahead, GROUP_TASK_BYTES, PARALLEL_MIN_BYTE
 use crate::optim::SparseOptimizer;
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
-use crate::simd::{prefetch, Lanes};
+use crate::simd::prefetch::{self, L1};
+use crate::simd::Lanes;
 use crate::sparse_grad::SparseGrad;
 
 mod sealed {
@@ -246,8 +247,8 @@ impl<S: Source, R: RowRule> TaskBody for Apply<'_, S, R> {
             groups.prefetch_through(g, ahead, self.source, &t.cols, &mut cursor);
             if whole && g + ahead < t.groups.end {
                 let next = groups.rows[g + ahead] - t.span.start;
-                prefetch::row(&weight[next * dim..(next + 1) * dim]);
-                prefetch::row(&state[next * width..(next + 1) * width]);
+                prefetch::row::<L1>(&weight[next * dim..(next + 1) * dim]);
+                prefetch::row::<L1>(&state[next * width..(next + 1) * width]);
             }
             let r = groups.rows[g] - t.span.start;
             let (w, s) = if whole {
