@@ -32,11 +32,11 @@ __all__ = ["Embedding", "EmbeddingBag"]
 
 def _check_table(weight: Tensor, name: str = "weight") -> None:
     """Raises ValueError unless ``weight`` is a CPU float32 tensor."""
-    if weight.device.type != "cpu":
+    if not weight.is_cpu:
         raise ValueError(
             f"embedding_kernels runs on the CPU only, but {name} is on {weight.device}"
         )
-    if weight.dtype != torch.float32:
+    if weight.dtype is not torch.float32:
         raise ValueError(f"embedding_kernels needs a float32 {name}, got {weight.dtype}")
     if weight.layout != torch.strided:
         raise ValueError(f"embedding_kernels needs a dense {name}, got {weight.layout}")
@@ -46,7 +46,7 @@ def _check_ids(ids: Tensor, name: str) -> None:
     """Raises ValueError unless ``ids`` is a CPU int32 or int64 tensor."""
     if not isinstance(ids, Tensor):
         raise ValueError(f"{name} must be a tensor of int32 or int64 ids, got {type(ids).__name__}")
-    if ids.device.type != "cpu":
+    if not ids.is_cpu:
         raise ValueError(f"embedding_kernels runs on the CPU only, but {name} is on {ids.device}")
     if ids.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"{name} must hold int32 or int64 ids, got {ids.dtype}")
@@ -54,7 +54,20 @@ def _check_ids(ids: Tensor, name: str) -> None:
 
 def _array(tensor: Tensor):
     """A NumPy view of ``tensor`` (a contiguous copy first if it is not contiguous)."""
-    return tensor.detach().contiguous().numpy()
+    # Each step only where needed: a call on a small batch is mostly this kind of cost.
+    if tensor.requires_grad:
+        tensor = tensor.detach()
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    return tensor.numpy()
+
+
+def _needs_graph(*tensors: Optional[Tensor]) -> bool:
+    """Whether autograd records a call on ``tensors``: grad mode is on and one requires grad.
+
+    Without it the modules call the kernels directly: the same result, without the
+    ``autograd.Function``'s cost per call."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def _check_factory(device, dtype) -> None:
@@ -210,6 +223,10 @@ class Embedding(_Table):
             _native.embedding(_array(self.weight), _array(input))
             with torch.no_grad():
                 torch.embedding_renorm_(self.weight, input, self.max_norm, self.norm_type)
+        if not _needs_graph(self.weight):
+            return torch.from_numpy(
+                _native.embedding(_array(self.weight), _array(input), self.padding_idx)
+            )
         return _EmbeddingFunction.apply(
             self.weight, input, self.padding_idx, self.scale_grad_by_freq, self.sparse
         )
@@ -266,18 +283,7 @@ class _BagFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, weight, per_sample_weights, ids, offsets, options):
-        mode, include_last_offset, padding_idx, scale_grad_by_freq, sparse = options
-        weights = None if per_sample_weights is None else _array(per_sample_weights)
-        offsets_array = None if offsets is None else _array(offsets)
-        out, max_indices = _native.embedding_bag(
-            _array(weight),
-            _array(ids),
-            offsets_array,
-            mode,
-            weights,
-            include_last_offset,
-            padding_idx,
-        )
+        out, max_indices = _bag_forward(weight, per_sample_weights, ids, offsets, options)
         max_indices = None if max_indices is None else torch.from_numpy(max_indices)
         ctx.save_for_backward(weight, per_sample_weights, ids, offsets, max_indices)
         ctx.options = options
@@ -314,6 +320,22 @@ class _BagFunction(torch.autograd.Function):
                 grad_out, weight, ids, offsets, include_last_offset, padding_idx
             )
         return grad_weight, grad_weights, None, None, None
+
+
+def _bag_forward(weight, per_sample_weights, ids, offsets, options):
+    """The crate's bag forward on the tensors' NumPy views: ``(out, max_indices or None)``."""
+    mode, include_last_offset, padding_idx, _, _ = options
+    weights = None if per_sample_weights is None else _array(per_sample_weights)
+    offsets_array = None if offsets is None else _array(offsets)
+    return _native.embedding_bag(
+        _array(weight),
+        _array(ids),
+        offsets_array,
+        mode,
+        weights,
+        include_last_offset,
+        padding_idx,
+    )
 
 
 def _sample_weights_grad(grad_out, weight, ids, offsets, include_last_offset, padding_idx):
@@ -413,9 +435,12 @@ class EmbeddingBag(_Table):
         )
         if self.max_norm is not None:
             # Every argument and id is checked before the table changes.
-            _BagFunction.forward(_NoContext(), self.weight, per_sample_weights, input, offsets, options)
+            _bag_forward(self.weight, per_sample_weights, input, offsets, options)
             with torch.no_grad():
                 torch.embedding_renorm_(self.weight, input, self.max_norm, self.norm_type)
+        if not _needs_graph(self.weight, per_sample_weights):
+            out, _ = _bag_forward(self.weight, per_sample_weights, input, offsets, options)
+            return torch.from_numpy(out)
         return _BagFunction.apply(self.weight, per_sample_weights, input, offsets, options)
 
     def extra_repr(self) -> str:
@@ -466,10 +491,3 @@ class EmbeddingBag(_Table):
         )
         bag.weight.requires_grad = not freeze
         return bag
-
-
-class _NoContext:
-    """A stand-in for autograd's context, for a forward run only to check its arguments."""
-
-    def save_for_backward(self, *tensors) -> None:
-        pass
