@@ -13,11 +13,12 @@ figure. It needs the package installed (``pip install ./python``) and torch.
 The ops, each run by ``torch.nn``'s module and by ours with the same table
 (a copy each) and the same ids:
 
-* ``forward``: ``emb(ids)`` under ``torch.no_grad()``.
+* ``forward``: ``emb(ids)`` with autograd off (``torch.no_grad()`` around
+  the whole loop, as inference runs).
 * ``dense_backward``: ``weight.grad = None; emb(ids).sum().backward()``:
   the forward, and the backward into a fresh dense gradient.
-* ``bag_sum``, ``bag_max``: ``bag(ids, offsets)`` under ``torch.no_grad()``,
-  bags of BAG_SIZE consecutive ids.
+* ``bag_sum``, ``bag_max``: ``bag(ids, offsets)``, autograd off as for
+  ``forward``; bags of BAG_SIZE consecutive ids.
 * ``sparse_sgd``: ``opt.zero_grad(); emb(ids).sum().backward(); opt.step()``
   with ``sparse=True`` and ``torch.optim.SGD(lr=0.01)``: the forward, the
   sparse backward and the update. Ours hands SGD a coalesced gradient
@@ -33,13 +34,14 @@ the others, with the 10th and 90th percentiles as a range. Taking turns
 lets both sides see the same moments of a shared machine. Threads: torch's
 intra-op pool and the crate's rayon pool both get THREADS (2 by default).
 
-The overhead rows (on tiny) put the module's forward beside the NumPy
-function it calls, ``embedding_kernels.embedding(weight, ids)`` on the same
-arrays (which allocates its output as the module's call does): the
+The overhead rows (on tiny, autograd off) put the module's forward beside
+the NumPy function it calls, ``embedding_kernels.embedding(weight, ids)`` on
+the same arrays (which allocates its output as the module's call does): the
 difference is what the module adds in Python. The NumPy function with a
-preallocated ``out`` and with a single id show what the call itself costs
-(argument conversion, checks, the output, releasing the GIL) around the
-kernel.
+preallocated ``out`` shows what allocating the (zeroed) output costs, and
+with a single id what the call itself costs (argument conversion, checks,
+releasing the GIL) around the kernel; the module on a single id, the same
+for the module.
 
 This script is not a test and asserts no speed; it checks once per row
 that both sides compute the same values, so that it times the same work.
@@ -149,11 +151,7 @@ def pair(op, weight, ids, offsets):
     if op == "forward":
 
         def make(module):
-            def call():
-                with torch.no_grad():
-                    return module(ids)
-
-            return call
+            return lambda: module(ids)
 
         def check():
             assert torch.equal(calls["torch"](), calls["ours"]()), "forward outputs differ"
@@ -161,11 +159,7 @@ def pair(op, weight, ids, offsets):
     elif op in ("bag_sum", "bag_max"):
 
         def make(module):
-            def call():
-                with torch.no_grad():
-                    return module(ids, offsets)
-
-            return call
+            return lambda: module(ids, offsets)
 
         def check():
             assert torch.equal(calls["torch"](), calls["ours"]()), f"{op} outputs differ"
@@ -211,11 +205,17 @@ def pair(op, weight, ids, offsets):
     return calls, check
 
 
+# The forwards are timed as inference runs them: autograd off for the whole loop
+# (entering torch.no_grad() on every call would add its own microsecond or two).
+NO_GRAD_OPS = ("forward", "bag_sum", "bag_max")
+
+
 def compare(name, op, timer):
     weight, ids, offsets = data(name)
     calls, check = pair(op, weight, ids, offsets)
-    check()
-    samples = timer.run(calls)
+    with torch.set_grad_enabled(op not in NO_GRAD_OPS):
+        check()
+        samples = timer.run(calls)
     row = {"workload": name, "op": op}
     for side, s in samples.items():
         row[side] = summary(s)
@@ -234,27 +234,22 @@ def overhead(timer):
     w, i, o = weight.numpy(), ids.numpy(), offsets.numpy()
     out = np.empty(ids.shape + (weight.shape[1],), dtype=np.float32)
     bag_out = np.empty((len(o), weight.shape[1]), dtype=np.float32)
-    one = i[:1].copy()
+    one, ones = i[:1].copy(), ids[:1].clone()
     theirs = nn.Embedding.from_pretrained(weight.clone())
 
-    def no_grad(f):
-        def call():
-            with torch.no_grad():
-                return f()
-
-        return call
-
     sides = {
-        "Embedding (ours)": no_grad(lambda: emb(ids)),
+        "Embedding (ours)": lambda: emb(ids),
         "embedding()": lambda: ek.embedding(w, i),
         "embedding(out=)": lambda: ek.embedding(w, i, out=out),
         "embedding(), 1 id": lambda: ek.embedding(w, one),
-        "nn.Embedding": no_grad(lambda: theirs(ids)),
-        "EmbeddingBag sum (ours)": no_grad(lambda: bag(ids, offsets)),
+        "Embedding (ours), 1 id": lambda: emb(ones),
+        "nn.Embedding": lambda: theirs(ids),
+        "EmbeddingBag sum (ours)": lambda: bag(ids, offsets),
         "embedding_bag()": lambda: ek.embedding_bag(w, i, o, mode="sum"),
         "embedding_bag(out=)": lambda: ek.embedding_bag(w, i, o, mode="sum", out=bag_out),
     }
-    samples = timer.run(sides)
+    with torch.no_grad():
+        samples = timer.run(sides)
     return {side: summary(s) for side, s in samples.items()}
 
 
@@ -328,11 +323,20 @@ def main():
         bag_extra = (
             costs["EmbeddingBag sum (ours)"]["median_ms"] - costs["embedding_bag()"]["median_ms"]
         ) * 1e3
-        print(f"  module over NumPy function: Embedding {emb_extra:+.1f} µs, EmbeddingBag {bag_extra:+.1f} µs")
+        one_extra = (
+            costs["Embedding (ours), 1 id"]["median_ms"] - costs["embedding(), 1 id"]["median_ms"]
+        ) * 1e3
+        print(
+            f"  module over NumPy function: Embedding {emb_extra:+.1f} µs (1 id: {one_extra:+.1f}), "
+            f"EmbeddingBag {bag_extra:+.1f} µs"
+        )
         result["overhead_us"] = {
             side: {k: v * 1e3 for k, v in s.items() if k.endswith("_ms")} for side, s in costs.items()
         }
-        result["module_over_numpy_us"] = {"Embedding": emb_extra, "EmbeddingBag": bag_extra}
+        result["module_over_numpy_us"] = {
+            "Embedding": emb_extra, "Embedding, 1 id": one_extra, "EmbeddingBag": bag_extra
+        }
+    print(f"load average at the end {os.getloadavg()[0]:.2f}")
     if args.json:
         print(json.dumps(result, indent=1))
 
