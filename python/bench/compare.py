@@ -18,21 +18,23 @@ The ops, each run by ``torch.nn``'s module and by ours with the same table
 * ``dense_backward``: ``weight.grad = None; emb(ids).sum().backward()``:
   the forward, and the backward into a fresh dense gradient.
 * ``bag_sum``, ``bag_max``: ``bag(ids, offsets)``, autograd off as for
-  ``forward``; bags of BAG_SIZE consecutive ids.
+  ``forward``; bags of BAG_SIZE (16) consecutive ids.
 * ``sparse_sgd``: ``opt.zero_grad(); emb(ids).sum().backward(); opt.step()``
   with ``sparse=True`` and ``torch.optim.SGD(lr=0.01)``: the forward, the
-  sparse backward and the update. Ours hands SGD a coalesced gradient
-  (distinct rows), PyTorch's an uncoalesced one (a row per id).
+  sparse backward and the update. Ours hands SGD distinct rows (built
+  coalesced; autograd drops the flag as it stores ``weight.grad``),
+  PyTorch's a row per id.
 
-Timing: warm loops. Each side first runs WARMUP_S seconds of calls; then
-the two sides take turns in bursts of back-to-back calls (at least
-BURST_S seconds and two calls a burst) until each side has spent BUDGET_S
-seconds and made MIN_CALLS timed calls. Every call is timed on its own;
-the first call of each burst is dropped (the other side's burst has just
-run, so it starts colder than the rest), and the figure is the median of
-the others, with the 10th and 90th percentiles as a range. Taking turns
-lets both sides see the same moments of a shared machine. Threads: torch's
-intra-op pool and the crate's rayon pool both get THREADS (2 by default).
+Timing: warm loops. Each side first runs ``--warmup-s`` seconds of calls
+(0.2); then the two sides take turns in bursts of back-to-back calls (at
+least ``--burst-s``, 0.05 s, and two calls a burst) until each side has
+spent ``--budget-s`` seconds (0.5) and made ``--min-calls`` timed calls
+(10). Every call is timed on its own; the first call of each burst is
+dropped (the other side's burst has just run, so it starts colder than the
+rest), and the figure is the median of the others, with the 10th and 90th
+percentiles as a range. Taking turns lets both sides see the same moments
+of a shared machine. Threads: torch's intra-op pool and the crate's rayon
+pool both get ``--threads`` (2).
 
 The overhead rows (on tiny, autograd off) put the module's forward beside
 the NumPy function it calls, ``embedding_kernels.embedding(weight, ids)`` on
