@@ -1,5 +1,6 @@
 """Forward passes against PyTorch's modules, bit for bit, on random cases."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -208,3 +209,28 @@ def test_bag_with_weights_that_need_a_gradient_records_a_graph():
     assert out.grad_fn is not None
     out.sum().backward()
     assert weights.grad is not None and weights.grad.shape == (5,)
+
+
+def test_fresh_outputs_are_written_whole(monkeypatch):
+    """The lookup and the dense gradient go into unzeroed arrays (``_fresh``): fill them with
+    NaN and check that nothing of it survives, against PyTorch bit for bit."""
+
+    shapes = []
+
+    def nan_filled(shape):
+        shapes.append(tuple(shape))
+        return np.full(shape, np.nan, dtype=np.float32)
+
+    monkeypatch.setattr(ekt, "_fresh", nan_filled)
+    theirs, ours = pair_embedding(300, 40, 9, padding_idx=3)
+    ids = torch.randint(0, 300, (7, 90), generator=torch.Generator().manual_seed(1))
+    ids[0, :5] = 3
+    got, expected = ours(ids), theirs(ids)
+    assert_bitwise(got, expected)
+    got.sum().backward()
+    expected.sum().backward()
+    # Most rows are untouched (zeros) and the padding row gets no gradient.
+    assert_bitwise(ours.weight.grad, theirs.weight.grad)
+    with torch.no_grad():
+        assert_bitwise(ours(ids[:, :3]), theirs(ids[:, :3]))
+    assert shapes == [(7, 90, 40), (300, 40), (7, 3, 40)]
