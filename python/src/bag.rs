@@ -15,7 +15,7 @@ use numpy::{PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethod
 use pyo3::prelude::*;
 
 /// `mode` as the crate's [`Mode`].
-fn mode(name: &str) -> PyResult<Mode> {
+pub(crate) fn mode(name: &str) -> PyResult<Mode> {
     match name {
         "sum" => Ok(Mode::Sum),
         "mean" => Ok(Mode::Mean),
@@ -27,7 +27,7 @@ fn mode(name: &str) -> PyResult<Mode> {
 }
 
 /// The bags of `ids`: from `offsets` for 1-D ids, one per row for 2-D ids.
-fn bags(
+pub(crate) fn bags(
     ids: &Ids<'_>,
     offsets: Option<&Bound<'_, PyAny>>,
     include_last_offset: bool,
@@ -62,7 +62,7 @@ fn bags(
 }
 
 /// `per_sample_weights`: float32, one weight per id, in the ids' shape.
-fn sample_weights<'py>(
+pub(crate) fn sample_weights<'py>(
     obj: Option<&Bound<'py, PyAny>>,
     ids: &Ids<'_>,
 ) -> PyResult<Option<PyReadonlyArrayDyn<'py, f32>>> {
@@ -81,7 +81,7 @@ fn sample_weights<'py>(
 }
 
 /// A bag forward's output and, in max mode, its `max_indices`.
-type BagPair<'py> = (
+pub(crate) type BagPair<'py> = (
     Bound<'py, PyArrayDyn<f32>>,
     Option<Bound<'py, PyArrayDyn<i64>>>,
 );

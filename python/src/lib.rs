@@ -13,12 +13,15 @@
 //! | `embedding_dense_backward`, `embedding_sparse_backward` | `dense_backward`, `sparse_backward` |
 //! | `embedding_bag` | `bag_forward` |
 //! | `embedding_bag_backward`, `embedding_bag_sparse_backward` | `bag_backward` or `bag_max_backward`, `bag_sparse_backward` |
+//! | `prepack`, `dequantize` | `RowWise::prepack`, `RowWise::dequantize` |
+//! | `table_embedding`, `table_embedding_bag` | `table_gather`, `table_bag_forward` (f32, f16, bf16, int8, int4, int2 tables) |
 //!
 //! The PyTorch modules (`embedding_kernels.torch`) are Python, built on these.
 
 mod bag;
 mod convert;
 mod embedding;
+mod formats;
 
 use pyo3::prelude::*;
 
@@ -31,5 +34,9 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(bag::embedding_bag, m)?)?;
     m.add_function(wrap_pyfunction!(bag::embedding_bag_backward, m)?)?;
     m.add_function(wrap_pyfunction!(bag::embedding_bag_sparse_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(formats::prepack, m)?)?;
+    m.add_function(wrap_pyfunction!(formats::dequantize, m)?)?;
+    m.add_function(wrap_pyfunction!(formats::table_embedding, m)?)?;
+    m.add_function(wrap_pyfunction!(formats::table_embedding_bag, m)?)?;
     Ok(())
 }

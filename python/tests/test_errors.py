@@ -142,3 +142,17 @@ def test_torch_bad_arguments():
         ekt.Embedding(10, 4, _weight=torch.zeros(4, 10))
     with pytest.raises(ValueError, match="1-D ids need offsets"):
         ekt.EmbeddingBag(10, 4)(torch.tensor([1, 2]))
+
+
+def test_torch_bad_ids_without_autograd():
+    """The forward without autograd (no_grad) checks every id as the recorded one does."""
+    emb, bag = ekt.Embedding(10, 4), ekt.EmbeddingBag(10, 4, mode="max")
+    before, bag_before = emb.weight.detach().clone(), bag.weight.detach().clone()
+    with torch.no_grad():
+        with pytest.raises(IndexError, match=OUT_OF_RANGE.format(value=10, position=3, rows=10)):
+            emb(torch.tensor([[1, 2], [3, 10]]))
+        with pytest.raises(IndexError, match=OUT_OF_RANGE.format(value=-1, position=1, rows=10)):
+            bag(torch.tensor([4, -1]), torch.tensor([0]))
+        with pytest.raises(ValueError, match="input must hold int32 or int64 ids"):
+            emb(torch.tensor([1.0]))
+    assert torch.equal(emb.weight, before) and torch.equal(bag.weight, bag_before)

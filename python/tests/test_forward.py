@@ -1,5 +1,6 @@
 """Forward passes against PyTorch's modules, bit for bit, on random cases."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -165,3 +166,71 @@ def test_embedding_bag_ids_past_the_last_offset_are_left_out(mode):
     got = ours(ids, offsets)
     assert_bitwise(got, theirs(ids[:3], offsets))
     assert torch.equal(got, theirs(ids, offsets)) == (mode == "sum")
+
+
+def without_autograd(how, module):
+    """A context in which autograd records nothing for ``module``, and the module."""
+    if how == "no_grad":
+        return torch.no_grad(), module
+    if how == "inference_mode":
+        return torch.inference_mode(), module
+    module.weight.requires_grad_(False)
+    return torch.enable_grad(), module
+
+
+@pytest.mark.parametrize("how", ["no_grad", "inference_mode", "frozen"])
+def test_forward_without_autograd_bitwise(how):
+    """Where autograd records nothing, the modules call the kernels directly: the same bits,
+    and a result outside any graph."""
+    g = torch.Generator().manual_seed(11)
+    theirs, ours = pair_embedding(40, 24, 4, padding_idx=2)
+    ids = torch.randint(0, 40, (6, 5), generator=g)
+    context, ours = without_autograd(how, ours)
+    with context:
+        got = ours(ids)
+    assert not got.requires_grad and got.grad_fn is None
+    assert_bitwise(got, theirs(ids))
+    for mode in ["sum", "mean", "max"]:
+        theirs, ours = pair_bag(40, 24, 5, mode=mode)
+        ids, offsets = random_bags(g, 40, 30, 6, False, torch.int64)
+        context, ours = without_autograd(how, ours)
+        with context:
+            got = ours(ids, offsets)
+        assert not got.requires_grad and got.grad_fn is None
+        assert_bitwise(got, theirs(ids, offsets))
+
+
+def test_bag_with_weights_that_need_a_gradient_records_a_graph():
+    """A frozen table whose per_sample_weights require grad still goes through autograd."""
+    theirs, ours = pair_bag(10, 4, 6, mode="sum")
+    ours.weight.requires_grad_(False)
+    weights = torch.rand(5, requires_grad=True)
+    out = ours(torch.tensor([1, 2, 3, 4, 5]), torch.tensor([0, 2]), weights)
+    assert out.grad_fn is not None
+    out.sum().backward()
+    assert weights.grad is not None and weights.grad.shape == (5,)
+
+
+def test_fresh_outputs_are_written_whole(monkeypatch):
+    """The lookup and the dense gradient go into unzeroed arrays (``_fresh``): fill them with
+    NaN and check that nothing of it survives, against PyTorch bit for bit."""
+
+    shapes = []
+
+    def nan_filled(shape):
+        shapes.append(tuple(shape))
+        return np.full(shape, np.nan, dtype=np.float32)
+
+    monkeypatch.setattr(ekt, "_fresh", nan_filled)
+    theirs, ours = pair_embedding(300, 40, 9, padding_idx=3)
+    ids = torch.randint(0, 300, (7, 90), generator=torch.Generator().manual_seed(1))
+    ids[0, :5] = 3
+    got, expected = ours(ids), theirs(ids)
+    assert_bitwise(got, expected)
+    got.sum().backward()
+    expected.sum().backward()
+    # Most rows are untouched (zeros) and the padding row gets no gradient.
+    assert_bitwise(ours.weight.grad, theirs.weight.grad)
+    with torch.no_grad():
+        assert_bitwise(ours(ids[:, :3]), theirs(ids[:, :3]))
+    assert shapes == [(7, 90, 40), (300, 40), (7, 3, 40)]

@@ -4,6 +4,9 @@ The NumPy level, from the Rust crate ``embedding-kernels``:
 
 * :func:`embedding`, :func:`embedding_dense_backward`, :func:`embedding_sparse_backward`
 * :func:`embedding_bag`, :func:`embedding_bag_backward`, :func:`embedding_bag_sparse_backward`
+* reduced-precision tables: :func:`prepack` and :func:`dequantize` (PyTorch's row-wise
+  packed int8 / int4 / int2 bytes), :func:`table_embedding` and :func:`table_embedding_bag`
+  (the lookup and the bags over f32, f16, bf16, int8, int4 or int2 tables, float32 out)
 
 Arrays are read in place (C-contiguous float32 tables and gradients, int32 or
 int64 ids; anything else raises ``ValueError``), every id is checked before
@@ -21,6 +24,10 @@ from ._native import (
     embedding_bag_sparse_backward,
     embedding_dense_backward,
     embedding_sparse_backward,
+    prepack,
+    dequantize,
+    table_embedding,
+    table_embedding_bag,
 )
 
 __all__ = [
@@ -30,4 +37,8 @@ __all__ = [
     "embedding_bag_sparse_backward",
     "embedding_dense_backward",
     "embedding_sparse_backward",
+    "prepack",
+    "dequantize",
+    "table_embedding",
+    "table_embedding_bag",
 ]
