@@ -187,6 +187,13 @@ impl<V: Lanes> Sink<V> for Store<'_, V> {
     fn take(&mut self, j: usize, lanes: V) {
         value(lanes, self.affine).store(&mut self.out[j]);
     }
+
+    #[inline(always)]
+    fn take_pair(&mut self, j: usize, even: V, odd: V) {
+        let (first, second) = V::interleave(even, odd);
+        self.take(j, first);
+        self.take(j + 1, second);
+    }
 }
 
 /// A half-precision value type: what [`gather_half`] copies.

@@ -53,6 +53,11 @@ pub(crate) trait RowFormat: Copy + Sync {
     /// so a sink that adds each to an accumulator needs no registers for
     /// the block beyond the one vector.
     fn decode<V: Lanes, const N: usize, S: Sink<V>>(&self, r: usize, cols: Cols<N>, sink: &mut S);
+    /// Puts vectors that [`decode`](Self::decode) handed a sink as pairs
+    /// ([`Sink::take_pair`]) back in column order, for a whole block of `N`
+    /// vectors: nothing, but for 4-bit rows.
+    #[inline(always)]
+    fn in_column_order<V: Lanes, const N: usize>(&self, _lanes: &mut [V; N]) {}
     /// Hints for block `cols` of row `r`.
     fn prefetch_block<const N: usize>(&self, r: usize, cols: Cols<N>);
     /// Hints for all of row `r`.
@@ -63,6 +68,18 @@ pub(crate) trait RowFormat: Copy + Sync {
 pub(crate) trait Sink<V: Lanes> {
     /// Takes vector `j` of the block.
     fn take(&mut self, j: usize, lanes: V);
+    /// Takes vectors `j` and `j + 1` dealt out by column parity (see
+    /// [`Lanes::from_nibble_pairs`]): 4-bit rows decode two vectors at a
+    /// time so. By default the pair is taken as it is, `even` as vector `j`:
+    /// right for a sink whose lanes never meet (sums, maxima), whose owner
+    /// puts its vectors back in column order with
+    /// [`RowFormat::in_column_order`] before it stores them. A sink that
+    /// writes each vector out (the lookup) interleaves first.
+    #[inline(always)]
+    fn take_pair(&mut self, j: usize, even: V, odd: V) {
+        self.take(j, even);
+        self.take(j + 1, odd);
+    }
 }
 
 /// A row's scale and bias as lanes, to read its levels back as values.
@@ -410,8 +427,16 @@ impl<const BITS: u32> RowFormat for Packed<'_, BITS> {
                     }
                 }
                 4 => {
-                    for (j, word) in block.as_chunks::<4>().0.iter().enumerate() {
-                        sink.take(j, V::from_packed::<BITS>(u32::from_le_bytes(*word)));
+                    // Two vectors per eight bytes, dealt out by column
+                    // parity (`in_column_order` undoes it once per block);
+                    // an odd last vector from its four bytes.
+                    let (pairs, rest) = block.as_chunks::<8>();
+                    for (k, bytes) in pairs.iter().enumerate() {
+                        let (even, odd) = V::from_nibble_pairs(*bytes);
+                        sink.take_pair(2 * k, even, odd);
+                    }
+                    if let Ok(word) = <[u8; 4]>::try_from(rest) {
+                        sink.take(N - 1, V::from_packed::<BITS>(u32::from_le_bytes(word)));
                     }
                 }
                 _ => {
@@ -423,6 +448,17 @@ impl<const BITS: u32> RowFormat for Packed<'_, BITS> {
             }
         } else {
             sink.take(0, Self::levels(&codes[first..]));
+        }
+    }
+
+    #[inline(always)]
+    fn in_column_order<V: Lanes, const N: usize>(&self, lanes: &mut [V; N]) {
+        if BITS == 4 {
+            for k in 0..N / 2 {
+                let (first, second) = V::interleave(lanes[2 * k], lanes[2 * k + 1]);
+                lanes[2 * k] = first;
+                lanes[2 * k + 1] = second;
+            }
         }
     }
 

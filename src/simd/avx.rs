@@ -26,9 +26,9 @@ use super::{Body, Lanes, LANES};
 use core::arch::x86_64::{
     __m128i, __m256, _mm256_add_ps, _mm256_and_si256, _mm256_blendv_ps, _mm256_castsi256_ps,
     _mm256_cmp_ps, _mm256_cvtepi32_ps, _mm256_cvtepu16_epi32, _mm256_cvtepu8_epi32,
-    _mm256_cvtph_ps, _mm256_div_ps, _mm256_fmadd_ps, _mm256_mul_ps, _mm256_set1_epi32,
-    _mm256_set1_ps, _mm256_setr_epi32, _mm256_slli_epi32, _mm256_srlv_epi32, _mm256_stream_ps,
-    _CMP_GT_OQ,
+    _mm256_cvtph_ps, _mm256_div_ps, _mm256_fmadd_ps, _mm256_mul_ps, _mm256_permute2f128_ps,
+    _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_epi32, _mm256_slli_epi32, _mm256_srli_epi32,
+    _mm256_srlv_epi32, _mm256_stream_ps, _mm256_unpackhi_ps, _mm256_unpacklo_ps, _CMP_GT_OQ,
 };
 
 /// What an [`Avx`] proves the CPU has.
@@ -212,6 +212,41 @@ impl<const L: u8> Lanes for Avx256<L> {
             })
         } else {
             Self::load(&super::widen_packed::<BITS>(word))
+        }
+    }
+
+    #[inline(always)]
+    fn from_nibble_pairs(bytes: [u8; LANES]) -> (Self, Self) {
+        if L >= AVX2 {
+            let wide: __m128i = bytemuck::cast([bytes, [0; 8]]);
+            // SAFETY: see above the impl (AVX2 at this level).
+            unsafe {
+                let codes = _mm256_cvtepu8_epi32(wide);
+                let low = _mm256_and_si256(codes, _mm256_set1_epi32(0xf));
+                let high = _mm256_srli_epi32::<4>(codes);
+                (
+                    Avx256(_mm256_cvtepi32_ps(low)),
+                    Avx256(_mm256_cvtepi32_ps(high)),
+                )
+            }
+        } else {
+            let (even, odd) = super::widen_nibble_pairs(bytes);
+            (Self::load(&even), Self::load(&odd))
+        }
+    }
+
+    #[inline(always)]
+    fn interleave(even: Self, odd: Self) -> (Self, Self) {
+        // SAFETY: see above the impl.
+        unsafe {
+            // [e0 o0 e1 o1 | e4 o4 e5 o5] and [e2 o2 e3 o3 | e6 o6 e7 o7],
+            // then their low halves and their high halves.
+            let low = _mm256_unpacklo_ps(even.0, odd.0);
+            let high = _mm256_unpackhi_ps(even.0, odd.0);
+            (
+                Avx256(_mm256_permute2f128_ps::<0x20>(low, high)),
+                Avx256(_mm256_permute2f128_ps::<0x31>(low, high)),
+            )
         }
     }
 

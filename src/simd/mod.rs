@@ -72,6 +72,16 @@ pub(crate) trait Lanes: Copy + Send + Sync + 'static {
     /// Eight `BITS`-bit levels (4 or 2 bits) packed in `word`, lowest bits
     /// first, as eight lanes: lane `j` is `(word >> j·BITS) & (2^BITS - 1)`.
     fn from_packed<const BITS: u32>(word: u32) -> Self;
+    /// Sixteen 4-bit levels, two a byte (the even column in the low
+    /// nibble), dealt out to two vectors by column parity: lane `i` of the
+    /// first is byte `i`'s low nibble (column `2i`), lane `i` of the second
+    /// its high nibble (column `2i + 1`). One widening load for two vectors;
+    /// [`Lanes::interleave`] puts the pair back in column order.
+    fn from_nibble_pairs(bytes: [u8; LANES]) -> (Self, Self);
+    /// A pair dealt out by column parity (lane `i` of `even` is column `2i`
+    /// of sixteen, of `odd` column `2i + 1`) in column order: columns 0-7,
+    /// then 8-15. Moves bits only.
+    fn interleave(even: Self, odd: Self) -> (Self, Self);
     /// Eight `f16`s (their bits) as eight lanes, exactly.
     fn from_f16(halves: [u16; LANES]) -> Self;
     /// Eight `bf16`s (their bits) as eight lanes, exactly.
@@ -99,6 +109,26 @@ fn widen_u8(bytes: [u8; LANES]) -> [f32; LANES] {
 fn widen_packed<const BITS: u32>(word: u32) -> [f32; LANES] {
     let mask = (1u32 << BITS) - 1;
     core::array::from_fn(|j| ((word >> (j as u32 * BITS)) & mask) as f32)
+}
+
+/// [`Lanes::from_nibble_pairs`] a value at a time.
+#[inline(always)]
+fn widen_nibble_pairs(bytes: [u8; LANES]) -> ([f32; LANES], [f32; LANES]) {
+    (
+        bytes.map(|b| f32::from(b & 0xf)),
+        bytes.map(|b| f32::from(b >> 4)),
+    )
+}
+
+/// [`Lanes::interleave`] a value at a time.
+#[inline(always)]
+fn interleave_lanes(even: [f32; LANES], odd: [f32; LANES]) -> ([f32; LANES], [f32; LANES]) {
+    let mut out = [[0.0; LANES]; 2];
+    for (i, (e, o)) in even.into_iter().zip(odd).enumerate() {
+        out[i / 4][2 * (i % 4)] = e;
+        out[i / 4][2 * (i % 4) + 1] = o;
+    }
+    (out[0], out[1])
 }
 
 /// [`Lanes::from_f16`] a value at a time.

@@ -66,6 +66,21 @@ impl Lanes for f32x8 {
     }
 
     #[inline(always)]
+    fn from_nibble_pairs(bytes: [u8; LANES]) -> (Self, Self) {
+        let (even, odd) = super::widen_nibble_pairs(bytes);
+        (Self::load(&even), Self::load(&odd))
+    }
+
+    #[inline(always)]
+    fn interleave(even: Self, odd: Self) -> (Self, Self) {
+        let (mut e, mut o) = ([0.0; LANES], [0.0; LANES]);
+        even.store(&mut e);
+        odd.store(&mut o);
+        let (first, second) = super::interleave_lanes(e, o);
+        (Self::load(&first), Self::load(&second))
+    }
+
+    #[inline(always)]
     fn from_f16(halves: [u16; LANES]) -> Self {
         Self::load(&super::widen_f16(halves))
     }

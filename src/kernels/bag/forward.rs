@@ -97,8 +97,12 @@ pub(super) fn forward_on<I: Index, T: RowFormat>(
         });
     };
     let max_indices = if is_max { max_indices } else { &mut [][..] };
-    let read = ids.len().saturating_mul(table.row_bytes());
-    if !par.splits(table.bytes().min(read), PARALLEL_MIN_BYTES) {
+    // The work of a call is its values pooled, counted as the bytes of
+    // their `f32`s (a packed or half row costs more to decode than its
+    // stored bytes say), and at most the table's size (a table in cache is
+    // read at cache speed however many ids there are).
+    let work = ids.len().saturating_mul(dim).saturating_mul(4);
+    if !par.splits(table.bytes().min(work), PARALLEL_MIN_BYTES) {
         task(0, out, max_indices);
         return;
     }

@@ -62,8 +62,12 @@ impl<I: Index, T: RowFormat> BlockBody for Max<'_, '_, I, T> {
             start,
         };
         let kept = self.rows.blocks::<V, N, _>(bag, self.limit, cols, &mut max);
-        let Running { best, from, .. } = max;
+        let Running {
+            mut best, mut from, ..
+        } = max;
         if kept > 0 {
+            self.rows.table.in_column_order(&mut best);
+            self.rows.table.in_column_order(&mut from);
             cols.store(best, self.dst);
             let mut at = [[0.0f32; LANES]; N];
             for (a, f) in at.iter_mut().zip(from) {

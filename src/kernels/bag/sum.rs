@@ -76,6 +76,7 @@ impl<I: Index, T: RowFormat> BlockBody for Sum<'_, '_, I, T> {
                 *a = a.div(n);
             }
         }
+        self.rows.table.in_column_order(&mut acc);
         cols.store(acc, self.dst);
         kept
     }
