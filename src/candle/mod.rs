@@ -44,6 +44,11 @@
 //!    that is not a table, and a bad id (the message names its flat
 //!    position and its value).
 //!
+//! [`QuantizedEmbedding`] and [`QuantizedEmbeddingBag`] (`quantized.rs`) are
+//! the crate's inference layers over tables of any
+//! [`Format`](crate::formats::Format), 8-, 4- and 2-bit rows included: candle id
+//! tensors in, `f32` tensors out, no gradient.
+//!
 //! Where this differs from candle: candle's `index_select` reads an id equal
 //! to its dtype's largest value (`255` for `u8`, `u32::MAX`, `i64::MAX`) as
 //! "no row" and gives zeros; here such an id is a row number like any other,
@@ -189,6 +194,8 @@ fn kernel_error(op: &'static str, err: EmbeddingError) -> Error {
 
 mod bag;
 mod embedding;
+mod quantized;
 
 pub use bag::{embedding_bag, EmbeddingBag};
 pub use embedding::{embedding, Embedding};
+pub use quantized::{QuantizedEmbedding, QuantizedEmbeddingBag};
