@@ -15,8 +15,12 @@
 //! | group | `ours`, `candle_nn` (the same calls) | `kernel` |
 //! | --- | --- | --- |
 //! | `candle_forward` | `layer.forward(ids)` | `gather_with` into a new output |
-//! | `candle_backward` | `loss.backward()`, the graph `forward(ids).sum_all()` built outside the clock | `dense_backward_with` of ones into a new gradient |
-//! | `candle_fwd_bwd` | `forward(ids)`, `sum_all()`, `backward()` | `gather_with`, then `dense_backward_with`, each into a new buffer |
+//! | `candle_backward` | `loss.backward()`, the graph (`forward(ids)` under the loss) built outside the clock | `dense_backward_with` of `grad_output` into a new gradient |
+//! | `candle_fwd_bwd` | `forward(ids)`, the loss, `backward()` | `gather_with`, then `dense_backward_with`, each into a new buffer |
+//!
+//! The loss hands the output a fixed gradient, the workload's
+//! `grad_output`, as the next layer of a model would, and costs nothing
+//! itself (`benches/common`, `candle_module`).
 //!
 //! Details:
 //!
@@ -25,10 +29,10 @@
 //!   ops' outputs are, which they touch first), and every result is
 //!   dropped after the clock stops.
 //! * The `candle_backward` and `candle_fwd_bwd` rows of the two layers
-//!   include candle's bookkeeping around the op: the loss's gradient (ones),
-//!   and for the table a `zeros_like` and an `add` of the op's gradient into
-//!   it (`candle_nn`'s `index_add` starts from that `zeros_like` instead).
-//!   The kernels compute no loss.
+//!   include candle's bookkeeping around the op: a `zeros_like` and an
+//!   `add` of each gradient into it, for the output and for the table
+//!   (`candle_nn`'s `index_add` starts from the table's `zeros_like`
+//!   instead).
 //! * Ids are the workload's `i64` ids as a flat `[num_ids]` tensor; the
 //!   layers' calls run from the benchmark's thread, so what splits goes to
 //!   rayon's global pool, as from a plain training loop.

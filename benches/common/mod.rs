@@ -348,18 +348,26 @@ pub mod candle_bag {
 ///
 /// ```text
 /// forward:   out  = layer.forward(ids)                  [num_ids, dim]
-/// loss:      loss = out.sum_all()                       its gradient is ones
+/// loss:      loss = out.apply_op1(FixedUpstream)        a scalar; out's gradient is grad_output
 /// backward:  grads = loss.backward()                    the table's gradient in grads
 /// ```
 ///
 /// and for the kernels, into fresh buffers as the candle ops allocate
 /// theirs (`memory::zeroed_table`, advised for huge pages): `gather_with`
-/// into a new `num_ids × dim` output, `dense_backward_with` of a gradient
-/// of ones into a new table-sized gradient.
+/// into a new `num_ids × dim` output, `dense_backward_with` of
+/// `grad_output` into a new table-sized gradient.
+///
+/// The loss is a stand-in for the rest of a model: it hands the embedding's
+/// output a fixed, contiguous gradient (the workload's `grad_output`), as
+/// the next layer's backward would, and costs nothing itself. A reduction
+/// such as `sum_all` would not do: candle's backward of it adds a scalar
+/// broadcast over the whole output, element by element, which took most
+/// of both layers' backward time: a cost of that loss, not of the
+/// embedding.
 pub mod candle_module {
     use super::Data;
     use candle_core::backprop::GradStore;
-    use candle_core::{CpuStorage, Device, Storage, Tensor, Var};
+    use candle_core::{CpuStorage, CustomOp1, Device, Layout, Shape, Storage, Tensor, Var};
     use candle_nn::Module;
     use embedding_kernels::memory::zeroed_table;
     use embedding_kernels::{dense_backward_with, gather_with, Parallelism};
@@ -374,14 +382,34 @@ pub mod candle_module {
     }
 
     /// The table as a `Var`, the ids as a tensor, both layers over the
-    /// table, and the upstream gradient the kernels are given (ones, what
-    /// `sum_all` hands back).
+    /// table, and the output's gradient as a tensor.
     pub struct Modules {
         pub table: Var,
         pub ids: Tensor,
         ours: embedding_kernels::candle::Embedding,
         theirs: candle_nn::Embedding,
-        ones: Vec<f32>,
+        upstream: Tensor,
+    }
+
+    /// The loss: forward, a zero scalar (one value written); backward, the
+    /// fixed gradient `grad` for its input, whatever the scalar's gradient
+    /// (candle's `backward()` seeds it with one).
+    struct FixedUpstream {
+        grad: Tensor,
+    }
+
+    impl CustomOp1 for FixedUpstream {
+        fn name(&self) -> &'static str {
+            "fixed-upstream-gradient"
+        }
+
+        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+            Ok((CpuStorage::F32(vec![0.0]), Shape::from(())))
+        }
+
+        fn bwd(&self, _: &Tensor, _: &Tensor, _: &Tensor) -> candle_core::Result<Option<Tensor>> {
+            Ok(Some(self.grad.clone()))
+        }
     }
 
     impl Modules {
@@ -391,6 +419,7 @@ pub mod candle_module {
             let w = d.w;
             let table = Var::from_slice(&d.table[..], (w.num_embeddings, w.dim), &Device::Cpu)?;
             let ids = Tensor::from_slice(&d.ids, w.num_ids, &Device::Cpu)?;
+            let upstream = Tensor::from_slice(&d.grad_output, (w.num_ids, w.dim), &Device::Cpu)?;
             let ours = embedding_kernels::candle::Embedding::new(table.as_tensor().clone(), w.dim);
             let theirs = candle_nn::Embedding::new(table.as_tensor().clone(), w.dim);
             Ok(Modules {
@@ -398,7 +427,7 @@ pub mod candle_module {
                 ids,
                 ours,
                 theirs,
-                ones: vec![1.0; w.num_ids * w.dim],
+                upstream,
             })
         }
 
@@ -410,9 +439,11 @@ pub mod candle_module {
             }
         }
 
-        /// `layer.forward(ids).sum_all()`, a graph ready for `backward()`.
+        /// `layer.forward(ids)` under the fixed-gradient loss, a graph
+        /// ready for `backward()`.
         pub fn loss(&self, layer: Layer) -> candle_core::Result<Tensor> {
-            self.forward(layer)?.sum_all()
+            let grad = self.upstream.clone();
+            self.forward(layer)?.apply_op1(FixedUpstream { grad })
         }
 
         /// Forward, loss and backward; the loss is returned with the
@@ -463,15 +494,15 @@ pub mod candle_module {
             out
         }
 
-        /// `dense_backward_with(Parallelism::Auto, ..)` of a gradient of
-        /// ones into a new table-sized gradient, as `backward()` allocates
-        /// its own.
+        /// `dense_backward_with(Parallelism::Auto, ..)` of `grad_output`
+        /// into a new table-sized gradient, as `backward()` allocates its
+        /// own.
         pub fn kernel_backward(&self, d: &Data) -> Vec<f32> {
             let mut grad =
                 zeroed_table(d.w.num_embeddings * d.w.dim).expect("memory for the gradient");
             dense_backward_with(
                 Parallelism::Auto,
-                &self.ones,
+                &d.grad_output,
                 d.w.dim,
                 &d.ids,
                 None,

@@ -7,8 +7,12 @@
 //! | op | the two candle layers (same calls) | the kernels called directly |
 //! | --- | --- | --- |
 //! | `forward` | `layer.forward(ids)` | `gather_with` into a new output |
-//! | `backward` | `loss.backward()` on a graph built outside the clock (`forward(ids).sum_all()`) | `dense_backward_with` of ones into a new gradient |
-//! | `fwd_bwd` | `forward(ids)`, `sum_all()`, `backward()` | `gather_with`, then `dense_backward_with`, each into a new buffer |
+//! | `backward` | `loss.backward()` on a graph built outside the clock (`forward(ids)` under the loss) | `dense_backward_with` of `grad_output` into a new gradient |
+//! | `fwd_bwd` | `forward(ids)`, the loss, `backward()` | `gather_with`, then `dense_backward_with`, each into a new buffer |
+//!
+//! The loss hands the output a fixed gradient (the workload's
+//! `grad_output`, as the next layer of a model would) and costs nothing
+//! itself (`benches/common`, `candle_module`).
 //!
 //! The `backward` and `fwd_bwd` rows time a fourth case, `accumulate`:
 //! `table.zeros_like().add(grad)`, which candle's `backward()` runs on the
@@ -20,13 +24,13 @@
 //!
 //! 1. Everything a candle user's call costs is timed: candle's checks, the
 //!    op's allocation of its output, and in the backward candle's own
-//!    bookkeeping around the op (the loss's gradient of ones, and for the
-//!    table a `zeros_like` plus an `add` of the op's gradient into it).
+//!    bookkeeping around the op (a `zeros_like` plus an `add` of each
+//!    gradient into it, for the output and for the table).
 //! 2. The kernels allocate their outputs inside the clock too
 //!    (`memory::zeroed_table`, advised for huge pages and first touched by
 //!    the kernel, as the candle ops allocate theirs), and read the table
-//!    from the `Var`'s own storage: same bytes, same pages. They compute no
-//!    loss; the upstream gradient is a buffer of ones made once.
+//!    from the `Var`'s own storage: same bytes, same pages. They are given
+//!    `grad_output` itself.
 //! 3. Results (tensors, gradient stores, graphs, vectors) are freed after
 //!    the clock stops, before the next call.
 //! 4. Before timing, the forward outputs and the table's gradients of the
@@ -312,11 +316,12 @@ pub fn block(out: &mut dyn Write, rows: &[CandleRow]) -> io::Result<()> {
 }
 
 /// What the candle columns mean.
-pub const LEGEND: &str = "candle ops: ours = embedding_kernels::candle::Embedding, candle_nn = candle_nn::Embedding,
+pub const LEGEND: &str =
+    "candle ops: ours = embedding_kernels::candle::Embedding, candle_nn = candle_nn::Embedding,
   both through candle's API over one Var table; kernel = gather_with / dense_backward_with called
   directly on that table's storage, each into a new buffer. forward: layer.forward(ids);
-  backward: loss.backward() on forward(ids).sum_all() built outside the clock (kernel: dense_backward_with
-  of ones); fwd_bwd: forward, sum_all, backward (kernel: both kernels, no loss). accumulate:
+  backward: loss.backward() on a graph built outside the clock, the loss handing the output a fixed
+  gradient (kernel: dense_backward_with of it); fwd_bwd: forward, loss, backward. accumulate:
   table.zeros_like().add(grad), what candle's backward() does with the table's gradient whatever the
   layer, so part of both layers' times. Allocations are timed, freeing is not.
   vs candle = candle_nn median / ours (above 1: ours is faster);
