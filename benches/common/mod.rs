@@ -361,9 +361,8 @@ pub mod candle_bag {
 /// output a fixed, contiguous gradient (the workload's `grad_output`), as
 /// the next layer's backward would, and costs nothing itself. A reduction
 /// such as `sum_all` would not do: candle's backward of it adds a scalar
-/// broadcast over the whole output, element by element, which took most
-/// of both layers' backward time: a cost of that loss, not of the
-/// embedding.
+/// broadcast over the whole output, element by element, a cost of that
+/// loss and not of the embedding.
 pub mod candle_module {
     use super::Data;
     use candle_core::backprop::GradStore;
