@@ -5,7 +5,7 @@
 //! storage (the report's `candle_layer` rows, `examples/report/candle_layer.rs`).
 //!
 //! ```text
-//! cargo bench --bench candle_layer                      # everything (about 4 min on 2 vCPUs)
+//! cargo bench --bench candle_layer                      # everything (about 5 min on 2 vCPUs, estimated)
 //! cargo bench --bench candle_layer -- minilm            # one workload
 //! cargo bench --bench candle_layer -- 'candle_forward/' # one group
 //! ```
