@@ -95,7 +95,7 @@ pub struct CandleRow {
     pub results_match: bool,
 }
 
-/// Who made a result that is still alive, freed outside the clock.
+/// The last call's results, kept so that they are freed outside the clock.
 #[derive(Default)]
 struct Kept {
     tensor: Option<Tensor>,
