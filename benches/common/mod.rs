@@ -338,3 +338,178 @@ pub mod candle_bag {
         }
     }
 }
+
+/// This crate's candle layer beside `candle_nn::Embedding`, both driven
+/// through candle's API over one `Var` table, and the crate's kernels called
+/// directly on that same table's storage: the `candle_layer` rows of the
+/// report (`examples/report/candle_layer.rs`) and `benches/candle_layer.rs`.
+///
+/// What a call does, the same for both layers:
+///
+/// ```text
+/// forward:   out  = layer.forward(ids)                  [num_ids, dim]
+/// loss:      loss = out.apply_op1(FixedUpstream)        a scalar; out's gradient is grad_output
+/// backward:  grads = loss.backward()                    the table's gradient in grads
+/// ```
+///
+/// and for the kernels, into fresh buffers as the candle ops allocate
+/// theirs (`memory::zeroed_table`, advised for huge pages): `gather_with`
+/// into a new `num_ids × dim` output, `dense_backward_with` of
+/// `grad_output` into a new table-sized gradient.
+///
+/// The loss is a stand-in for the rest of a model: it hands the embedding's
+/// output a fixed, contiguous gradient (the workload's `grad_output`), as
+/// the next layer's backward would, and costs nothing itself. A reduction
+/// such as `sum_all` would not do: candle's backward of it adds a scalar
+/// broadcast over the whole output, element by element, a cost of that
+/// loss and not of the embedding.
+pub mod candle_module {
+    use super::Data;
+    use candle_core::backprop::GradStore;
+    use candle_core::{CpuStorage, CustomOp1, Device, Layout, Shape, Storage, Tensor, Var};
+    use candle_nn::Module;
+    use embedding_kernels::memory::zeroed_table;
+    use embedding_kernels::{dense_backward_with, gather_with, Parallelism};
+
+    /// Which implementation a call goes through.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Layer {
+        /// `embedding_kernels::candle::Embedding`.
+        Ours,
+        /// `candle_nn::Embedding` (`index_select`, and `index_add` backward).
+        CandleNn,
+    }
+
+    /// The table as a `Var`, the ids as a tensor, both layers over the
+    /// table, and the output's gradient as a tensor.
+    pub struct Modules {
+        pub table: Var,
+        pub ids: Tensor,
+        ours: embedding_kernels::candle::Embedding,
+        theirs: candle_nn::Embedding,
+        upstream: Tensor,
+    }
+
+    /// The loss: forward, a zero scalar (one value written); backward, the
+    /// fixed gradient `grad` for its input, whatever the scalar's gradient
+    /// (candle's `backward()` seeds it with one).
+    struct FixedUpstream {
+        grad: Tensor,
+    }
+
+    impl CustomOp1 for FixedUpstream {
+        fn name(&self) -> &'static str {
+            "fixed-upstream-gradient"
+        }
+
+        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+            Ok((CpuStorage::F32(vec![0.0]), Shape::from(())))
+        }
+
+        fn bwd(&self, _: &Tensor, _: &Tensor, _: &Tensor) -> candle_core::Result<Option<Tensor>> {
+            Ok(Some(self.grad.clone()))
+        }
+    }
+
+    impl Modules {
+        /// Copies the workload's table into a `Var` (candle's own storage,
+        /// plain 4 KiB pages) and its ids into an `i64` tensor.
+        pub fn new(d: &Data) -> candle_core::Result<Modules> {
+            let w = d.w;
+            let table = Var::from_slice(&d.table[..], (w.num_embeddings, w.dim), &Device::Cpu)?;
+            let ids = Tensor::from_slice(&d.ids, w.num_ids, &Device::Cpu)?;
+            let upstream = Tensor::from_slice(&d.grad_output, (w.num_ids, w.dim), &Device::Cpu)?;
+            let ours = embedding_kernels::candle::Embedding::new(table.as_tensor().clone(), w.dim);
+            let theirs = candle_nn::Embedding::new(table.as_tensor().clone(), w.dim);
+            Ok(Modules {
+                table,
+                ids,
+                ours,
+                theirs,
+                upstream,
+            })
+        }
+
+        /// `layer.forward(ids)`.
+        pub fn forward(&self, layer: Layer) -> candle_core::Result<Tensor> {
+            match layer {
+                Layer::Ours => self.ours.forward(&self.ids),
+                Layer::CandleNn => self.theirs.forward(&self.ids),
+            }
+        }
+
+        /// `layer.forward(ids)` under the fixed-gradient loss, a graph
+        /// ready for `backward()`.
+        pub fn loss(&self, layer: Layer) -> candle_core::Result<Tensor> {
+            let grad = self.upstream.clone();
+            self.forward(layer)?.apply_op1(FixedUpstream { grad })
+        }
+
+        /// Forward, loss and backward; the loss is returned with the
+        /// gradients so that the caller decides when the graph is freed.
+        pub fn fwd_bwd(&self, layer: Layer) -> candle_core::Result<(Tensor, GradStore)> {
+            let loss = self.loss(layer)?;
+            let grads = loss.backward()?;
+            Ok((loss, grads))
+        }
+
+        /// What `backward()` does with the table's gradient `grad` whatever
+        /// the layer: candle accumulates every gradient into a `zeros_like`
+        /// of its tensor with `add`, so a `Var`'s gradient costs a
+        /// table-sized allocation and pass of candle's own on top of the
+        /// layer's backward.
+        pub fn accumulate(&self, grad: &Tensor) -> candle_core::Result<Tensor> {
+            self.table.zeros_like()?.add(grad)
+        }
+
+        /// The table's gradient in `grads`.
+        pub fn table_grad<'a>(&self, grads: &'a GradStore) -> candle_core::Result<&'a Tensor> {
+            grads
+                .get(self.table.as_tensor())
+                .ok_or_else(|| candle_core::Error::Msg("no gradient for the table".into()))
+        }
+
+        /// The table's values, borrowed from the `Var`'s storage, passed to
+        /// `f`: the kernels read the very bytes the layers read.
+        pub fn with_table<R>(&self, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
+            let (storage, layout) = self.table.storage_and_layout();
+            let (start, end) = layout
+                .contiguous_offsets()
+                .ok_or_else(|| candle_core::Error::Msg("the table is not contiguous".into()))?;
+            match &*storage {
+                Storage::Cpu(CpuStorage::F32(values)) => Ok(f(&values[start..end])),
+                _ => Err(candle_core::Error::Msg(
+                    "the table is not f32 on the CPU".into(),
+                )),
+            }
+        }
+
+        /// `gather_with(Parallelism::Auto, ..)` of every id into a new
+        /// output, as `forward` allocates its own.
+        pub fn kernel_forward(&self, d: &Data, table: &[f32]) -> Vec<f32> {
+            let mut out = zeroed_table(d.w.num_ids * d.w.dim).expect("memory for the output");
+            gather_with(Parallelism::Auto, table, d.w.dim, &d.ids, &mut out)
+                .expect("the workload's ids are in range");
+            out
+        }
+
+        /// `dense_backward_with(Parallelism::Auto, ..)` of `grad_output`
+        /// into a new table-sized gradient, as `backward()` allocates its
+        /// own.
+        pub fn kernel_backward(&self, d: &Data) -> Vec<f32> {
+            let mut grad =
+                zeroed_table(d.w.num_embeddings * d.w.dim).expect("memory for the gradient");
+            dense_backward_with(
+                Parallelism::Auto,
+                &d.grad_output,
+                d.w.dim,
+                &d.ids,
+                None,
+                false,
+                &mut grad,
+            )
+            .expect("the workload's ids are in range");
+            grad
+        }
+    }
+}

@@ -5,6 +5,8 @@
 //! cargo run --release --example report                      # everything
 //! cargo run --release --example report -- --workloads recsys --kernels gather
 //! cargo run --release --example report -- --json | python3 -m json.tool
+//! cargo run --release --example report -- --workloads minilm,gpt2,recsys \
+//!     --kernels gather --impls simd_rayon --no-layer --no-formats   # the candle_layer rows
 //! cargo run --release --example report -- --markdown docs/report
 //! ```
 //!
@@ -32,6 +34,7 @@
 //! Each workload's data is built once, used for every row, and dropped
 //! before the next workload is built (the recsys table alone is 512 MB).
 
+mod candle_layer;
 #[path = "../../benches/common/mod.rs"]
 mod common;
 mod formats;
@@ -102,9 +105,19 @@ struct Args {
     #[arg(long, default_value_t = 500)]
     budget_ms: u64,
 
-    /// Skip the candle peer.
+    /// Skip the candle peer, and the candle_layer rows.
     #[arg(long)]
     no_peer: bool,
+
+    /// Ops of the candle_layer rows (this crate's candle Embedding against
+    /// candle_nn::Embedding and the kernels), comma-separated
+    /// [default: all].
+    #[arg(long, value_delimiter = ',', value_enum)]
+    candle_ops: Vec<candle_layer::CandleOp>,
+
+    /// Skip the candle_layer rows.
+    #[arg(long)]
+    no_candle_layer: bool,
 
     /// Layer ops to run, comma-separated [default: all].
     #[arg(long, value_delimiter = ',', value_enum)]
@@ -445,6 +458,7 @@ struct Plan {
     layer_ops: Vec<layer::LayerOp>,
     formats: Vec<Format>,
     format_ops: Vec<formats::FormatOp>,
+    candle_ops: Vec<candle_layer::CandleOp>,
     budget: Budget,
     huge_pages: bool,
 }
@@ -454,6 +468,7 @@ struct Measured {
     rows: Vec<Row>,
     layer_rows: Vec<layer::LayerRow>,
     format_rows: Vec<formats::FormatRow>,
+    candle_layer_rows: Vec<candle_layer::CandleRow>,
     distinct: usize,
 }
 
@@ -589,10 +604,16 @@ fn run_workload(
     let (fmts, fops) = (&plan.formats[..], &plan.format_ops[..]);
     let format_rows = formats::run(&data, fmts, fops, budget, huge_pages, pool);
     pb.inc(format_rows.len() as u64);
+    if !plan.candle_ops.is_empty() {
+        pb.set_message(format!("{}: candle layers", w.name));
+    }
+    let candle_layer_rows = candle_layer::run(&data, &plan.candle_ops, budget, pool)?;
+    pb.inc(candle_layer_rows.len() as u64);
     Ok(Measured {
         rows,
         layer_rows,
         format_rows,
+        candle_layer_rows,
         distinct,
     })
 }
@@ -627,12 +648,13 @@ impl Target {
     }
 }
 
-/// The issues' goals, checked (not asserted) against the simd_rayon rows
-/// and the layer rows.
+/// The issues' goals, checked (not asserted) against the simd_rayon rows,
+/// the layer, format and candle_layer rows.
 fn targets(
     rows: &[Row],
     layer_rows: &[layer::LayerRow],
     format_rows: &[formats::FormatRow],
+    candle_rows: &[candle_layer::CandleRow],
 ) -> Vec<Target> {
     let find = |workload: &str, kernel: Kernel| {
         rows.iter().find(|r| {
@@ -656,7 +678,22 @@ fn targets(
             })
             .and_then(|r| r.time_vs_f32)
     };
-    let goals: [(&str, Option<f64>, f64, &str, bool); 18] = [
+    use candle_layer::CandleOp;
+    let candle = |workload: &str, op: CandleOp| {
+        candle_rows
+            .iter()
+            .find(|r| r.workload == workload && r.op == op.name())
+    };
+    let vs_candle_nn = |workload: &str, op| candle(workload, op).map(|r| r.speedup_vs_candle_nn);
+    // The largest overhead over issue 15's three workloads, of those measured.
+    let worst_vs_kernel = |op| {
+        ["minilm", "gpt2", "recsys"]
+            .iter()
+            .filter_map(|w| candle(w, op))
+            .map(|r| r.time_vs_kernel)
+            .reduce(f64::max)
+    };
+    let goals: [(&str, Option<f64>, f64, &str, bool); 27] = [
         (
             "recsys gather (simd_rayon) >= 50% of memcpy roofline",
             find("recsys", Kernel::Gather).map(|r| r.pct_of_roofline),
@@ -783,6 +820,69 @@ fn targets(
             "ms",
             true,
         ),
+        (
+            "minilm candle Embedding forward >= 3x candle_nn::Embedding's speed",
+            vs_candle_nn("minilm", CandleOp::Forward),
+            3.0,
+            "x",
+            false,
+        ),
+        (
+            "gpt2 candle Embedding forward >= 3x candle_nn::Embedding's speed",
+            vs_candle_nn("gpt2", CandleOp::Forward),
+            3.0,
+            "x",
+            false,
+        ),
+        (
+            "recsys candle Embedding forward >= 3x candle_nn::Embedding's speed",
+            vs_candle_nn("recsys", CandleOp::Forward),
+            3.0,
+            "x",
+            false,
+        ),
+        (
+            "minilm candle Embedding backward >= 20x candle_nn::Embedding's speed",
+            vs_candle_nn("minilm", CandleOp::Backward),
+            20.0,
+            "x",
+            false,
+        ),
+        (
+            "gpt2 candle Embedding backward >= 20x candle_nn::Embedding's speed",
+            vs_candle_nn("gpt2", CandleOp::Backward),
+            20.0,
+            "x",
+            false,
+        ),
+        (
+            "recsys candle Embedding backward >= 20x candle_nn::Embedding's speed",
+            vs_candle_nn("recsys", CandleOp::Backward),
+            20.0,
+            "x",
+            false,
+        ),
+        (
+            "candle Embedding forward <= 1.10x the kernel's time (worst of minilm/gpt2/recsys)",
+            worst_vs_kernel(CandleOp::Forward),
+            1.10,
+            "x",
+            true,
+        ),
+        (
+            "candle Embedding backward <= 1.10x the kernel's time (worst of the three)",
+            worst_vs_kernel(CandleOp::Backward),
+            1.10,
+            "x",
+            true,
+        ),
+        (
+            "candle Embedding fwd_bwd <= 1.10x the kernels' time (worst of the three)",
+            worst_vs_kernel(CandleOp::FwdBwd),
+            1.10,
+            "x",
+            true,
+        ),
     ];
     goals
         .into_iter()
@@ -840,6 +940,7 @@ struct Report {
     rows: Vec<Row>,
     layer_rows: Vec<layer::LayerRow>,
     format_rows: Vec<formats::FormatRow>,
+    candle_layer_rows: Vec<candle_layer::CandleRow>,
     targets: Vec<Target>,
     wall_seconds: f64,
 }
@@ -1053,6 +1154,13 @@ gather_scaled for candle is index_select then affine (two passes); bytes use the
         writeln!(out)?;
         writeln!(out, "{}", formats::LEGEND)?;
     }
+    if !report.candle_layer_rows.is_empty() {
+        writeln!(out)?;
+        candle_layer::header(out)?;
+        candle_layer::block(out, &report.candle_layer_rows)?;
+        writeln!(out)?;
+        writeln!(out, "{}", candle_layer::LEGEND)?;
+    }
     writeln!(out)?;
     writeln!(out, "targets (checked, not asserted):")?;
     for t in &report.targets {
@@ -1109,12 +1217,19 @@ fn main() -> Result<(), Box<dyn Error>> {
             or_all(&args.format_ops, &formats::FormatOp::ALL),
         )
     };
+    // The candle_layer rows are candle's too: --no-peer skips them.
+    let candle_ops = if args.no_candle_layer || args.no_peer {
+        Vec::new()
+    } else {
+        or_all(&args.candle_ops, &candle_layer::CandleOp::ALL)
+    };
     let plan = Plan {
         kernels,
         impls,
         layer_ops,
         formats,
         format_ops,
+        candle_ops,
         budget: Budget {
             per_row: Duration::from_millis(args.budget_ms),
             reps: args.reps.map(NonZeroUsize::get),
@@ -1134,7 +1249,8 @@ fn main() -> Result<(), Box<dyn Error>> {
     } else {
         let per_workload = plan.kernels.len() * plan.impls.len()
             + plan.layer_ops.len()
-            + plan.formats.len() * plan.format_ops.len();
+            + plan.formats.len() * plan.format_ops.len()
+            + plan.candle_ops.len();
         let pb = ProgressBar::new((workloads.len() * per_workload) as u64);
         pb.set_style(ProgressStyle::with_template(
             "{bar:30} {pos}/{len} rows [{elapsed}] {msg}",
@@ -1153,6 +1269,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let mut rows = Vec::new();
     let mut layer_rows = Vec::new();
     let mut format_rows = Vec::new();
+    let mut candle_layer_rows = Vec::new();
     let mut infos = Vec::new();
     for w in &workloads {
         let m = run_workload(*w, &plan, &pool, &pb)?;
@@ -1161,6 +1278,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         rows.extend(m.rows);
         layer_rows.extend(m.layer_rows);
         format_rows.extend(m.format_rows);
+        candle_layer_rows.extend(m.candle_layer_rows);
         infos.push(WorkloadInfo {
             name: w.name,
             num_embeddings: w.num_embeddings,
@@ -1179,10 +1297,11 @@ fn main() -> Result<(), Box<dyn Error>> {
         reps_per_row: budget.reps,
         bytes_rule: BYTES_RULE,
         workloads: infos,
-        targets: targets(&rows, &layer_rows, &format_rows),
+        targets: targets(&rows, &layer_rows, &format_rows, &candle_layer_rows),
         rows,
         layer_rows,
         format_rows,
+        candle_layer_rows,
         wall_seconds: started.elapsed().as_secs_f64(),
     };
     footer(&mut human, &report)?;

@@ -19,7 +19,7 @@
 //! nothing here needs a font file, fontconfig or freetype (plotters lays the
 //! text out with its built-in size estimate).
 
-use super::{formats, layer, Impl, Report, BYTES_RULE, MIN_REPS, WARMUP_REPS};
+use super::{candle_layer, formats, layer, Impl, Report, BYTES_RULE, MIN_REPS, WARMUP_REPS};
 use plotters::backend::SVGBackend;
 use plotters::element::DashedPathElement;
 use plotters::prelude::*;
@@ -294,6 +294,7 @@ fn markdown(report: &Report, stamp: &Stamp, shares: &[Share]) -> Result<String, 
     kernel_table(&mut s, report, stamp)?;
     layer_table(&mut s, report, stamp)?;
     format_table(&mut s, report, stamp)?;
+    candle_table(&mut s, report, stamp)?;
     target_table(&mut s, report, stamp)?;
     Ok(s)
 }
@@ -446,6 +447,43 @@ fn layer_table(s: &mut String, report: &Report, stamp: &Stamp) -> std::fmt::Resu
     }
     // The legend's lines are wrapped for a terminal; one paragraph here.
     let legend: Vec<&str> = layer::LEGEND.lines().map(str::trim).collect();
+    writeln!(s, "\n{}.\n", legend.join(" "))
+}
+
+fn candle_table(s: &mut String, report: &Report, stamp: &Stamp) -> std::fmt::Result {
+    writeln!(s, "## candle layers\n")?;
+    writeln!(s, "{}\n", stamp.heading())?;
+    if report.candle_layer_rows.is_empty() {
+        return writeln!(s, "No candle_layer rows in this run.\n");
+    }
+    writeln!(
+        s,
+        "| workload | op | ours µs | candle_nn µs | kernel µs | accumulate µs | vs candle_nn | ours / kernel | same bits | reps |"
+    )?;
+    writeln!(
+        s,
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"
+    )?;
+    for r in &report.candle_layer_rows {
+        let accumulate = r
+            .accumulate
+            .map_or("–".to_string(), |a| format!("{:.1}", a.median_us));
+        writeln!(
+            s,
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {} | {:.2}x | {:.2}x | {} | {} |",
+            r.workload,
+            r.op,
+            r.ours.median_us,
+            r.candle_nn.median_us,
+            r.kernel.median_us,
+            accumulate,
+            r.speedup_vs_candle_nn,
+            r.time_vs_kernel,
+            if r.results_match { "yes" } else { "**no**" },
+            r.ours.reps
+        )?;
+    }
+    let legend: Vec<&str> = candle_layer::LEGEND.lines().map(str::trim).collect();
     writeln!(s, "\n{}.\n", legend.join(" "))
 }
 

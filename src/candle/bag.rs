@@ -2,7 +2,9 @@
 //! the grouped backward, max through the forward's winners).
 
 use super::embedding::embedding;
-use super::{check_cpu, check_ids, check_table, contiguous, kernel_error, matrix_width, Ids};
+use super::{
+    check_cpu, check_ids, check_table, contiguous, kernel_error, matrix_width, zeroed, Ids,
+};
 use crate::bags::Bags;
 use crate::parallel::Parallelism;
 use crate::pooling::{Mode, Pooling};
@@ -250,9 +252,9 @@ impl CustomOp2 for BagForward {
         let ids = Ids::new(ids, ids_layout, op)?;
         let args = self.args();
         let len = self.bags.len() * dim;
-        let mut out = vec![0f32; len];
+        let mut out = zeroed::<f32>(len, op)?;
         let mut max_indices = match self.mode {
-            Mode::Max => vec![0i64; len],
+            Mode::Max => zeroed::<i64>(len, op)?,
             _ => Vec::new(),
         };
         with_ids!(ids, |v| bag_forward_with(
@@ -330,7 +332,7 @@ impl CustomOp2 for BagGrad {
             return Err(Error::UnsupportedDTypeForOp(grad_out.dtype(), op));
         };
         let g = contiguous(g, grad_layout, op)?;
-        let mut grad = vec![0f32; self.rows * dim];
+        let mut grad = zeroed::<f32>(self.rows * dim, op)?;
         let par = Parallelism::Auto;
         let done = match self.args.mode {
             Mode::Max => bag_max_backward_with(par, g, dim, &self.max_indices, &mut grad),

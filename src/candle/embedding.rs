@@ -1,6 +1,6 @@
 //! [`Embedding`]: the lookup op and its dense backward op.
 
-use super::{check_ids, check_table, contiguous, kernel_error, matrix_width, Ids};
+use super::{check_ids, check_table, contiguous, kernel_error, matrix_width, zeroed, Ids};
 use crate::parallel::Parallelism;
 use crate::{dense_backward_with, gather_half_with, gather_with};
 use candle_core::backend::BackendStorage;
@@ -156,21 +156,21 @@ impl CustomOp2 for Lookup {
         let out = match weight {
             CpuStorage::F32(w) => {
                 let w = contiguous(w, weight_layout, op)?;
-                let mut out = vec![0f32; len];
+                let mut out = zeroed::<f32>(len, op)?;
                 with_ids!(ids, |v| gather_with(par, w, dim, v, &mut out))
                     .map_err(|e| kernel_error(op, e))?;
                 CpuStorage::F32(out)
             }
             CpuStorage::F16(w) => {
                 let w = contiguous(w, weight_layout, op)?;
-                let mut out = vec![f16::ZERO; len];
+                let mut out = zeroed::<f16>(len, op)?;
                 with_ids!(ids, |v| gather_half_with(par, w, dim, v, &mut out))
                     .map_err(|e| kernel_error(op, e))?;
                 CpuStorage::F16(out)
             }
             CpuStorage::BF16(w) => {
                 let w = contiguous(w, weight_layout, op)?;
-                let mut out = vec![bf16::ZERO; len];
+                let mut out = zeroed::<bf16>(len, op)?;
                 with_ids!(ids, |v| gather_half_with(par, w, dim, v, &mut out))
                     .map_err(|e| kernel_error(op, e))?;
                 CpuStorage::BF16(out)
@@ -220,7 +220,7 @@ impl CustomOp2 for DenseGrad {
         let len = self.rows * dim;
         let par = Parallelism::Auto;
         let sum = |g: &[f32]| -> Result<Vec<f32>> {
-            let mut grad = vec![0f32; len];
+            let mut grad = zeroed::<f32>(len, op)?;
             with_ids!(ids, |v| dense_backward_with(
                 par, g, dim, v, None, false, &mut grad
             ))

@@ -34,10 +34,20 @@
 //!    for max mode records the winners' ids, which its `bwd` hands to
 //!    [`bag_max_backward_with`](crate::bag_max_backward_with); sum and mean go back through
 //!    [`bag_backward_with`](crate::bag_backward_with).
-//! 5. **Errors.** Every problem is a [`candle_core::Error`], never a panic:
+//! 5. **Outputs in huge pages.** Every op returns a new buffer (candle's
+//!    tensors are immutable); a large one is advised for transparent huge
+//!    pages before the kernel first writes it, as the crate's own layers
+//!    do, which on a 32 MiB output or a 488 MiB gradient is most of the
+//!    difference from a plain `vec!` (the page faults).
+//! 6. **Errors.** Every problem is a [`candle_core::Error`], never a panic:
 //!    a tensor not on the CPU, a dtype the crate does not serve, a shape
 //!    that is not a table, and a bad id (the message names its flat
 //!    position and its value).
+//!
+//! [`QuantizedEmbedding`] and [`QuantizedEmbeddingBag`] (`quantized.rs`) are
+//! the crate's inference layers over tables of any
+//! [`Format`](crate::formats::Format), 8-, 4- and 2-bit rows included: candle id
+//! tensors in, `f32` tensors out, no gradient.
 //!
 //! Where this differs from candle: candle's `index_select` reads an id equal
 //! to its dtype's largest value (`255` for `u8`, `u32::MAX`, `i64::MAX`) as
@@ -162,6 +172,21 @@ macro_rules! with_ids {
     };
 }
 
+/// `len` zeros for an op's result, as candle's storage holds it: an
+/// ordinary `Vec` (candle frees it as one), advised for transparent huge
+/// pages before its first touch when it spans one, as the crate's layers
+/// allocate their outputs ([`crate::memory`]). Writing a fresh buffer costs
+/// a page fault per page; with 2 MiB pages instead of 4 KiB ones, a large
+/// output or table gradient takes 512 times fewer. Memory the allocator
+/// refuses is an error, not an abort.
+fn zeroed<T: bytemuck::Zeroable>(len: usize, op: &'static str) -> Result<Vec<T>> {
+    let values = crate::buffer::zeroed::<T>(len, "output").map_err(|e| kernel_error(op, e))?;
+    if core::mem::size_of_val(values.as_slice()) >= crate::memory::HUGE_PAGE {
+        crate::memory::advise_huge_pages(&values);
+    }
+    Ok(values)
+}
+
 /// A kernel error as a candle error, its message naming the operation.
 fn kernel_error(op: &'static str, err: EmbeddingError) -> Error {
     Error::Msg(format!("{op}: {err}")).bt()
@@ -169,6 +194,8 @@ fn kernel_error(op: &'static str, err: EmbeddingError) -> Error {
 
 mod bag;
 mod embedding;
+mod quantized;
 
 pub use bag::{embedding_bag, EmbeddingBag};
 pub use embedding::{embedding, Embedding};
+pub use quantized::{QuantizedEmbedding, QuantizedEmbeddingBag};
