@@ -3,7 +3,7 @@
 
 use super::embedding::embedding;
 use super::{
-    check_cpu, check_ids, check_table, contiguous, kernel_error, matrix_width, zeroed, Ids,
+    bag_arguments, check_ids, check_table, contiguous, kernel_error, matrix_width, zeroed, Ids,
 };
 use crate::bags::Bags;
 use crate::parallel::Parallelism;
@@ -103,24 +103,13 @@ impl EmbeddingBag {
         per_sample_weights: Option<&Tensor>,
     ) -> Result<Tensor> {
         check_ids(ids)?;
-        check_ids(offsets)?;
-        let n = ids.dims1()?;
-        let offsets = offsets.to_dtype(DType::I64)?.to_vec1::<i64>()?;
-        let bags = Bags::from_offsets(&offsets, n, include_last_offset)
-            .map_err(|e| kernel_error("embedding bag offsets", e))?;
-        let weights = match per_sample_weights {
-            None => None,
-            Some(w) => {
-                check_cpu(w, "per_sample_weights")?;
-                if w.dtype() != DType::F32 {
-                    return Err(Error::UnsupportedDTypeForOp(
-                        w.dtype(),
-                        "embedding bag per_sample_weights",
-                    ));
-                }
-                Some(w.flatten_all()?.to_vec1::<f32>()?)
-            }
-        };
+        let (bags, weights) = bag_arguments(
+            ids,
+            offsets,
+            include_last_offset,
+            per_sample_weights,
+            ["embedding bag offsets", "embedding bag per_sample_weights"],
+        )?;
         self.apply(ids, bags, weights)
     }
 

@@ -188,6 +188,35 @@ fn zeroed<T: bytemuck::Zeroable>(len: usize, op: &'static str) -> Result<Vec<T>>
 }
 
 /// A kernel error as a candle error, its message naming the operation.
+/// The bags of a bag layer's `offsets` over the `n` ids of `ids` (1-D), and
+/// its `per_sample_weights` (`f32`, on the CPU) as a `Vec`: what every bag
+/// layer checks before its op. `ops` name the offsets and the weights in
+/// the errors.
+fn bag_arguments(
+    ids: &Tensor,
+    offsets: &Tensor,
+    include_last_offset: bool,
+    per_sample_weights: Option<&Tensor>,
+    ops: [&'static str; 2],
+) -> Result<(crate::Bags, Option<Vec<f32>>)> {
+    check_ids(offsets)?;
+    let n = ids.dims1()?;
+    let offsets = offsets.to_dtype(DType::I64)?.to_vec1::<i64>()?;
+    let bags = crate::Bags::from_offsets(&offsets, n, include_last_offset)
+        .map_err(|e| kernel_error(ops[0], e))?;
+    let weights = match per_sample_weights {
+        None => None,
+        Some(w) => {
+            check_cpu(w, "per_sample_weights")?;
+            if w.dtype() != DType::F32 {
+                return Err(Error::UnsupportedDTypeForOp(w.dtype(), ops[1]));
+            }
+            Some(w.flatten_all()?.to_vec1::<f32>()?)
+        }
+    };
+    Ok((bags, weights))
+}
+
 fn kernel_error(op: &'static str, err: EmbeddingError) -> Error {
     Error::Msg(format!("{op}: {err}")).bt()
 }

@@ -15,7 +15,7 @@
 //! the packed rows; [`QuantizedEmbedding::from_float`] packs a trained
 //! [`Embedding`]'s weight.
 
-use super::{check_cpu, check_ids, check_table, kernel_error, Embedding, EmbeddingBag, Ids};
+use super::{bag_arguments, check_ids, check_table, kernel_error, Embedding, EmbeddingBag, Ids};
 use crate::bags::Bags;
 use crate::formats::{Format, OwnedTable};
 use crate::pooling::Mode;
@@ -170,24 +170,16 @@ impl QuantizedEmbeddingBag {
         include_last_offset: bool,
         per_sample_weights: Option<&Tensor>,
     ) -> Result<Tensor> {
-        check_ids(offsets)?;
-        let n = ids.dims1()?;
-        let offsets = offsets.to_dtype(DType::I64)?.to_vec1::<i64>()?;
-        let bags = Bags::from_offsets(&offsets, n, include_last_offset)
-            .map_err(|e| kernel_error("quantized embedding bag offsets", e))?;
-        let weights = match per_sample_weights {
-            None => None,
-            Some(w) => {
-                check_cpu(w, "per_sample_weights")?;
-                if w.dtype() != DType::F32 {
-                    return Err(Error::UnsupportedDTypeForOp(
-                        w.dtype(),
-                        "quantized embedding bag per_sample_weights",
-                    ));
-                }
-                Some(w.flatten_all()?.to_vec1::<f32>()?)
-            }
-        };
+        let (bags, weights) = bag_arguments(
+            ids,
+            offsets,
+            include_last_offset,
+            per_sample_weights,
+            [
+                "quantized embedding bag offsets",
+                "quantized embedding bag per_sample_weights",
+            ],
+        )?;
         self.pool(ids, &bags, weights.as_deref())
     }
 
