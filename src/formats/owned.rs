@@ -88,11 +88,11 @@ impl PartialEq for Memory {
 impl OwnedTable {
     /// `table` (`rows × dim` `f32`s) in `format`: copied, rounded to
     /// `f16` / `bf16` (nearest, ties to even), or packed by
-    /// [`RowWise::prepack`].
+    /// [`RowWise::prepack`](super::RowWise::prepack).
     ///
     /// # Errors
     /// A shape error for `table`, or the errors of
-    /// [`RowWise::prepack`] for the row-wise formats, or
+    /// [`RowWise::prepack`](super::RowWise::prepack) for the row-wise formats, or
     /// [`EmbeddingError::AllocationFailed`] if the copy cannot be allocated.
     pub fn from_f32(table: &[f32], dim: usize, format: Format) -> Result<Self, EmbeddingError> {
         let rows = table_rows(table.len(), dim, Operand::Table)?;
