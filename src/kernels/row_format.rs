@@ -6,7 +6,7 @@
 //! | --- | --- | --- |
 //! | [`PlainRows`] of `f32` | `dim` `f32`s | a load |
 //! | [`PlainRows`] of `f16` or `bf16` | `dim` halves | [`Lanes::from_f16`] / [`Lanes::from_bf16`] |
-//! | [`Packed`] | FBGEMM's row-wise codes, then a scale and a bias | levels by [`Lanes::from_u8`] / [`Lanes::from_packed`]; the row's `(scale, bias)` from [`RowFormat::affine`] |
+//! | [`Packed`] | FBGEMM's row-wise codes, then a scale and a bias | levels by [`Lanes::from_u8`] (8 bits), [`Lanes::from_nibble_pairs`] (4 bits: two vectors a load, dealt out by column parity, put back by [`RowFormat::in_column_order`]) or [`Lanes::from_packed`] (2 bits); the row's `(scale, bias)` from [`RowFormat::affine`] |
 //!
 //! Every decode is exact (a byte, a level, a half is an `f32` exactly), so
 //! the format adds no rounding of its own: a packed value is
