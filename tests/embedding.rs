@@ -1241,3 +1241,27 @@ fn free_sparse_step_refuses_and_changes_nothing() {
     );
     assert!(wider.iter().all(|&x| x == 0.0), "the wider table changed");
 }
+
+/// `apply_sparse` applies a coalesced gradient's rows as they are: a `-0.0`
+/// gradient value stays `-0.0` (summing the one row from `+0.0` made it
+/// `+0.0`, so `-0.0 - 2 × -0.0` gave `-0.0` where the rule gives `+0.0`;
+/// found by the `layers` fuzz target, seed `apply-sparse-negative-zero-grad`).
+#[test]
+fn apply_sparse_takes_the_gradient_as_given() {
+    let weight = vec![-0.0f32, 1.0, -0.0, 2.0];
+    let grad = SparseGrad::new(vec![0, 1], vec![-0.0, 0.5, -0.0, 0.0], 2, 2).unwrap();
+    let lr = 2.0f32;
+    for par in [Parallelism::Serial, Parallelism::Rayon] {
+        let mut emb = Embedding::from_pretrained(weight.clone(), 2, false)
+            .unwrap()
+            .with_parallelism(par);
+        emb.apply_sparse(&grad, &mut Sgd::new(lr)).unwrap();
+        let want: Vec<u32> = weight
+            .iter()
+            .zip(grad.values())
+            .map(|(&w, &g)| (w - lr * g).to_bits())
+            .collect();
+        assert_eq!(bits(emb.weight()), want, "{par:?}");
+        assert_eq!(emb.weight()[0].to_bits(), 0.0f32.to_bits(), "{par:?}");
+    }
+}

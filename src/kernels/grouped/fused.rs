@@ -149,7 +149,8 @@ pub(crate) fn update<S: Source, R: RowRule>(
     rule: &R,
 ) {
     let split = par.splits(source.bytes(), PARALLEL_MIN_BYTES);
-    apply_groups(split, groups, source, divide_by_count, target, rule);
+    let rows = GradRows::Summed { divide_by_count };
+    apply_groups(split, groups, source, rows, target, rule);
 }
 
 /// The rows of a coalesced gradient as groups for [`apply_sparse`], less
@@ -185,7 +186,18 @@ pub(crate) fn apply_sparse<R: RowRule>(
         dim: target.dim,
     };
     let split = par.splits(source.bytes(), PARALLEL_MIN_BYTES);
-    apply_groups(split, groups, &source, false, target, rule);
+    apply_groups(split, groups, &source, GradRows::AsGiven, target, rule);
+}
+
+/// How a group's gradient row is made from its positions' rows.
+#[derive(Clone, Copy)]
+enum GradRows {
+    /// Summed in position order from `+0.0` (divided by the count with
+    /// `divide_by_count`): the backward of a batch.
+    Summed { divide_by_count: bool },
+    /// The group's one row as it is: a coalesced gradient the caller made,
+    /// whose `-0.0`s a sum from `+0.0` would turn into `+0.0`.
+    AsGiven,
 }
 
 /// The shared body of the fused updates: tasks of disjoint rows, each row's
@@ -194,7 +206,7 @@ fn apply_groups<S: Source, R: RowRule>(
     split: bool,
     groups: &Groups,
     source: &S,
-    divide_by_count: bool,
+    grad_rows: GradRows,
     target: Target<'_>,
     rule: &R,
 ) {
@@ -216,7 +228,7 @@ fn apply_groups<S: Source, R: RowRule>(
     let body = Apply {
         groups,
         source,
-        divide_by_count,
+        grad_rows,
         dim,
         width,
         rule,
@@ -228,7 +240,7 @@ fn apply_groups<S: Source, R: RowRule>(
 struct Apply<'a, S, R> {
     groups: &'a Groups,
     source: &'a S,
-    divide_by_count: bool,
+    grad_rows: GradRows,
     dim: usize,
     /// Floats of optimiser state per row.
     width: usize,
@@ -260,13 +272,26 @@ impl<S: Source, R: RowRule> TaskBody for Apply<'_, S, R> {
                 (&mut weight[..], &mut state[..])
             };
             let positions = groups.positions(g);
-            sum_positions::<V, S>(
-                self.source,
-                positions,
-                t.cols.clone(),
-                self.divide_by_count,
-                &mut sum,
-            );
+            match (self.grad_rows, positions) {
+                (GradRows::AsGiven, &[p]) => {
+                    sum.copy_from_slice(self.source.row(p, t.cols.clone()));
+                }
+                (rows, _) => {
+                    let divide_by_count = matches!(
+                        rows,
+                        GradRows::Summed {
+                            divide_by_count: true
+                        }
+                    );
+                    sum_positions::<V, S>(
+                        self.source,
+                        positions,
+                        t.cols.clone(),
+                        divide_by_count,
+                        &mut sum,
+                    );
+                }
+            }
             self.rule.update(w, &sum, s);
         }
     }
