@@ -9,6 +9,7 @@ itself never does.
     python3 benches/pytorch_peer.py                 # every row, cold and warm
     python3 benches/pytorch_peer.py --workloads recsys --ops bag_sum --json
     python3 benches/pytorch_peer.py --ops bag_sum,forward --formats f32,int8
+    python3 benches/pytorch_peer.py --serve   # for `report --loop`, see below
 
 Each row is timed two ways:
 
@@ -56,6 +57,7 @@ which does not add the output (see `rows_for`).
 import argparse
 import json
 import math
+import sys
 import time
 
 import numpy as np
@@ -275,6 +277,108 @@ def rows_for(name, op, fmt, args):
     return row
 
 
+# The ops of the warm-loop comparison (`report --loop`), and PyTorch's call
+# for each: what a PyTorch user writes in a training or serving loop.
+LOOP_OPS = ("gather", "forward", "bag_sum", "bag_mean", "sparse_step")
+LOOP_LR = 1e-6
+
+
+def loop_data(name):
+    """The tensors of one workload for the warm-loop cells."""
+    rows, dim, n = WORKLOADS[name]
+    gen = torch.Generator().manual_seed(0x5EED + rows)
+    return {
+        "weight": torch.rand(rows, dim, generator=gen) * 2 - 1,
+        "ids": torch.randint(0, rows, (n,), generator=gen),
+        "offsets": torch.arange(0, n, BAG_SIZE),
+        "grad_out": torch.rand(n, dim, generator=gen) * 2 - 1,
+    }
+
+
+def loop_call(data, op):
+    """PyTorch's side of one warm-loop cell: a call whose result is dropped
+    as soon as it returns, as in a loop that uses it and moves on."""
+    weight, ids, offsets = data["weight"], data["ids"], data["offsets"]
+    if op == "gather":
+        out = torch.empty(ids.numel(), weight.shape[1])
+
+        def call():
+            torch.index_select(weight, 0, ids, out=out)
+
+    elif op == "forward":
+
+        def call():
+            F.embedding(ids, weight)
+
+    elif op in ("bag_sum", "bag_mean"):
+        mode = op.removeprefix("bag_")
+
+        def call():
+            F.embedding_bag(ids, weight, offsets, mode=mode)
+
+    elif op == "sparse_step":
+        # A copy, so the steps leave the workload's table as it was.
+        param = torch.nn.Parameter(weight.clone())
+        opt = torch.optim.SGD([param], lr=LOOP_LR)
+        grad_out = data["grad_out"]
+
+        def call():
+            opt.zero_grad(set_to_none=True)
+            F.embedding(ids, param, sparse=True).backward(grad_out)
+            opt.step()
+
+    else:
+        raise ValueError(f"unknown loop op {op!r} (one of: {', '.join(LOOP_OPS)})")
+    return call
+
+
+def loop_median(call, warmup_s, budget_s, min_reps=5):
+    """Calls back to back: `warmup_s` untimed, then at least `budget_s` of
+    timed calls (and `min_reps`); the median in ms. A call's result is freed
+    inside its timing, as in a user's loop."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < warmup_s:
+        call()
+    samples = []
+    start = time.perf_counter()
+    while len(samples) < min_reps or time.perf_counter() - start < budget_s:
+        t = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - t)
+    return median_ms(samples), len(samples)
+
+
+def serve():
+    """The PyTorch side of `report --loop`: one JSON request a line on stdin
+    (`{"workload", "op", "warmup_s", "budget_s"}`), one JSON answer a line on
+    stdout (`{"ms", "reps"}`, or `{"error"}`). The first line out says what
+    PyTorch is. A workload's tensors are kept until another is asked for."""
+    print(
+        json.dumps(
+            {
+                "torch": torch.__version__,
+                "threads": torch.get_num_threads(),
+                "capability": torch.backends.cpu.get_cpu_capability(),
+            }
+        ),
+        flush=True,
+    )
+    cached = {}
+    for line in sys.stdin:
+        try:
+            req = json.loads(line)
+            name = req["workload"]
+            if name not in cached:
+                cached.clear()
+                cached[name] = loop_data(name)
+            call = loop_call(cached[name], req["op"])
+            ms, reps = loop_median(call, req["warmup_s"], req["budget_s"])
+            answer = {"ms": ms, "reps": reps}
+        except Exception as e:  # the report prints it and stops
+            answer = {"error": f"{type(e).__name__}: {e}"}
+        print(json.dumps(answer), flush=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workloads", default="minilm,gpt2,recsys")
@@ -288,13 +392,21 @@ def main():
     p.add_argument("--budget-ms", type=float, default=500)
     p.add_argument("--no-warm", action="store_true")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="answer timing requests on stdin (used by `report --loop`)",
+    )
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.serve:
+        serve()
+        return
     formats = args.formats.split(",")
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
         p.error(f"unknown format {', '.join(unknown)} (one of: {', '.join(FORMATS)})")
-    if args.threads:
-        torch.set_num_threads(args.threads)
     out = []
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "

@@ -40,6 +40,7 @@ mod common;
 mod formats;
 mod layer;
 mod markdown;
+mod warm_loop;
 
 use candle_core::Tensor;
 use clap::{Parser, ValueEnum};
@@ -145,6 +146,25 @@ struct Args {
     #[arg(long)]
     no_huge_pages: bool,
 
+    /// Only the warm-loop comparison with PyTorch (each side's median of
+    /// calls back to back, the two alternating, `--rounds` rounds) over
+    /// `--workloads`; needs `--python` with torch.
+    #[arg(long = "loop")]
+    warm_loop: bool,
+
+    /// Ops of `--loop`, comma-separated [default: all]
+    /// (gather, forward, bag_sum, bag_mean, sparse_step).
+    #[arg(long, value_delimiter = ',', value_parser = parse_loop_op)]
+    loop_ops: Vec<&'static str>,
+
+    /// Rounds of `--loop`.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+
+    /// The Python that runs PyTorch's side of `--loop`.
+    #[arg(long, default_value = "python3")]
+    python: String,
+
     /// Print one JSON document to stdout (the table goes to stderr).
     #[arg(long)]
     json: bool,
@@ -162,6 +182,14 @@ fn parse_format(name: &str) -> Result<Format, String> {
         let names: Vec<&str> = Format::ALL.iter().map(|f| f.name()).collect();
         format!("unknown format `{name}` (one of: {})", names.join(", "))
     })
+}
+
+fn parse_loop_op(name: &str) -> Result<&'static str, String> {
+    let ops = warm_loop::OPS;
+    ops.iter()
+        .find(|&&op| op == name)
+        .copied()
+        .ok_or_else(|| format!("unknown loop op `{name}` (one of: {})", ops.join(", ")))
 }
 
 fn parse_workload(name: &str) -> Result<Workload, String> {
@@ -993,6 +1021,51 @@ fn loadavg() -> Option<String> {
 }
 
 /// The command line, as it would be typed through cargo.
+/// `--loop`: the warm-loop comparison alone, its table on stdout (and in
+/// DIR/warm_loop.md with `--markdown DIR`).
+fn run_loop(args: &Args, workloads: &[Workload]) -> Result<(), Box<dyn Error>> {
+    let ops = or_all(&args.loop_ops, &warm_loop::OPS);
+    let threads = args.threads.map(NonZeroUsize::get);
+    if let Some(dir) = &args.markdown {
+        std::fs::create_dir_all(dir)?;
+    }
+    let command = command_line();
+    let cpu = machine(1, false).cpu;
+    eprintln!(
+        "{:5} {:8} {:12} {:>10} {:>10} {:>7}",
+        "round", "workload", "op", "torch ms", "ours ms", "ratio"
+    );
+    let report = warm_loop::run(workloads, &ops, args.rounds, &args.python, threads, |c| {
+        eprintln!(
+            "{:5} {:8} {:12} {:10.4} {:10.4} {:7.2}",
+            c.round, c.workload, c.op, c.torch.ms, c.ours.ms, c.ratio
+        )
+    })?;
+    let p = &report.peer;
+    let head = format!(
+        "Warm loop, {}, `{command}`: {cpu}, {} threads; PyTorch {} ({} threads, {}).\n\n",
+        markdown::utc_now(),
+        report.threads,
+        p.torch,
+        p.threads,
+        p.capability
+    );
+    let table = warm_loop::markdown(&report, workloads, &ops);
+    println!("{head}{table}");
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    }
+    if let Some(dir) = &args.markdown {
+        let path = dir.join("warm_loop.md");
+        std::fs::write(
+            &path,
+            format!("# Warm loop against PyTorch\n\n{head}{table}"),
+        )?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
 fn command_line() -> String {
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -1191,6 +1264,9 @@ fn main() -> Result<(), Box<dyn Error>> {
     let started = Instant::now();
     let args = Args::parse();
     let workloads: Vec<Workload> = or_all(&args.workloads, &WORKLOADS);
+    if args.warm_loop {
+        return run_loop(&args, &workloads);
+    }
     let kernels: Vec<Kernel> = or_all(&args.kernels, &Kernel::ALL);
     let mut impls: Vec<Impl> = or_all(&args.impls, &Impl::ALL);
     if args.no_peer {

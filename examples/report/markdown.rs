@@ -106,7 +106,7 @@ impl Stamp {
 }
 
 /// The current UTC date and time, as `YYYY-MM-DD HH:MM UTC`.
-fn utc_now() -> String {
+pub fn utc_now() -> String {
     let secs = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
