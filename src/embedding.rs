@@ -38,7 +38,7 @@
 
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
-use crate::kernels::{self, gather_valid, Groups, PARALLEL_MIN_BYTES};
+use crate::kernels::{self, gather_fresh, gather_valid, Groups, PARALLEL_MIN_BYTES};
 use crate::memory::AlignedTable;
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
@@ -402,11 +402,14 @@ impl Embedding {
         check_shape(ids.len(), shape)?;
         let len = rows_len(ids.len(), self.embedding_dim)?;
         let valid = ValidIds::new(ids, self.num_embeddings)?;
-        let mut values = crate::memory::zeroed_floats(len, "output")?;
+        // Room for the output, written once by the lookup (not zeroed first).
+        let mut values = crate::buffer::with_capacity(len, "output")?;
         let mut shape_out = crate::buffer::with_capacity(shape.len() + 1, "output")?;
         shape_out.extend_from_slice(shape);
         shape_out.push(self.embedding_dim);
-        self.lookup_valid(valid, &mut values)?;
+        self.renorm_rows(valid)?;
+        let (par, dim) = (self.parallelism, self.embedding_dim);
+        gather_fresh(par, &self.weight, dim, valid, &mut values)?;
         Ok(Embedded {
             values,
             shape: shape_out,

@@ -4,7 +4,7 @@
 use embedding_kernels::reference::loops;
 use embedding_kernels::{
     gather, gather_scaled, gather_scaled_with, gather_with, reference, scatter_add,
-    scatter_add_with, EmbeddingError, Index, Operand, Parallelism,
+    scatter_add_with, Embedding, EmbeddingError, Index, Operand, Parallelism,
 };
 use proptest::prelude::*;
 
@@ -549,4 +549,38 @@ fn large_outputs_equal_reference() {
     let mut copy = vec![0.0; n * dim];
     reference::gather(&table, dim, &ids, &mut copy).unwrap();
     assert_eq!(bits(&got), bits(&copy));
+}
+
+/// Tables from 512 KiB up are read with prefetch hints, smaller ones
+/// without: both loops, serial and on every pool, give the reference's
+/// bits, through the free functions and the allocating layer forward.
+#[test]
+fn tables_on_both_sides_of_the_prefetch_size_equal_reference() {
+    let mut rng = SplitMix(29);
+    // 2 047 × 64 floats is one row short of 512 KiB; 2 048 × 64 is 512 KiB;
+    // 4 099 × 37 is past it with rows that are no whole number of lines.
+    for (rows, dim) in [(2_047u64, 64), (2_048, 64), (4_099, 37)] {
+        let table = rng.values(rows as usize * dim);
+        let ids: Vec<i64> = (0..3_000).map(|_| (rng.next() % rows) as i64).collect();
+        let n = ids.len() * dim;
+        let mut want = vec![0.0; n];
+        reference::gather(&table, dim, &ids, &mut want).unwrap();
+        let mut want_scaled = vec![0.0; n];
+        reference::gather_scaled(&table, dim, &ids, 1.5, &mut want_scaled).unwrap();
+        let mut layer = Embedding::from_pretrained(table.clone(), dim, true).unwrap();
+        for par in [Parallelism::Serial, Parallelism::Rayon] {
+            for pool in pools() {
+                let mut got = vec![f32::NAN; n];
+                pool.install(|| gather_with(par, &table, dim, &ids, &mut got))
+                    .unwrap();
+                assert_eq!(bits(&got), bits(&want), "{rows} × {dim}, {par:?}");
+                pool.install(|| gather_scaled_with(par, &table, dim, &ids, 1.5, &mut got))
+                    .unwrap();
+                assert_eq!(bits(&got), bits(&want_scaled), "{rows} × {dim}, {par:?}");
+                layer = layer.with_parallelism(par);
+                let out = pool.install(|| layer.forward(&ids, &[ids.len()])).unwrap();
+                assert_eq!(bits(&out.values), bits(&want), "{rows} × {dim}, {par:?}");
+            }
+        }
+    }
 }

@@ -29,13 +29,14 @@
 //!    2 MiB of output, [`Parallelism::Auto`] (the default) keeps the call on
 //!    the calling thread.
 
-use super::tuning::{prefetch_ahead, PARALLEL_MIN_BYTES, TASK_BYTES};
+use super::tuning::{prefetch_ahead, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES, TASK_BYTES};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::prefetch::{self, L2};
 use crate::simd::{row, Body, Isa, Lanes};
+use core::mem::MaybeUninit;
 use rayon::prelude::*;
 
 /// `out[i, :] = table[ids[i], :]` for every `i`.
@@ -147,13 +148,17 @@ pub(crate) fn check<'a, I: Index>(
 /// [`at`](RowOp::at), so an operation that depends on the row number can
 /// count rows instead of dividing for each one.
 pub(crate) trait RowOp: Copy + Send + Sync {
+    /// What the output holds: `f32`, or `MaybeUninit<f32>` for an output
+    /// that is fresh memory ([`FillRow`]).
+    type Out: Send;
+
     /// This operation, placed so that its next row is row `first` of the
     /// whole output.
     fn at(self, first: usize) -> Self;
 
     /// Writes the next output row, `dst`, from the table row `src` (both
     /// `dim` long), with lanes `V`.
-    fn write<V: Lanes>(&mut self, dst: &mut [f32], src: &[f32]);
+    fn write<V: Lanes>(&mut self, dst: &mut [Self::Out], src: &[f32]);
 }
 
 /// `dst = src`: [`gather`].
@@ -161,6 +166,8 @@ pub(crate) trait RowOp: Copy + Send + Sync {
 struct CopyRow;
 
 impl RowOp for CopyRow {
+    type Out = f32;
+
     #[inline(always)]
     fn at(self, _first: usize) -> Self {
         self
@@ -177,6 +184,8 @@ impl RowOp for CopyRow {
 struct ScaleRow(f32);
 
 impl RowOp for ScaleRow {
+    type Out = f32;
+
     #[inline(always)]
     fn at(self, _first: usize) -> Self {
         self
@@ -188,6 +197,71 @@ impl RowOp for ScaleRow {
     }
 }
 
+/// `dst = src` into memory not written before: [`gather_fresh`]. Each value
+/// is written once, through `MaybeUninit::write` (which the compiler turns
+/// into the same vector moves as a copy).
+#[derive(Clone, Copy)]
+struct FillRow;
+
+impl RowOp for FillRow {
+    type Out = MaybeUninit<f32>;
+
+    #[inline(always)]
+    fn at(self, _first: usize) -> Self {
+        self
+    }
+
+    #[inline(always)]
+    fn write<V: Lanes>(&mut self, dst: &mut [MaybeUninit<f32>], src: &[f32]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            d.write(*s);
+        }
+    }
+}
+
+/// [`gather_valid`] into `values`, replacing what it held: the output of
+/// an allocating lookup, each value written once (not zeroed, then
+/// written). A caller that allocates `values` beforehand (with room for
+/// `ids.len() × dim` values) has it used as it is; otherwise it grows here.
+/// Large outputs are advised into huge pages before their first touch.
+///
+/// # Errors
+/// [`EmbeddingError::SizeOverflow`] or
+/// [`EmbeddingError::AllocationFailed`] for the output; then `values` is
+/// empty.
+pub(crate) fn gather_fresh<I: Index>(
+    par: Parallelism,
+    table: &[f32],
+    dim: usize,
+    ids: ValidIds<'_, I>,
+    values: &mut Vec<f32>,
+) -> Result<(), EmbeddingError> {
+    values.clear();
+    let len = rows_len(ids.len(), dim)?;
+    values
+        .try_reserve_exact(len)
+        .map_err(|_| EmbeddingError::AllocationFailed {
+            what: "output",
+            bytes: len as u128 * 4,
+        })?;
+    let fresh = &mut values.spare_capacity_mut()[..len];
+    if core::mem::size_of_val(fresh) >= crate::memory::HUGE_PAGE {
+        crate::memory::advise_huge_pages(fresh);
+    }
+    drive(par, table, dim, ids, fresh, FillRow);
+    // SAFETY: `drive` wrote all of `spare_capacity_mut()[..len]`: each of
+    // the `ids.len()` rows of `dim` values, split among tasks or not, went
+    // through `FillRow::write`, which writes its whole row (the source row
+    // has `dim` values too), and `drive` returns only after every task.
+    // With `dim == 0` or no ids, `len` is 0. The capacity is `len` or more
+    // (reserved above).
+    #[allow(unsafe_code)]
+    unsafe {
+        values.set_len(len)
+    };
+    Ok(())
+}
+
 /// Splits the work (or not) and runs a [`GatherBlock`] on each piece, with
 /// `op` placed at the piece's first row.
 pub(crate) fn drive<I: Index, Op: RowOp>(
@@ -195,7 +269,7 @@ pub(crate) fn drive<I: Index, Op: RowOp>(
     table: &[f32],
     dim: usize,
     ids: ValidIds<'_, I>,
-    out: &mut [f32],
+    out: &mut [Op::Out],
     op: Op,
 ) {
     if dim == 0 || ids.is_empty() {
@@ -232,11 +306,11 @@ pub(crate) fn drive<I: Index, Op: RowOp>(
 
 /// One piece of a gather: `out[i, :] = op(table[ids[i], :])` for its rows.
 /// The one loop body, shared by the serial and the parallel driver.
-struct GatherBlock<'a, 'i, I: Index, Op> {
+struct GatherBlock<'a, 'i, I: Index, Op: RowOp> {
     table: &'a [f32],
     dim: usize,
     ids: ValidIds<'i, I>,
-    out: &'a mut [f32],
+    out: &'a mut [Op::Out],
     op: Op,
 }
 
@@ -253,6 +327,15 @@ impl<I: Index, Op: RowOp> Body for GatherBlock<'_, '_, I, Op> {
             mut op,
         } = self;
         let n = ids.len();
+        if core::mem::size_of_val(table) < PREFETCH_MIN_TABLE_BYTES {
+            // A table this small sits in the caches: hints would only
+            // cost instructions.
+            for (i, dst) in out.chunks_exact_mut(dim).enumerate() {
+                let start = ids.row(i) * dim;
+                op.write::<V>(dst, &table[start..start + dim]);
+            }
+            return;
+        }
         let ahead = prefetch_ahead(dim);
         // Warm the first rows too: a parallel block starts cold.
         for i in 0..ahead.min(n) {

@@ -41,7 +41,7 @@ pub(crate) use bag::{
     bag_backward_valid, check_backward_rows, check_forward_rows, check_forward_unallocated,
     forward_valid, BagUpdate,
 };
-pub(crate) use gather::{check as check_gather, gather_valid};
+pub(crate) use gather::{check as check_gather, gather_fresh, gather_valid};
 pub(crate) use grouped::{
     apply_sparse, dense_backward_valid, for_each_row, fused_update, sparse_groups, Groups, RowRule,
     Target,

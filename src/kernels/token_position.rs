@@ -366,6 +366,8 @@ impl<'a, const SCALED: bool> AddPosition<'a, SCALED> {
 }
 
 impl<const SCALED: bool> RowOp for AddPosition<'_, SCALED> {
+    type Out = f32;
+
     #[inline(always)]
     fn at(mut self, first: usize) -> Self {
         // The driver only runs with ids, and the checks make `seq_len > 0`

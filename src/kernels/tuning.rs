@@ -56,6 +56,15 @@ pub(crate) const STREAM_MIN_BYTES: usize = 8 << 20;
 /// the bag sum in 2.3 ms against 3.2 ms at 8 rows (two threads).
 const PREFETCH_BYTES: usize = 16 << 10;
 
+/// Tables smaller than this are read without prefetch hints (by the
+/// lookups): they sit in a core's L2 (512 KiB on Zen 3, 1 MiB on Zen 4) or
+/// at worst L3, and the hints (one per line of every row) only add
+/// instructions. On tiny (a 256 KiB table, 256-byte rows) a one-thread
+/// gather took 12.4 µs without them against 16.6 µs with, in a warm loop,
+/// and no longer in the report's round-robin (25.9-27.4 against 29.1-29.2
+/// µs); on narrow's 6.4 MB table the hints make the gather 2-3x faster.
+pub(crate) const PREFETCH_MIN_TABLE_BYTES: usize = 512 << 10;
+
 /// How many positions ahead a bag prefetches its rows (a count of rows, for
 /// rows of any width), into L2. Measured on gpt2 (768 columns) with a test
 /// program (medians of paired warm and cold rounds, two threads): 16 ahead

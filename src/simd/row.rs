@@ -22,7 +22,9 @@ pub(crate) fn copy<V: Lanes>(dst: &mut [f32], src: &[f32]) {
     for (d, s) in d_body.iter_mut().zip(s_body) {
         V::load(s).store(d);
     }
-    d_tail.copy_from_slice(s_tail);
+    for (d, s) in d_tail.iter_mut().zip(s_tail) {
+        *d = *s;
+    }
 }
 
 /// `dst = src * scale`. The two rows must have the same length.
