@@ -1817,3 +1817,57 @@ fn max_of_a_bag_longer_than_2_pow_24_ids() {
     assert_eq!(out, [5.0, 7.0]);
     assert_eq!(indices, [0, 1]);
 }
+
+/// Tables from 512 KiB up are read with prefetch hints, smaller ones
+/// without: sum (plain, weighted, with a padding row) and max give the
+/// reference's bits on both sides, serial and on every pool.
+#[test]
+fn tables_on_both_sides_of_the_prefetch_size_equal_reference() {
+    let mut rng = SplitMix(31);
+    for (rows, dim) in [(2_047u64, 64), (2_048, 64), (4_099, 37)] {
+        let table = rng.values(rows as usize * dim);
+        let ids: Vec<i64> = (0..3_000).map(|_| (rng.next() % rows) as i64).collect();
+        let weights: Vec<f32> = (0..ids.len()).map(|k| 0.5 + (k % 7) as f32).collect();
+        let bags = Bags::fixed(ids.len() / 12, 12).unwrap();
+        let n = bags.len() * dim;
+        for (mode, weighted, padding_idx) in [
+            (Mode::Sum, false, None),
+            (Mode::Sum, true, None),
+            (Mode::Sum, false, Some(ids[5] as usize)),
+            (Mode::Max, false, None),
+        ] {
+            let pooling = Pooling {
+                mode,
+                per_sample_weights: weighted.then_some(&weights[..]),
+                padding_idx,
+                scale_grad_by_freq: false,
+            };
+            let want = reference_forward(&table, dim, &ids, &bags, &pooling);
+            for par in [Parallelism::Serial, Parallelism::Rayon] {
+                for pool in pools() {
+                    let mut out = vec![f32::NAN; n];
+                    let mut indices = vec![INDEX_CANARY; if mode == Mode::Max { n } else { 0 }];
+                    pool.install(|| {
+                        bag_forward_with(
+                            par,
+                            &table,
+                            dim,
+                            &ids,
+                            &bags,
+                            &pooling,
+                            &mut out,
+                            &mut indices,
+                        )
+                    })
+                    .unwrap();
+                    let what =
+                        format!("{rows} × {dim}, {mode:?} {weighted} {padding_idx:?}, {par:?}");
+                    assert_eq!(bits(&out), bits(&want.0), "{what}");
+                    if mode == Mode::Max {
+                        assert_eq!(indices, want.1, "{what}");
+                    }
+                }
+            }
+        }
+    }
+}

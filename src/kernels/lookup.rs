@@ -21,7 +21,7 @@ use super::gather::gather_valid;
 use super::row_format::{
     dispatch, each_block, value, Affine, BlockBody, Cols, OnRows, RowFormat, Sink,
 };
-use super::tuning::{prefetch_ahead, PARALLEL_MIN_BYTES, TASK_BYTES};
+use super::tuning::{prefetch_ahead, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES, TASK_BYTES};
 use crate::error::{EmbeddingError, Operand};
 use crate::formats::{Data, TableRef};
 use crate::index::{Index, ValidIds};
@@ -129,12 +129,17 @@ impl<I: Index, T: RowFormat> Body for LookupTask<'_, '_, I, T> {
     fn run<V: Lanes>(self) {
         let LookupTask { table, ids, out } = self;
         let dim = table.dim();
-        let ahead = prefetch_ahead(table.row_bytes().div_ceil(4));
+        // No hints for a table that sits in the caches (see tuning.rs).
+        let ahead = if table.bytes() < PREFETCH_MIN_TABLE_BYTES {
+            0
+        } else {
+            prefetch_ahead(table.row_bytes().div_ceil(4))
+        };
         for i in 0..ahead.min(ids.len()) {
             table.prefetch_row(ids.row(i));
         }
         for (i, dst) in out.chunks_exact_mut(dim).enumerate() {
-            if i + ahead < ids.len() {
+            if ahead > 0 && i + ahead < ids.len() {
                 table.prefetch_row(ids.row(i + ahead));
             }
             let mut row = DecodeRow {

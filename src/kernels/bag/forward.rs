@@ -6,7 +6,9 @@ use super::{max, sum};
 use crate::bags::Bags;
 use crate::index::{Index, ValidIds};
 use crate::kernels::row_format::{Cols, F32Rows, OnRows, RowFormat};
-use crate::kernels::tuning::{BAG_AHEAD_ROWS, PARALLEL_MIN_BYTES, TASK_BYTES};
+use crate::kernels::tuning::{
+    BAG_AHEAD_ROWS, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES, TASK_BYTES,
+};
 use crate::parallel::Parallelism;
 use crate::pooling::{Mode, Pooling};
 use crate::simd::{Body, Isa, Lanes};
@@ -84,7 +86,12 @@ pub(super) fn forward_on<I: Index, T: RowFormat>(
         dim,
         ids,
         padding_idx: pooling.padding_idx,
-        ahead: BAG_AHEAD_ROWS,
+        // No hints for a table that sits in the caches (see tuning.rs).
+        ahead: if table.bytes() < PREFETCH_MIN_TABLE_BYTES {
+            0
+        } else {
+            BAG_AHEAD_ROWS
+        },
     };
     let task = |first_bag: usize, out: &mut [f32], max_indices: &mut [i64]| {
         isa.run(BagTask {
@@ -128,7 +135,7 @@ pub(super) struct Rows<'i, I: Index, T> {
     pub(super) dim: usize,
     pub(super) ids: ValidIds<'i, I>,
     pub(super) padding_idx: Option<usize>,
-    /// How many positions ahead rows are prefetched.
+    /// How many positions ahead rows are prefetched; 0 for none.
     pub(super) ahead: usize,
 }
 
@@ -177,6 +184,9 @@ impl<I: Index, T: RowFormat> Rows<'_, I, T> {
     /// most position `last`).
     #[inline(always)]
     fn prefetch_block<const N: usize>(&self, p: usize, last: usize, cols: Cols<N>) {
+        if self.ahead == 0 {
+            return;
+        }
         let r = self.ids.row((p + self.ahead).min(last));
         self.table.prefetch_block::<N>(r, cols);
     }
