@@ -13,7 +13,13 @@
 use crate::error::EmbeddingError;
 
 mod sealed {
-    pub trait Sealed {}
+    pub trait Sealed {
+        /// The row of an id already checked to be in range: the plain
+        /// conversion, without the mapping of negative values that
+        /// [`Index::key`](super::Index::key) needs to reject them (one or two
+        /// instructions fewer per id in the kernels' loops).
+        fn checked_row(self) -> usize;
+    }
 }
 
 /// An integer type usable as an embedding id: `u32`, `i32`, `u64`, `i64` or
@@ -33,7 +39,12 @@ pub trait Index: Copy + Send + Sync + core::fmt::Debug + sealed::Sealed + 'stati
 
 macro_rules! impl_unsigned {
     ($($t:ty),*) => {$(
-        impl sealed::Sealed for $t {}
+        impl sealed::Sealed for $t {
+            #[inline(always)]
+            fn checked_row(self) -> usize {
+                self as usize
+            }
+        }
         impl Index for $t {
             #[inline(always)]
             fn key(self) -> u64 {
@@ -49,7 +60,12 @@ macro_rules! impl_unsigned {
 
 macro_rules! impl_signed {
     ($($t:ty),*) => {$(
-        impl sealed::Sealed for $t {}
+        impl sealed::Sealed for $t {
+            #[inline(always)]
+            fn checked_row(self) -> usize {
+                self as usize
+            }
+        }
         impl Index for $t {
             #[inline(always)]
             fn key(self) -> u64 {
@@ -139,15 +155,15 @@ impl<'a, I: Index> ValidIds<'a, I> {
     /// If `position >= self.len()`, like slice indexing.
     #[inline(always)]
     pub(crate) fn row(&self, position: usize) -> usize {
-        // The key is below `num_embeddings`, itself a `usize`, so the cast
-        // loses nothing.
-        self.ids[position].key() as usize
+        // Every id was checked to lie in `0..num_embeddings`, so its plain
+        // conversion is its row.
+        sealed::Sealed::checked_row(self.ids[position])
     }
 
     /// The rows of all ids, in order.
     #[inline]
     pub(crate) fn rows(&self) -> impl ExactSizeIterator<Item = usize> + '_ {
-        self.ids.iter().map(|&id| id.key() as usize)
+        self.ids.iter().map(|&id| sealed::Sealed::checked_row(id))
     }
 
     /// The ids of `range`, still checked.
