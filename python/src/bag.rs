@@ -8,8 +8,9 @@ use crate::convert::{
     error, grad_output, invalid, output, padding, readonly, slice, with_ids, writable, Ids, Table,
 };
 use crate::embedding::{sparse_pair, SparsePair};
+use embedding_kernels::formats::TableRef;
 use embedding_kernels::{
-    bag_backward, bag_forward, bag_max_backward, bag_sparse_backward, Bags, Mode, Pooling,
+    bag_backward, bag_max_backward, bag_sparse_backward, table_bag_forward, Bags, Mode, Pooling,
 };
 use numpy::{PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -109,12 +110,46 @@ pub(crate) fn embedding_bag<'py>(
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<BagPair<'py>> {
     let table = Table::extract(weight, "weight")?;
-    let ids = Ids::extract(ids, "ids")?;
-    let bags = bags(&ids, offsets, include_last_offset)?;
-    let mode = self::mode(mode)?;
-    let weights = sample_weights(per_sample_weights, &ids)?;
-    let padding_idx = padding(padding_idx, table.rows)?;
-    let shape = [bags.len(), table.dim];
+    let view = TableRef::f32(table.slice(), table.dim).map_err(error)?;
+    let args = BagArgs {
+        ids,
+        offsets,
+        mode,
+        per_sample_weights,
+        include_last_offset,
+        padding_idx,
+    };
+    forward_on(py, view, table.rows, args, out)
+}
+
+/// The arguments of a bag forward that PyTorch names, as the NumPy
+/// functions receive them.
+pub(crate) struct BagArgs<'a, 'py> {
+    pub(crate) ids: &'a Bound<'py, PyAny>,
+    pub(crate) offsets: Option<&'a Bound<'py, PyAny>>,
+    pub(crate) mode: &'a str,
+    pub(crate) per_sample_weights: Option<&'a Bound<'py, PyAny>>,
+    pub(crate) include_last_offset: bool,
+    pub(crate) padding_idx: Option<i64>,
+}
+
+/// The bag forward of [`embedding_bag`] and of the any-format
+/// `table_embedding_bag`: the arguments checked, the outputs made (or `out`
+/// checked), then the kernel on `table` without the GIL. `rows` is what
+/// `padding_idx` is checked against (the array's rows).
+pub(crate) fn forward_on<'py>(
+    py: Python<'py>,
+    table: TableRef<'_>,
+    rows: usize,
+    args: BagArgs<'_, 'py>,
+    out: Option<&Bound<'py, PyAny>>,
+) -> PyResult<BagPair<'py>> {
+    let ids = Ids::extract(args.ids, "ids")?;
+    let bags = bags(&ids, args.offsets, args.include_last_offset)?;
+    let mode = self::mode(args.mode)?;
+    let weights = sample_weights(args.per_sample_weights, &ids)?;
+    let padding_idx = padding(args.padding_idx, rows)?;
+    let shape = [bags.len(), table.dim()];
     let out = output(py, out, &shape)?;
     let max_indices = (mode == Mode::Max).then(|| PyArrayDyn::<i64>::zeros(py, &shape[..], false));
     {
@@ -131,10 +166,10 @@ pub(crate) fn embedding_bag<'py>(
             padding_idx,
             scale_grad_by_freq: false,
         };
-        let (src, dim, ids) = (table.slice(), table.dim, ids.slice());
+        let ids = ids.slice();
         py.detach(|| {
-            with_ids!(ids, |i| bag_forward(
-                src, dim, i, &bags, &pooling, dst, max_dst
+            with_ids!(ids, |i| table_bag_forward(
+                table, i, &bags, &pooling, dst, max_dst
             ))
         })
         .map_err(error)?;

@@ -16,10 +16,10 @@
 //! `* 4` for int2) unless `embedding_dim` says otherwise (a width that does
 //! not fill its last byte). Every lookup and bag writes `float32`.
 
-use crate::bag::{bags, mode, sample_weights};
-use crate::convert::{error, invalid, output, padding, readonly, slice, with_ids, writable, Ids};
+use crate::bag::BagArgs;
+use crate::convert::{error, invalid, output, readonly, slice, with_ids, writable, Ids};
 use embedding_kernels::formats::{Format, PackedTable, RowWise, TableRef};
-use embedding_kernels::{table_bag_forward, table_gather, Mode, Pooling};
+use embedding_kernels::table_gather;
 use half::slice::HalfBitsSliceExt;
 use half::{bf16, f16};
 use numpy::{
@@ -292,35 +292,13 @@ pub(crate) fn table_embedding_bag<'py>(
 ) -> PyResult<crate::bag::BagPair<'py>> {
     let table = AnyTable::extract(table, format, embedding_dim)?;
     let view = table.table_ref()?;
-    let ids = Ids::extract(ids, "ids")?;
-    let bags = bags(&ids, offsets, include_last_offset)?;
-    let mode = self::mode(mode)?;
-    let weights = sample_weights(per_sample_weights, &ids)?;
-    let padding_idx = padding(padding_idx, view.rows())?;
-    let shape = [bags.len(), table.dim];
-    let out = output(py, out, &shape)?;
-    let max_indices = (mode == Mode::Max).then(|| PyArrayDyn::<i64>::zeros(py, &shape[..], false));
-    {
-        let mut guard = writable(&out)?;
-        let dst = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
-        let mut max_guard = max_indices.as_ref().map(|m| m.readwrite());
-        let max_dst: &mut [i64] = match max_guard.as_mut() {
-            Some(m) => m.as_slice_mut().map_err(|e| invalid(e.to_string()))?,
-            None => &mut [],
-        };
-        let pooling = Pooling {
-            mode,
-            per_sample_weights: weights.as_ref().map(slice),
-            padding_idx,
-            scale_grad_by_freq: false,
-        };
-        let ids = ids.slice();
-        py.detach(|| {
-            with_ids!(ids, |i| table_bag_forward(
-                view, i, &bags, &pooling, dst, max_dst
-            ))
-        })
-        .map_err(error)?;
-    }
-    Ok((out, max_indices))
+    let args = BagArgs {
+        ids,
+        offsets,
+        mode,
+        per_sample_weights,
+        include_last_offset,
+        padding_idx,
+    };
+    crate::bag::forward_on(py, view, view.rows(), args, out)
 }
