@@ -37,8 +37,9 @@ use proptest::prelude::*;
 
 mod common;
 use common::{
-    assert_gradient, bad_id, bits, convert, draw_ids, ids_as, mismatch, not_whole_rows,
-    numeric_gradient, pools, row, run_table, weighted_sum, zero_dim, Pattern, Row, SplitMix,
+    around_prefetch_size, assert_gradient, bad_id, bits, convert, draw_ids, ids_as, mismatch,
+    not_whole_rows, numeric_gradient, pools, row, run_table, weighted_sum, zero_dim, Pattern, Row,
+    SplitMix,
 };
 
 /// What a max-index buffer holds before a call: no winner is ever this id.
@@ -1823,10 +1824,7 @@ fn max_of_a_bag_longer_than_2_pow_24_ids() {
 /// reference's bits on both sides, serial and on every pool.
 #[test]
 fn tables_on_both_sides_of_the_prefetch_size_equal_reference() {
-    let mut rng = SplitMix(31);
-    for (rows, dim) in [(2_047u64, 64), (2_048, 64), (4_099, 37)] {
-        let table = rng.values(rows as usize * dim);
-        let ids: Vec<i64> = (0..3_000).map(|_| (rng.next() % rows) as i64).collect();
+    for (rows, dim, table, ids) in around_prefetch_size(31) {
         let weights: Vec<f32> = (0..ids.len()).map(|k| 0.5 + (k % 7) as f32).collect();
         let bags = Bags::fixed(ids.len() / 12, 12).unwrap();
         let n = bags.len() * dim;
@@ -1843,29 +1841,13 @@ fn tables_on_both_sides_of_the_prefetch_size_equal_reference() {
                 scale_grad_by_freq: false,
             };
             let want = reference_forward(&table, dim, &ids, &bags, &pooling);
-            for par in [Parallelism::Serial, Parallelism::Rayon] {
-                for pool in pools() {
-                    let mut out = vec![f32::NAN; n];
-                    let mut indices = vec![INDEX_CANARY; if mode == Mode::Max { n } else { 0 }];
-                    pool.install(|| {
-                        bag_forward_with(
-                            par,
-                            &table,
-                            dim,
-                            &ids,
-                            &bags,
-                            &pooling,
-                            &mut out,
-                            &mut indices,
-                        )
-                    })
-                    .unwrap();
-                    let what =
-                        format!("{rows} × {dim}, {mode:?} {weighted} {padding_idx:?}, {par:?}");
-                    assert_eq!(bits(&out), bits(&want.0), "{what}");
-                    if mode == Mode::Max {
-                        assert_eq!(indices, want.1, "{what}");
-                    }
+            for (path, (out, indices)) in
+                forward_on_every_path(&table, dim, &ids, &bags, &pooling, n)
+            {
+                let what = format!("{rows} × {dim}, {mode:?} {weighted} {padding_idx:?}, {path}");
+                assert_eq!(bits(&out), bits(&want.0), "{what}");
+                if mode == Mode::Max {
+                    assert_eq!(indices, want.1, "{what}");
                 }
             }
         }

@@ -10,8 +10,8 @@ use proptest::prelude::*;
 
 mod common;
 use common::{
-    bad_id, bits, convert, draw_ids, ids_as, mismatch, not_whole_rows, pools, row, run_table,
-    zero_dim, Pattern, Row, SplitMix,
+    around_prefetch_size, bad_id, bits, convert, draw_ids, ids_as, mismatch, not_whole_rows, pools,
+    row, run_table, zero_dim, Pattern, Row, SplitMix,
 };
 
 #[derive(Clone, Debug)]
@@ -556,12 +556,7 @@ fn large_outputs_equal_reference() {
 /// bits, through the free functions and the allocating layer forward.
 #[test]
 fn tables_on_both_sides_of_the_prefetch_size_equal_reference() {
-    let mut rng = SplitMix(29);
-    // 2 047 × 64 floats is one row short of 512 KiB; 2 048 × 64 is 512 KiB;
-    // 4 099 × 37 is past it with rows that are no whole number of lines.
-    for (rows, dim) in [(2_047u64, 64), (2_048, 64), (4_099, 37)] {
-        let table = rng.values(rows as usize * dim);
-        let ids: Vec<i64> = (0..3_000).map(|_| (rng.next() % rows) as i64).collect();
+    for (rows, dim, table, ids) in around_prefetch_size(29) {
         let n = ids.len() * dim;
         let mut want = vec![0.0; n];
         reference::gather(&table, dim, &ids, &mut want).unwrap();

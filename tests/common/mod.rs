@@ -306,3 +306,19 @@ pub fn assert_close(what: &str, backward: &[f32], numeric: &[f64], rel: f64) {
 pub fn values(pairs: &[(usize, f64)]) -> Vec<f64> {
     pairs.iter().map(|&(_, v)| v).collect()
 }
+
+/// A table and 3 000 ids on each side of the 512 KiB from which the
+/// lookups and bags prefetch rows: 2 047 × 64 floats (one row short),
+/// 2 048 × 64 (exactly 512 KiB) and 4 099 × 37 (past it, with rows that are
+/// no whole number of cache lines). Yields `(rows, dim, table, ids)`.
+pub fn around_prefetch_size(seed: u64) -> Vec<(usize, usize, Vec<f32>, Vec<i64>)> {
+    let mut rng = SplitMix(seed);
+    [(2_047u64, 64), (2_048, 64), (4_099, 37)]
+        .into_iter()
+        .map(|(rows, dim)| {
+            let table = rng.values(rows as usize * dim);
+            let ids = (0..3_000).map(|_| (rng.next() % rows) as i64).collect();
+            (rows as usize, dim, table, ids)
+        })
+        .collect()
+}
