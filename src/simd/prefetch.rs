@@ -95,36 +95,42 @@ pub(crate) struct L2;
 
 impl Level for L1 {
     #[inline(always)]
-    #[allow(unsafe_code)]
     fn hint(addr: usize) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            // SAFETY: `_mm_prefetch` needs SSE, which every x86-64 CPU has
-            // (it is in the target's baseline features). A prefetch never
-            // dereferences its address: any address, in a live slice or
-            // not, cannot fault and changes no memory.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(addr as *const i8) };
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = addr;
+        line::<HINT_T0>(addr);
     }
 }
 
 impl Level for L2 {
     #[inline(always)]
-    #[allow(unsafe_code)]
     fn hint(addr: usize) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-            // SAFETY: as for `L1::hint`: SSE is baseline on x86-64, and a
-            // prefetch never dereferences its address.
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(addr as *const i8) };
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = addr;
+        line::<HINT_T1>(addr);
     }
+}
+
+/// `_mm_prefetch`'s strategies (`_MM_HINT_T0`, `_MM_HINT_T1`), named here
+/// so that they exist on every target.
+const HINT_T0: i32 = 3;
+const HINT_T1: i32 = 2;
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(
+    HINT_T0 == core::arch::x86_64::_MM_HINT_T0 && HINT_T1 == core::arch::x86_64::_MM_HINT_T1
+);
+
+/// One prefetch with strategy `STRATEGY` of the line holding `addr`;
+/// nothing off x86-64.
+#[inline(always)]
+#[allow(unsafe_code)]
+fn line<const STRATEGY: i32>(addr: usize) {
+    // SAFETY: `_mm_prefetch` needs SSE, which every x86-64 CPU has (it is in
+    // the target's baseline features). A prefetch never dereferences its
+    // address: any address, in a live slice or not, cannot fault and
+    // changes no memory.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<STRATEGY>(addr as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = addr;
 }
 
 /// Hints for the bytes `base[from..to]`: one at every 64 bytes from
