@@ -306,18 +306,24 @@ struct Stats {
     reps: usize,
 }
 
+/// The median of sorted values: the mean of the middle two for an even
+/// count, NaN for none.
+fn median_sorted(sorted: &[f64]) -> f64 {
+    let n = sorted.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => sorted[n / 2],
+        _ => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
+
 impl Stats {
     fn of(samples: &[Duration]) -> Stats {
         let mut us: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e6).collect();
         us.sort_by(f64::total_cmp);
         let n = us.len();
-        let median = if n % 2 == 1 {
-            us[n / 2]
-        } else {
-            (us[n / 2 - 1] + us[n / 2]) / 2.0
-        };
         Stats {
-            median_us: median,
+            median_us: median_sorted(&us),
             min_us: us[0],
             max_us: us[n - 1],
             reps: n,

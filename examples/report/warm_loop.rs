@@ -25,6 +25,7 @@
 
 use super::common::{Data, Workload};
 use super::layer::BAG_SIZE;
+use super::median_sorted;
 use embedding_kernels::{gather, Bags, Embedding, EmbeddingBag, EmbeddingBagOptions, Mode, Sgd};
 use serde::{Deserialize, Serialize};
 use std::error::Error;
@@ -221,15 +222,10 @@ impl<'a> Ours<'a> {
             samples.push(t.elapsed());
         }
         let reps = samples.len();
-        samples.sort_unstable();
-        let mid = samples[reps / 2].as_secs_f64();
-        let median = if reps % 2 == 1 {
-            mid
-        } else {
-            (mid + samples[reps / 2 - 1].as_secs_f64()) / 2.0
-        };
+        let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+        ms.sort_by(f64::total_cmp);
         Ok(Timing {
-            ms: median * 1e3,
+            ms: median_sorted(&ms),
             reps,
         })
     }
@@ -294,18 +290,10 @@ pub fn run(
     })
 }
 
-/// The median of `values` (the mean of the middle two for an even count).
+/// The median of `values`.
 fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_unstable_by(f64::total_cmp);
-    let n = values.len();
-    if n == 0 {
-        return f64::NAN;
-    }
-    if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
+    values.sort_by(f64::total_cmp);
+    median_sorted(&values)
 }
 
 /// The ratio table in markdown: a row per op, a column per workload, each
