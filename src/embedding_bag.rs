@@ -31,7 +31,8 @@ use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::kernels::{
     bag_backward_valid, bag_max_backward, bag_sparse_backward_with, check_backward_rows,
-    check_forward_rows, check_forward_unallocated, forward_valid, BagUpdate, Target,
+    check_forward_rows, check_forward_unallocated, forward_valid, forward_valid_fresh, BagUpdate,
+    Target,
 };
 use crate::optim::SparseOptimizer;
 use crate::parallel::Parallelism;
@@ -291,7 +292,7 @@ impl EmbeddingBag {
         let dim = self.embedding_dim();
         let rows = self.table.num_embeddings();
         let (valid, len) = check_forward_unallocated(rows, dim, ids, bags, &pooling)?;
-        let mut values = crate::memory::zeroed_floats(len, "output")?;
+        let mut values = crate::buffer::with_capacity(len, "output")?;
         let mut max_indices = if self.mode == Mode::Max {
             crate::buffer::zeroed(len, "max_indices")?
         } else {
@@ -300,8 +301,8 @@ impl EmbeddingBag {
         self.table.renorm_rows(valid)?;
         let par = self.table.parallelism();
         let weight = self.table.weight();
-        let (out, at) = (&mut values[..], &mut max_indices[..]);
-        forward_valid(par, weight, dim, valid, bags, &pooling, out, at);
+        let at = &mut max_indices[..];
+        forward_valid_fresh(par, weight, dim, valid, bags, &pooling, &mut values, at)?;
         Ok(BagOutput {
             values,
             shape: [bags.len(), self.embedding_dim()],

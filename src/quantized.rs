@@ -43,7 +43,8 @@ use crate::formats::{Format, OwnedTable};
 use crate::index::{Index, ValidIds};
 use crate::io::FileError;
 use crate::kernels::{
-    check_forward_rows, check_forward_unallocated, table_bag_forward_with, table_gather_with,
+    check_forward_rows, check_forward_unallocated, forward_fresh, table_bag_forward_with,
+    table_gather_with,
 };
 use crate::parallel::Parallelism;
 use crate::pooling::{Mode, Pooling};
@@ -175,15 +176,24 @@ impl QuantizedEmbeddingBag {
             scale_grad_by_freq: false,
         };
         let (rows, dim) = (self.num_embeddings(), self.embedding_dim());
-        let (_, len) = check_forward_unallocated(rows, dim, ids, bags, &pooling)?;
-        let mut values = crate::memory::zeroed_floats(len, "output")?;
+        let (valid, len) = check_forward_unallocated(rows, dim, ids, bags, &pooling)?;
+        let mut values = crate::buffer::with_capacity(len, "output")?;
         let max = self.mode == Mode::Max;
         let mut max_indices = if max {
             crate::buffer::zeroed(len, "max_indices")?
         } else {
             Vec::new()
         };
-        self.forward_into(ids, bags, per_sample_weights, &mut values, &mut max_indices)?;
+        let (table, at) = (self.table.as_ref(), &mut max_indices[..]);
+        forward_fresh(
+            self.parallelism,
+            table,
+            valid,
+            bags,
+            &pooling,
+            &mut values,
+            at,
+        )?;
         Ok(BagOutput {
             values,
             shape: [bags.len(), self.embedding_dim()],

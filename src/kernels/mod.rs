@@ -39,7 +39,7 @@ pub use token_position::{
 
 pub(crate) use bag::{
     bag_backward_valid, check_backward_rows, check_forward_rows, check_forward_unallocated,
-    forward_valid, BagUpdate,
+    forward_fresh, forward_valid, forward_valid_fresh, BagUpdate,
 };
 pub(crate) use gather::{check as check_gather, gather_fresh, gather_valid};
 pub(crate) use grouped::{

@@ -29,6 +29,7 @@
 use crate::formats::{Data, PackedTable, RowWise, TableRef};
 use crate::simd::prefetch::{self, L2};
 use crate::simd::{Lanes, LANES};
+use core::mem::MaybeUninit;
 
 /// A table whose rows read as `f32` lanes, a column block at a time: an
 /// `f32` table, a half table, or a packed one.
@@ -140,20 +141,61 @@ impl<const N: usize> Cols<N> {
 
     /// Writes the block's `N` vectors to its columns of `dst`, a row.
     #[inline(always)]
-    pub(crate) fn store<V: Lanes>(self, lanes: [V; N], dst: &mut [f32]) {
+    pub(crate) fn store<V: Lanes, S: Slot>(self, lanes: [V; N], dst: &mut [S]) {
         let dst = &mut dst[self.start..self.start + self.width];
         if self.is_whole() {
             let (out, _) = dst.as_chunks_mut::<LANES>();
             for (o, v) in out.iter_mut().zip(lanes) {
-                v.store(o);
+                let mut values = [0.0f32; LANES];
+                v.store(&mut values);
+                S::put(o, &values);
             }
         } else {
             let mut buf = [[0.0f32; LANES]; N];
             for (o, v) in buf.iter_mut().zip(lanes) {
                 v.store(o);
             }
-            dst.copy_from_slice(&buf.as_flattened()[..self.width]);
+            S::put(dst, &buf.as_flattened()[..self.width]);
         }
+    }
+}
+
+/// A value of an output that a kernel writes once: an `f32` of a caller's
+/// buffer, or a `MaybeUninit<f32>` of fresh memory, which is then written
+/// once instead of zeroed first and written again.
+pub(crate) trait Slot: Send + Sized {
+    /// `dst[i] = src[i]` for every `i`; the lengths are equal.
+    fn put(dst: &mut [Self], src: &[f32]);
+    /// `dst[i] = 0.0` for every `i`.
+    fn zero(dst: &mut [Self]);
+}
+
+impl Slot for f32 {
+    #[inline(always)]
+    fn put(dst: &mut [f32], src: &[f32]) {
+        dst.copy_from_slice(src);
+    }
+
+    #[inline(always)]
+    fn zero(dst: &mut [f32]) {
+        dst.fill(0.0);
+    }
+}
+
+impl Slot for MaybeUninit<f32> {
+    /// Through `MaybeUninit::write`, which compiles to the same moves as a
+    /// copy.
+    #[inline(always)]
+    fn put(dst: &mut [MaybeUninit<f32>], src: &[f32]) {
+        debug_assert_eq!(dst.len(), src.len());
+        for (d, s) in dst.iter_mut().zip(src) {
+            d.write(*s);
+        }
+    }
+
+    #[inline(always)]
+    fn zero(dst: &mut [MaybeUninit<f32>]) {
+        dst.fill(MaybeUninit::new(0.0));
     }
 }
 

@@ -8,6 +8,7 @@
 //! | `Level::Avx` | `avx` | 256-bit loads, adds, multiplies, compares |
 //! | `Level::Fma` | `avx,fma` | the fused multiply-add as one instruction |
 //! | `Level::Avx2` | `avx,avx2,fma,f16c` | packed tables decoded in registers: bytes widened (`vpmovzxbd`), nibbles shifted apart (`vpsrlvd`), `f16` converted (`vcvtph2ps`) |
+//! | `Level::Avx512` | `Avx2`'s and `avx512f,avx512vl` | the same 256-bit instructions, with 32 registers instead of 16: wider column blocks, and no accumulator spilled beside a decode's temporaries |
 //!
 //! Below `Avx2` the decoders widen each value on its own, then load the
 //! eight as a vector: the same numbers (every decode is exact), more
@@ -40,6 +41,9 @@ pub(crate) enum Level {
     Fma,
     /// AVX, AVX2, FMA and F16C (every x86-64 CPU with AVX2 so far).
     Avx2,
+    /// `Avx2`'s features, AVX-512F and AVX-512VL: the 256-bit instructions
+    /// encoded so that they reach 32 registers.
+    Avx512,
 }
 
 /// Proof that this CPU has AVX, and how much more: only [`Avx::detect`]
@@ -57,7 +61,10 @@ impl Avx {
         if !has!("avx") {
             return None;
         }
-        let level = if has!("avx2") && has!("fma") && has!("f16c") {
+        let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+        let level = if avx2 && has!("avx512f") && has!("avx512vl") {
+            Level::Avx512
+        } else if avx2 {
             Level::Avx2
         } else if has!("fma") {
             Level::Fma
@@ -87,6 +94,7 @@ pub(super) fn run<B: Body>(proof: Avx, body: B) -> B::Output {
         Level::Avx => unsafe { run_avx(body) },
         Level::Fma => unsafe { run_fma(body) },
         Level::Avx2 => unsafe { run_avx2(body) },
+        Level::Avx512 => unsafe { run_avx512(body) },
     }
 }
 
@@ -109,13 +117,21 @@ fn run_avx2<B: Body>(body: B) -> B::Output {
     body.run::<Avx256<AVX2>>()
 }
 
+/// [`run_avx2`] with AVX-512F and AVX-512VL: the same instructions, which
+/// the compiler may now give any of 32 registers.
+#[target_feature(enable = "avx,avx2,fma,f16c,avx512f,avx512vl")]
+fn run_avx512<B: Body>(body: B) -> B::Output {
+    body.run::<Avx256<AVX512>>()
+}
+
 /// [`Level`]s as the lane type's parameter.
 const AVX: u8 = 0;
 const FMA: u8 = 1;
 const AVX2: u8 = 2;
+const AVX512: u8 = 3;
 
 /// One 256-bit register of eight `f32`s, on a CPU at level `L` (one of
-/// [`AVX`], [`FMA`], [`AVX2`]). Private: see the module notes.
+/// [`AVX`], [`FMA`], [`AVX2`], [`AVX512`]). Private: see the module notes.
 #[derive(Clone, Copy)]
 #[repr(transparent)]
 struct Avx256<const L: u8>(__m256);
@@ -126,6 +142,9 @@ struct Avx256<const L: u8>(__m256);
 // `run` calls only with an `Avx` proving that level (the module notes);
 // the intrinsics touch no memory.
 impl<const L: u8> Lanes for Avx256<L> {
+    // Sixteen at every level: with 32 registers (`Level::Avx512`), blocks of
+    // 32 vectors were 5-25 % slower on 768-wide rows than blocks of 16,
+    // which then no longer spill (docs/design.md, "AVX-512VL").
     const REGISTERS: usize = 16;
 
     #[inline(always)]

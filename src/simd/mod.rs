@@ -8,8 +8,11 @@
 //!   with a `__m256` lane type inside a function compiled with
 //!   `#[target_feature(enable = ...)]`, so every load, add and compare in
 //!   it is a 256-bit instruction and sixteen registers hold 128 columns.
-//!   Three such wrappers, one per level the CPU may have: AVX; AVX and FMA;
-//!   AVX2, FMA and F16C, where reduced-precision rows decode in registers.
+//!   Four such wrappers, one per level the CPU may have: AVX; AVX and FMA;
+//!   AVX2, FMA and F16C, where reduced-precision rows decode in registers;
+//!   and those with AVX-512F and AVX-512VL, where the same instructions
+//!   reach 32 registers, so a block's accumulators and a decode's
+//!   temporaries all stay in registers.
 //! * **Portable** (`portable.rs`): `wide::f32x8`, which picks its
 //!   instructions when the crate is compiled: two SSE2 halves in a default
 //!   x86-64 build, one AVX register with `-C target-cpu=native`, NEON pairs
@@ -188,7 +191,7 @@ impl Isa {
         #[cfg(target_arch = "x86_64")]
         if let Some(avx) = avx::Avx::detect() {
             use avx::Level;
-            let levels = [Level::Avx, Level::Fma, Level::Avx2];
+            let levels = [Level::Avx, Level::Fma, Level::Avx2, Level::Avx512];
             all.extend(levels.into_iter().filter_map(|l| avx.at(l)).map(Isa::Avx));
         }
         all

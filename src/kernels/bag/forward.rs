@@ -4,13 +4,15 @@
 
 use super::{max, sum};
 use crate::bags::Bags;
+use crate::error::EmbeddingError;
 use crate::index::{Index, ValidIds};
-use crate::kernels::row_format::{Cols, F32Rows, OnRows, RowFormat};
+use crate::kernels::row_format::{Cols, F32Rows, OnRows, RowFormat, Slot};
 use crate::kernels::tuning::{
     BAG_AHEAD_ROWS, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES, TASK_BYTES,
 };
 use crate::parallel::Parallelism;
 use crate::pooling::{Mode, Pooling};
+use crate::shape::rows_len;
 use crate::simd::{Body, Isa, Lanes};
 use core::ops::Range;
 use rayon::prelude::*;
@@ -34,19 +36,94 @@ pub(crate) fn forward_valid<I: Index>(
     forward_on(isa, par, table, ids, bags, pooling, out, max_indices);
 }
 
+/// [`forward_valid`] into a fresh output: `values` (emptied, and reserved
+/// here if the caller has not) gets the `bags × dim` values, each written
+/// once (no zeroing first), in huge pages when it spans one.
+///
+/// # Errors
+/// [`EmbeddingError::SizeOverflow`] or
+/// [`EmbeddingError::AllocationFailed`] for the output; then `values` is
+/// empty.
+// `forward_valid`'s arguments, the output a `Vec`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn forward_fresh<I: Index, T: RowFormat>(
+    isa: Isa,
+    par: Parallelism,
+    table: T,
+    ids: ValidIds<'_, I>,
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    values: &mut Vec<f32>,
+    max_indices: &mut [i64],
+) -> Result<(), EmbeddingError> {
+    values.clear();
+    let len = rows_len(bags.len(), table.dim())?;
+    values
+        .try_reserve_exact(len)
+        .map_err(|_| EmbeddingError::AllocationFailed {
+            what: "output",
+            bytes: len as u128 * 4,
+        })?;
+    let fresh = &mut values.spare_capacity_mut()[..len];
+    if core::mem::size_of_val(fresh) >= crate::memory::HUGE_PAGE {
+        crate::memory::advise_huge_pages(fresh);
+    }
+    forward_on(isa, par, table, ids, bags, pooling, fresh, max_indices);
+    // SAFETY: `forward_on` wrote all of `spare_capacity_mut()[..len]`:
+    // with `dim == 0` or no bags `len` is 0; otherwise its tasks split
+    // `fresh` into runs of whole bags and, for each bag, `sum::pool` or
+    // `max::pool` stores every column block of the row (`each_block`
+    // covers columns `0..dim`) or, for a bag that kept no row, zeroes the
+    // whole row; `forward_on` returns after every task. The capacity is
+    // `len` or more (reserved above).
+    #[allow(unsafe_code)]
+    unsafe {
+        values.set_len(len)
+    };
+    Ok(())
+}
+
 /// [`forward_on`]'s arguments but the table: the bag forward as an
 /// operation over any [`RowFormat`].
-pub(super) struct Forward<'a, 'i, I: Index> {
+pub(super) struct Forward<'a, 'i, I: Index, S = f32> {
     pub(super) isa: Isa,
     pub(super) par: Parallelism,
     pub(super) ids: ValidIds<'i, I>,
     pub(super) bags: &'a Bags,
     pub(super) pooling: &'a Pooling<'a>,
-    pub(super) out: &'a mut [f32],
+    pub(super) out: &'a mut [S],
     pub(super) max_indices: &'a mut [i64],
 }
 
-impl<I: Index> OnRows for Forward<'_, '_, I> {
+/// [`forward_fresh`] as an operation over any [`RowFormat`].
+pub(super) struct FreshForward<'a, 'i, I: Index> {
+    pub(super) isa: Isa,
+    pub(super) par: Parallelism,
+    pub(super) ids: ValidIds<'i, I>,
+    pub(super) bags: &'a Bags,
+    pub(super) pooling: &'a Pooling<'a>,
+    pub(super) values: &'a mut Vec<f32>,
+    pub(super) max_indices: &'a mut [i64],
+}
+
+impl<I: Index> OnRows for FreshForward<'_, '_, I> {
+    type Output = Result<(), EmbeddingError>;
+
+    fn on<T: RowFormat>(self, table: T) -> Self::Output {
+        let FreshForward {
+            isa,
+            par,
+            ids,
+            bags,
+            pooling,
+            values,
+            max_indices,
+        } = self;
+        forward_fresh(isa, par, table, ids, bags, pooling, values, max_indices)
+    }
+}
+
+impl<I: Index, S: Slot> OnRows for Forward<'_, '_, I, S> {
     type Output = ();
 
     fn on<T: RowFormat>(self, table: T) {
@@ -66,14 +143,14 @@ impl<I: Index> OnRows for Forward<'_, '_, I> {
 /// [`forward_valid`] on a chosen instruction set and table format; the
 /// tests run each.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn forward_on<I: Index, T: RowFormat>(
+pub(super) fn forward_on<I: Index, T: RowFormat, S: Slot>(
     isa: Isa,
     par: Parallelism,
     table: T,
     ids: ValidIds<'_, I>,
     bags: &Bags,
     pooling: &Pooling<'_>,
-    out: &mut [f32],
+    out: &mut [S],
     max_indices: &mut [i64],
 ) {
     let is_max = pooling.mode == Mode::Max;
@@ -93,7 +170,7 @@ pub(super) fn forward_on<I: Index, T: RowFormat>(
             BAG_AHEAD_ROWS
         },
     };
-    let task = |first_bag: usize, out: &mut [f32], max_indices: &mut [i64]| {
+    let task = |first_bag: usize, out: &mut [S], max_indices: &mut [i64]| {
         isa.run(BagTask {
             rows,
             bags,
@@ -234,16 +311,16 @@ pub(super) trait Visit<V: Lanes, const N: usize> {
 
 /// One task of the forward: the bags from `first_bag` whose rows `out` (and
 /// `max_indices`, for max) hold.
-struct BagTask<'a, 'i, I: Index, T> {
+struct BagTask<'a, 'i, I: Index, T, S> {
     rows: Rows<'i, I, T>,
     bags: &'a Bags,
     pooling: &'a Pooling<'a>,
     first_bag: usize,
-    out: &'a mut [f32],
+    out: &'a mut [S],
     max_indices: &'a mut [i64],
 }
 
-impl<I: Index, T: RowFormat> Body for BagTask<'_, '_, I, T> {
+impl<I: Index, T: RowFormat, S: Slot> Body for BagTask<'_, '_, I, T, S> {
     type Output = ();
 
     #[inline(always)]
@@ -270,11 +347,11 @@ impl<I: Index, T: RowFormat> Body for BagTask<'_, '_, I, T> {
                 Mode::Sum | Mode::Mean => {
                     let weights = pooling.per_sample_weights;
                     let mean = pooling.mode == Mode::Mean;
-                    sum::pool::<V, I, T>(&rows, bag, limit, weights, mean, dst);
+                    sum::pool::<V, I, T, S>(&rows, bag, limit, weights, mean, dst);
                 }
                 Mode::Max => {
                     let args = &mut max_indices[k * dim..(k + 1) * dim];
-                    max::pool::<V, I, T>(&rows, bag, limit, dst, args);
+                    max::pool::<V, I, T, S>(&rows, bag, limit, dst, args);
                 }
             }
         }

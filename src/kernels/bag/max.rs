@@ -3,7 +3,9 @@
 
 use super::forward::{Rows, Visit};
 use crate::index::Index;
-use crate::kernels::row_format::{each_block, value, Affine, BlockBody, Cols, RowFormat, Sink};
+use crate::kernels::row_format::{
+    each_block, value, Affine, BlockBody, Cols, RowFormat, Sink, Slot,
+};
 use crate::simd::{Lanes, LANES};
 use core::ops::Range;
 
@@ -15,11 +17,11 @@ use core::ops::Range;
 /// The bag must hold at most `2^32` positions (the positions ride in the
 /// bits of an `f32` lane); the checks refuse longer ones.
 #[inline(always)]
-pub(super) fn pool<V: Lanes, I: Index, T: RowFormat>(
+pub(super) fn pool<V: Lanes, I: Index, T: RowFormat, S: Slot>(
     rows: &Rows<'_, I, T>,
     bag: Range<usize>,
     limit: usize,
-    dst: &mut [f32],
+    dst: &mut [S],
     args: &mut [i64],
 ) {
     debug_assert!(u32::try_from(bag.len().saturating_sub(1)).is_ok());
@@ -31,21 +33,21 @@ pub(super) fn pool<V: Lanes, I: Index, T: RowFormat>(
         args,
     };
     if each_block::<V, _>(rows.dim, V::REGISTERS / 2, &mut max) == 0 {
-        max.dst.fill(0.0);
+        S::zero(max.dst);
         max.args.fill(-1);
     }
 }
 
 /// One bag's max: its rows, and where the values and winners go.
-struct Max<'r, 'i, I: Index, T> {
+struct Max<'r, 'i, I: Index, T, S> {
     rows: &'r Rows<'i, I, T>,
     bag: Range<usize>,
     limit: usize,
-    dst: &'r mut [f32],
+    dst: &'r mut [S],
     args: &'r mut [i64],
 }
 
-impl<I: Index, T: RowFormat> BlockBody for Max<'_, '_, I, T> {
+impl<I: Index, T: RowFormat, S: Slot> BlockBody for Max<'_, '_, I, T, S> {
     /// Columns `cols` of the bag's max into `dst` and the winners' ids into
     /// `args`; returns how many rows were kept (and writes nothing when none
     /// was). The first kept row is taken as it is; after it a strictly

@@ -77,7 +77,7 @@ use crate::bags::Bags;
 use crate::error::{EmbeddingError, Operand};
 use crate::formats::TableRef;
 use crate::index::{Index, ValidIds};
-use crate::kernels::row_format::dispatch;
+use crate::kernels::row_format::{dispatch, F32Rows};
 use crate::parallel::Parallelism;
 use crate::pooling::{Mode, Pooling};
 use crate::shape::{check_len, rows_len, table_rows};
@@ -235,6 +235,55 @@ pub fn bag_forward_with<I: Index>(
     let ids = check_forward(table, dim, ids, bags, pooling, out, max_indices)?;
     forward_valid(par, table, dim, ids, bags, pooling, out, max_indices);
     Ok(())
+}
+
+/// [`forward_valid`] into a fresh output, for a layer that allocates it
+/// (after [`check_forward_unallocated`]): `values` (emptied, and reserved
+/// if the caller has not) gets the `bags × dim` values, each written once
+/// (no zeroing first).
+///
+/// # Errors
+/// [`EmbeddingError::SizeOverflow`] or
+/// [`EmbeddingError::AllocationFailed`] for the output.
+// `forward_valid`'s arguments, the output a `Vec`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn forward_valid_fresh<I: Index>(
+    par: Parallelism,
+    table: &[f32],
+    dim: usize,
+    ids: ValidIds<'_, I>,
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    values: &mut Vec<f32>,
+    max_indices: &mut [i64],
+) -> Result<(), EmbeddingError> {
+    let (isa, table) = (Isa::detect(), F32Rows { table, dim });
+    forward::forward_fresh(isa, par, table, ids, bags, pooling, values, max_indices)
+}
+
+/// [`forward_valid_fresh`] over a table of any format.
+///
+/// # Errors
+/// As [`forward_valid_fresh`].
+pub(crate) fn forward_fresh<I: Index>(
+    par: Parallelism,
+    table: TableRef<'_>,
+    ids: ValidIds<'_, I>,
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    values: &mut Vec<f32>,
+    max_indices: &mut [i64],
+) -> Result<(), EmbeddingError> {
+    let op = forward::FreshForward {
+        isa: Isa::detect(),
+        par,
+        ids,
+        bags,
+        pooling,
+        values,
+        max_indices,
+    };
+    dispatch(&table, op)
 }
 
 /// Every check of a backward call into a table of `rows` rows, in order:

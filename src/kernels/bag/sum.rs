@@ -2,7 +2,7 @@
 
 use super::forward::{Rows, Visit};
 use crate::index::Index;
-use crate::kernels::row_format::{each_block, Affine, BlockBody, Cols, RowFormat, Sink};
+use crate::kernels::row_format::{each_block, Affine, BlockBody, Cols, RowFormat, Sink, Slot};
 use crate::simd::Lanes;
 use core::ops::Range;
 
@@ -10,13 +10,13 @@ use core::ops::Range;
 /// by their count when `mean`; zeros when it kept none. Blocks of 16
 /// vectors where the lanes have sixteen registers, else of 8.
 #[inline(always)]
-pub(super) fn pool<V: Lanes, I: Index, T: RowFormat>(
+pub(super) fn pool<V: Lanes, I: Index, T: RowFormat, S: Slot>(
     rows: &Rows<'_, I, T>,
     bag: Range<usize>,
     limit: usize,
     weights: Option<&[f32]>,
     mean: bool,
-    dst: &mut [f32],
+    dst: &mut [S],
 ) {
     let mut sum = Sum {
         rows,
@@ -27,21 +27,21 @@ pub(super) fn pool<V: Lanes, I: Index, T: RowFormat>(
         dst,
     };
     if each_block::<V, _>(rows.dim, V::REGISTERS, &mut sum) == 0 {
-        sum.dst.fill(0.0);
+        S::zero(sum.dst);
     }
 }
 
 /// One bag's sum: its rows, weights and mode, and where it goes.
-struct Sum<'r, 'i, I: Index, T> {
+struct Sum<'r, 'i, I: Index, T, S> {
     rows: &'r Rows<'i, I, T>,
     bag: Range<usize>,
     weights: Option<&'r [f32]>,
     mean: bool,
     limit: usize,
-    dst: &'r mut [f32],
+    dst: &'r mut [S],
 }
 
-impl<I: Index, T: RowFormat> BlockBody for Sum<'_, '_, I, T> {
+impl<I: Index, T: RowFormat, S: Slot> BlockBody for Sum<'_, '_, I, T, S> {
     /// Columns `cols` of the bag's sum into `dst`; returns how many rows
     /// were kept. The sums start from `-0.0`, so the first kept term comes
     /// through to the bit (`-0.0 + x == x`); a mean divides in the registers

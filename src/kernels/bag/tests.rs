@@ -3,12 +3,67 @@
 use super::forward::forward_on;
 use super::*;
 use crate::kernels::row_format::F32Rows;
+use crate::kernels::row_format::Slot;
 use crate::simd::Isa;
 
 fn mix(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
     let z = (*state ^ (*state >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z ^ (z >> 31)
+}
+
+/// An output value that tells whether the kernel wrote it: what the
+/// layers' fresh outputs (`MaybeUninit<f32>`s, written once) need of the
+/// kernel, checked without reading uninitialised memory.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Written(Option<u32>);
+
+impl Slot for Written {
+    fn put(dst: &mut [Self], src: &[f32]) {
+        assert_eq!(dst.len(), src.len());
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = Written(Some(s.to_bits()));
+        }
+    }
+
+    fn zero(dst: &mut [Self]) {
+        dst.fill(Written(Some(0.0f32.to_bits())));
+    }
+}
+
+/// [`forward_on`] into `out` and `at` (prefilled by the caller), and again
+/// into an output of [`Written`]s: every value of that one must be written,
+/// and hold the bits of `out`.
+#[allow(clippy::too_many_arguments)]
+fn forward_both(
+    isa: Isa,
+    par: Parallelism,
+    table: F32Rows<'_>,
+    ids: ValidIds<'_, usize>,
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    out: &mut [f32],
+    at: &mut [i64],
+) {
+    let mut fresh = vec![Written(None); out.len()];
+    let mut fresh_at = vec![-9; at.len()];
+    forward_on(
+        isa,
+        par,
+        table,
+        ids,
+        bags,
+        pooling,
+        &mut fresh,
+        &mut fresh_at,
+    );
+    forward_on(isa, par, table, ids, bags, pooling, out, at);
+    let bits: Vec<Written> = out.iter().map(|v| Written(Some(v.to_bits()))).collect();
+    assert_eq!(fresh, bits, "the fresh output differs ({isa:?} {par:?})");
+    assert_eq!(
+        fresh_at, at,
+        "the fresh output's winners differ ({isa:?} {par:?})"
+    );
 }
 
 /// Bags that hold no id, alone or before one that does, give zeros (and
@@ -46,7 +101,7 @@ fn empty_bags_give_zeros_on_every_path() {
                     for par in [Parallelism::Serial, Parallelism::Rayon] {
                         let mut out = vec![f32::NAN; want.len()];
                         let mut at = vec![7; want_at.len()];
-                        forward_on(
+                        forward_both(
                             isa,
                             par,
                             F32Rows { table, dim },
@@ -125,7 +180,7 @@ fn every_isa_gives_the_reference_bits() {
             for isa in Isa::all() {
                 for par in [Parallelism::Serial, Parallelism::Rayon] {
                     let mut out = vec![f32::NAN; bags.len() * dim];
-                    forward_on(
+                    forward_both(
                         isa,
                         par,
                         F32Rows { table: &table, dim },
@@ -177,7 +232,7 @@ fn every_isa_gives_the_reference_bits() {
             for isa in Isa::all() {
                 for par in [Parallelism::Serial, Parallelism::Rayon] {
                     let (mut out, mut at) = (vec![f32::NAN; size], vec![-2; size]);
-                    forward_on(
+                    forward_both(
                         isa,
                         par,
                         F32Rows { table: &ties, dim },
