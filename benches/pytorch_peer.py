@@ -279,7 +279,17 @@ def rows_for(name, op, fmt, args):
 
 # The ops of the warm-loop comparison (`report --loop`), and PyTorch's call
 # for each: what a PyTorch user writes in a training or serving loop.
-LOOP_OPS = ("gather", "forward", "bag_sum", "bag_mean", "sparse_step")
+LOOP_OPS = (
+    "gather",
+    "forward",
+    "bag_sum",
+    "bag_mean",
+    "sparse_step",
+    "bag_sum_f16",
+    "bag_sum_bf16",
+    "bag_sum_int8",
+    "bag_sum_int4",
+)
 LOOP_LR = 1e-6
 
 
@@ -326,6 +336,23 @@ def loop_call(data, op):
             opt.zero_grad(set_to_none=True)
             F.embedding(ids, param, sparse=True).backward(grad_out)
             opt.step()
+
+    elif op.startswith("bag_sum_") and op.removeprefix("bag_sum_") in FORMATS:
+        fmt = op.removeprefix("bag_sum_")
+        key = f"table_{fmt}"
+        if key not in data:
+            data[key] = format_table(weight, fmt)
+        table = data[key]
+        if fmt in ("int8", "int4"):
+            bag_sum = packed_bag_sum(fmt)
+
+            def call():
+                bag_sum(table, ids, offsets, mode=0, include_last_offset=False)
+
+        else:
+
+            def call():
+                F.embedding_bag(ids, table, offsets, mode="sum")
 
     else:
         raise ValueError(f"unknown loop op {op!r} (one of: {', '.join(LOOP_OPS)})")

@@ -153,7 +153,9 @@ struct Args {
     warm_loop: bool,
 
     /// Ops of `--loop`, comma-separated [default: all]
-    /// (gather, forward, bag_sum, bag_mean, sparse_step).
+    /// (gather, forward, bag_sum, bag_mean, sparse_step, and the bag sum
+    /// over reduced-precision tables: bag_sum_f16, bag_sum_bf16,
+    /// bag_sum_int8, bag_sum_int4).
     #[arg(long, value_delimiter = ',', value_parser = parse_loop_op)]
     loop_ops: Vec<&'static str>,
 
@@ -988,13 +990,20 @@ fn machine(pool_threads: usize, huge_pages: bool) -> Machine {
     // The kernels choose their registers at run time (`src/simd/`): AVX
     // where the CPU has it, else `wide::f32x8` as the build targets.
     #[cfg(target_arch = "x86_64")]
-    let (avx, avx2) = {
+    let (avx, avx2, avx512) = {
         use std::arch::is_x86_feature_detected as has;
-        (has!("avx"), has!("avx2") && has!("fma") && has!("f16c"))
+        let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+        (
+            has!("avx"),
+            avx2,
+            avx2 && has!("avx512f") && has!("avx512vl"),
+        )
     };
     #[cfg(not(target_arch = "x86_64"))]
-    let (avx, avx2) = (false, false);
-    let simd = if avx2 {
+    let (avx, avx2, avx512) = (false, false, false);
+    let simd = if avx512 {
+        "256-bit AVX registers with AVX2, FMA and F16C, 32 of them (AVX-512VL), chosen at run time"
+    } else if avx2 {
         "256-bit AVX registers with AVX2, FMA and F16C, chosen at run time"
     } else if avx {
         "256-bit AVX registers, chosen at run time"
@@ -1026,7 +1035,6 @@ fn loadavg() -> Option<String> {
     )
 }
 
-/// The command line, as it would be typed through cargo.
 /// `--loop`: the warm-loop comparison alone, its table on stdout (and in
 /// DIR/warm_loop.md with `--markdown DIR`).
 fn run_loop(args: &Args, workloads: &[Workload]) -> Result<(), Box<dyn Error>> {
@@ -1072,6 +1080,7 @@ fn run_loop(args: &Args, workloads: &[Workload]) -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
+/// The command line, as it would be typed through cargo.
 fn command_line() -> String {
     let args: Vec<String> = std::env::args()
         .skip(1)

@@ -17,6 +17,8 @@
 //! | `forward` | `F.embedding(ids, weight)` | `Embedding::forward` (allocating) |
 //! | `bag_sum`, `bag_mean` | `F.embedding_bag(ids, weight, offsets, mode=…)`, bags of 16 | `EmbeddingBag::forward` (allocating) |
 //! | `sparse_step` | `zero_grad`, `F.embedding(…, sparse=True)`, `backward`, `SGD.step()` | `Embedding::forward`, then `sparse_step` with `Sgd` |
+//! | `bag_sum_f16`, `bag_sum_bf16` | `F.embedding_bag(…, mode="sum")` over `weight.half()` / `.bfloat16()` | `QuantizedEmbeddingBag::forward` over an `f16` / `bf16` table (allocating) |
+//! | `bag_sum_int8`, `bag_sum_int4` | `torch.ops.quantized.embedding_bag_byte_rowwise_offsets` / `_4bit_` over the prepacked table | `QuantizedEmbeddingBag::forward` over the same bytes (`from_float`) |
 //!
 //! Both sides use every core by default (PyTorch's own default, rayon's
 //! global pool); `--threads N` sets both. The layers are made by their
@@ -26,7 +28,10 @@
 use super::common::{Data, Workload};
 use super::layer::BAG_SIZE;
 use super::median_sorted;
-use embedding_kernels::{gather, Bags, Embedding, EmbeddingBag, EmbeddingBagOptions, Mode, Sgd};
+use embedding_kernels::formats::Format;
+use embedding_kernels::{
+    gather, Bags, Embedding, EmbeddingBag, EmbeddingBagOptions, Mode, QuantizedEmbeddingBag, Sgd,
+};
 use serde::{Deserialize, Serialize};
 use std::error::Error;
 use std::hint::black_box;
@@ -44,7 +49,22 @@ const MIN_REPS: usize = 5;
 const LR: f32 = 1e-6;
 
 /// The ops of the comparison, as the PyTorch side names them.
-pub const OPS: [&str; 5] = ["gather", "forward", "bag_sum", "bag_mean", "sparse_step"];
+pub const OPS: [&str; 9] = [
+    "gather",
+    "forward",
+    "bag_sum",
+    "bag_mean",
+    "sparse_step",
+    "bag_sum_f16",
+    "bag_sum_bf16",
+    "bag_sum_int8",
+    "bag_sum_int4",
+];
+
+/// The table format of a `bag_sum_<format>` op.
+fn format_of(op: &str) -> Option<Format> {
+    Format::from_name(op.strip_prefix("bag_sum_")?)
+}
 
 /// One side's median for one cell.
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -164,11 +184,13 @@ struct Ours<'a> {
     trained: Embedding,
     sum: EmbeddingBag,
     mean: EmbeddingBag,
+    /// The sum layer over the tables of the `bag_sum_<format>` ops asked for.
+    formats: Vec<(Format, QuantizedEmbeddingBag)>,
     bags: Bags,
 }
 
 impl<'a> Ours<'a> {
-    fn new(data: &'a Data) -> Result<Ours<'a>, Box<dyn Error>> {
+    fn new(data: &'a Data, ops: &[&str]) -> Result<Ours<'a>, Box<dyn Error>> {
         let (dim, n) = (data.w.dim, data.w.num_ids);
         let table = || data.table.to_vec();
         let bag = |mode| {
@@ -178,13 +200,20 @@ impl<'a> Ours<'a> {
             };
             EmbeddingBag::from_pretrained(table(), dim, true, options)
         };
+        let sum = bag(Mode::Sum)?;
+        let formats = ops
+            .iter()
+            .filter_map(|op| format_of(op))
+            .map(|f| Ok((f, QuantizedEmbeddingBag::from_float(&sum, f)?)))
+            .collect::<Result<_, Box<dyn Error>>>()?;
         Ok(Ours {
             data,
             out: vec![0.0; n * dim],
             layer: Embedding::from_pretrained(table(), dim, true)?,
             trained: Embedding::from_pretrained(table(), dim, false)?,
-            sum: bag(Mode::Sum)?,
+            sum,
             mean: bag(Mode::Mean)?,
+            formats,
             bags: Bags::fixed(n / BAG_SIZE, BAG_SIZE)?,
         })
     }
@@ -202,7 +231,13 @@ impl<'a> Ours<'a> {
                 let g = &self.data.grad_output[..];
                 self.trained.sparse_step(g, ids, &mut Sgd::new(LR))?;
             }
-            _ => return Err(format!("unknown loop op `{op}`").into()),
+            _ => {
+                let layer = format_of(op)
+                    .and_then(|f| self.formats.iter().find(|(g, _)| *g == f))
+                    .map(|(_, layer)| layer)
+                    .ok_or_else(|| format!("unknown loop op `{op}`"))?;
+                drop(black_box(layer.forward(ids, &self.bags, None)?));
+            }
         }
         black_box(&mut self.out);
         Ok(())
@@ -260,7 +295,7 @@ pub fn run(
     for round in 1..=rounds {
         for w in workloads {
             let data = w.data(false);
-            let mut ours = Ours::new(&data)?;
+            let mut ours = Ours::new(&data, ops)?;
             for &op in ops {
                 let (torch_t, ours_t) = if round % 2 == 1 {
                     let t = torch.time(w.name, op)?;

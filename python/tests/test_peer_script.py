@@ -37,7 +37,17 @@ def request(op, workload="tiny"):
 
 
 def test_every_op_is_timed_and_the_header_names_torch():
-    ops = ["gather", "forward", "bag_sum", "bag_mean", "sparse_step"]
+    ops = [
+        "gather",
+        "forward",
+        "bag_sum",
+        "bag_mean",
+        "sparse_step",
+        "bag_sum_f16",
+        "bag_sum_bf16",
+        "bag_sum_int8",
+        "bag_sum_int4",
+    ]
     header, answers = ask([request(op) for op in ops])
     assert header["threads"] == 1
     assert header["torch"] and header["capability"]
