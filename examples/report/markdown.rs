@@ -415,7 +415,7 @@ fn kernel_table(s: &mut String, report: &Report, stamp: &Stamp) -> std::fmt::Res
          and split over the pool, measured round-robin with that row (the memcpy rows pool all of \
          a workload's memcpy samples). vs scalar: scalar median / row median. scalar = \
          `reference::loops`, simd_1t = `Parallelism::Serial`, simd_rayon = `Parallelism::Rayon` \
-         in the pool, candle = candle-core `index_select` / `index_add` (its scatter_add returns \
+         in the pool, `_4k` = the same on a copy of the table in a plain `Vec` (4 KiB pages), candle = candle-core `index_select` / `index_add` (its scatter_add returns \
          a new tensor, so its time includes copying the zeroed table; its gather_scaled is two \
          passes).\n"
     )
