@@ -579,3 +579,38 @@ fn tables_on_both_sides_of_the_prefetch_size_equal_reference() {
         }
     }
 }
+
+/// A gather whose output passes the size from which a split call streams
+/// its stores equals the scalar loop, for outputs that start on every 4-byte
+/// offset of a 32-byte line (the streaming stores' head and tail) and rows
+/// that end mid-register, on one thread and on two.
+#[test]
+fn large_outputs_written_with_streaming_stores_equal_reference() {
+    let out_floats = (16 << 20) / 4 + 1000;
+    for dim in [1, 7, 129] {
+        let rows = 3000;
+        let table: Vec<f32> = (0..rows * dim)
+            .map(|i| (i % 9973) as f32 - 4000.5)
+            .collect();
+        let n = out_floats / dim + 1;
+        let ids: Vec<u32> = (0..n as u32)
+            .map(|i| i.wrapping_mul(2_654_435_761) % rows as u32)
+            .collect();
+        // The scalar loop: the one-hot reference's matrix would not fit.
+        let mut want = vec![0.0; n * dim];
+        reference::loops::gather(&table, dim, &ids, &mut want).unwrap();
+        for pool in pools() {
+            for offset in [0, 1, 4] {
+                let mut buf = vec![f32::NAN; n * dim + offset];
+                let got = &mut buf[offset..];
+                pool.install(|| gather_with(Parallelism::Rayon, &table, dim, &ids, got))
+                    .unwrap();
+                assert!(bits(got) == bits(&want), "dim {dim}, offset {offset}");
+                assert!(
+                    buf[..offset].iter().all(|x| x.is_nan()),
+                    "nothing before the output"
+                );
+            }
+        }
+    }
+}

@@ -50,6 +50,12 @@ pub(crate) const SWEEP_TASK_BYTES: usize = 1 << 20;
 /// streaming took about twice as long as a memset and a scatter.
 pub(crate) const STREAM_MIN_BYTES: usize = 8 << 20;
 
+/// From this many bytes of output on, [`gather`](crate::gather) split
+/// across threads writes with streaming stores: half the last-level cache
+/// of the development machine (32 MiB), beyond which a plain store's line
+/// would be evicted before anyone read it anyway.
+pub(crate) const GATHER_STREAM_MIN_BYTES: usize = 16 << 20;
+
 /// How far ahead the kernels prefetch random rows, in bytes of rows: enough
 /// misses in flight to cover a DRAM round trip, few enough that the line
 /// buffers do not overflow. On recsys (512-byte rows), 32 rows ahead ran
