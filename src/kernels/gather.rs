@@ -223,7 +223,7 @@ impl RowOp for StreamRow {
         // them streaming, rather than 32-byte ones with a plain store at
         // each end (a line written partly plainly and partly streamed is
         // flushed twice).
-        if dst.as_ptr() as usize % 32 == 0 {
+        if (dst.as_ptr() as usize).is_multiple_of(32) {
             V::stream(dst, Some(src));
         } else {
             stream::sse(dst, Some(src));
