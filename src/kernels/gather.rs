@@ -30,8 +30,8 @@
 //!    the calling thread.
 
 use super::tuning::{
-    prefetch_ahead, GATHER_STREAM_MIN_BYTES, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES,
-    TASK_BYTES,
+    prefetch_ahead, GATHER_STREAM_MIN_BYTES, GATHER_STREAM_MIN_DIM, PARALLEL_MIN_BYTES,
+    PREFETCH_MIN_TABLE_BYTES, TASK_BYTES,
 };
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
@@ -80,7 +80,7 @@ pub fn gather_with<I: Index>(
     out: &mut [f32],
 ) -> Result<(), EmbeddingError> {
     let ids = check(table, dim, ids, out)?;
-    if streams(par, core::mem::size_of_val(out)) {
+    if streams(par, core::mem::size_of_val(out), dim) {
         drive(par, table, dim, ids, out, StreamRow);
     } else {
         drive(par, table, dim, ids, out, CopyRow);
@@ -88,15 +88,19 @@ pub fn gather_with<I: Index>(
     Ok(())
 }
 
-/// Whether [`gather_with`] writes an output of `bytes` with streaming
-/// stores: from [`GATHER_STREAM_MIN_BYTES`] on, when the call is split
+/// Whether [`gather_with`] writes an output of `bytes`, rows of `dim`
+/// values, with streaming stores: from [`GATHER_STREAM_MIN_BYTES`] on, for
+/// rows of [`GATHER_STREAM_MIN_DIM`] values or more, when the call is split
 /// across two threads or more. Split, the call is bound by memory
 /// bandwidth, and a plain store's read of each output line is traffic the
-/// streaming store saves (recsys 1.10-1.22x, gpt2 1.19-1.39x faster on two
-/// threads); on one thread the loads of the rows wait on latency, and the
-/// streaming stores then slowed recsys down by 1.3x to 2.7x.
-fn streams(par: Parallelism, bytes: usize) -> bool {
+/// streaming store saves (recsys, 128 values a row, 1.10-1.22x and gpt2,
+/// 768, 1.19-1.39x faster on two threads). On one thread the loads of the
+/// rows wait on latency, and the streaming stores slowed recsys down by 1.3x
+/// to 2.7x; on rows of 16 values (narrow) they took the warm loop from
+/// 0.96 to 1.57 ms.
+fn streams(par: Parallelism, bytes: usize, dim: usize) -> bool {
     bytes >= GATHER_STREAM_MIN_BYTES
+        && dim >= GATHER_STREAM_MIN_DIM
         && rayon::current_num_threads() > 1
         && par.splits(bytes, PARALLEL_MIN_BYTES)
 }

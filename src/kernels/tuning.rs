@@ -56,6 +56,10 @@ pub(crate) const STREAM_MIN_BYTES: usize = 8 << 20;
 /// would be evicted before anyone read it anyway.
 pub(crate) const GATHER_STREAM_MIN_BYTES: usize = 16 << 20;
 
+/// The narrowest rows [`gather`](crate::gather) streams: 128 values (512
+/// bytes, recsys's rows) gained, 16 values (narrow's) lost.
+pub(crate) const GATHER_STREAM_MIN_DIM: usize = 128;
+
 /// How far ahead the kernels prefetch random rows, in bytes of rows: enough
 /// misses in flight to cover a DRAM round trip, few enough that the line
 /// buffers do not overflow. On recsys (512-byte rows), 32 rows ahead ran
