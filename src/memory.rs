@@ -51,6 +51,32 @@ pub(crate) fn zeroed_floats(
     Ok(table)
 }
 
+/// Room for `len` more values in `values`, emptied first: its spare
+/// capacity, which a kernel then writes whole before the caller's
+/// `set_len(len)`. Advised for huge pages before the first touch when it
+/// spans one.
+///
+/// # Errors
+/// [`EmbeddingError::AllocationFailed`](crate::EmbeddingError::AllocationFailed)
+/// for the output (`what` = "output"); then `values` is empty.
+pub(crate) fn fresh_floats(
+    values: &mut Vec<f32>,
+    len: usize,
+) -> Result<&mut [core::mem::MaybeUninit<f32>], crate::EmbeddingError> {
+    values.clear();
+    values
+        .try_reserve_exact(len)
+        .map_err(|_| crate::EmbeddingError::AllocationFailed {
+            what: "output",
+            bytes: len as u128 * 4,
+        })?;
+    let fresh = &mut values.spare_capacity_mut()[..len];
+    if core::mem::size_of_val(fresh) >= HUGE_PAGE {
+        advise_huge_pages(fresh);
+    }
+    Ok(fresh)
+}
+
 /// Asks the kernel to back the whole 2 MiB pages inside `memory` with
 /// transparent huge pages. Returns whether the kernel accepted the advice
 /// (always `false` off Linux). Memory that is already touched is only

@@ -177,8 +177,11 @@ pub(crate) trait RowOp: Copy + Send + Sync {
     type Out: Send;
 
     /// This operation, placed so that its next row is row `first` of the
-    /// whole output.
-    fn at(self, first: usize) -> Self;
+    /// whole output; the operation itself for one that does not count rows.
+    #[inline(always)]
+    fn at(self, _first: usize) -> Self {
+        self
+    }
 
     /// Writes the next output row, `dst`, from the table row `src` (both
     /// `dim` long), with lanes `V`.
@@ -197,11 +200,6 @@ impl RowOp for CopyRow {
     type Out = f32;
 
     #[inline(always)]
-    fn at(self, _first: usize) -> Self {
-        self
-    }
-
-    #[inline(always)]
     fn write<V: Lanes>(&mut self, dst: &mut [f32], src: &[f32]) {
         row::copy::<V>(dst, src);
     }
@@ -215,11 +213,6 @@ struct StreamRow;
 
 impl RowOp for StreamRow {
     type Out = f32;
-
-    #[inline(always)]
-    fn at(self, _first: usize) -> Self {
-        self
-    }
 
     #[inline(always)]
     fn write<V: Lanes>(&mut self, dst: &mut [f32], src: &[f32]) {
@@ -248,11 +241,6 @@ impl RowOp for ScaleRow {
     type Out = f32;
 
     #[inline(always)]
-    fn at(self, _first: usize) -> Self {
-        self
-    }
-
-    #[inline(always)]
     fn write<V: Lanes>(&mut self, dst: &mut [f32], src: &[f32]) {
         row::scale::<V>(dst, src, self.0);
     }
@@ -266,11 +254,6 @@ struct FillRow;
 
 impl RowOp for FillRow {
     type Out = MaybeUninit<f32>;
-
-    #[inline(always)]
-    fn at(self, _first: usize) -> Self {
-        self
-    }
 
     #[inline(always)]
     fn write<V: Lanes>(&mut self, dst: &mut [MaybeUninit<f32>], src: &[f32]) {
@@ -299,23 +282,14 @@ pub(crate) fn gather_fresh<I: Index>(
 ) -> Result<(), EmbeddingError> {
     values.clear();
     let len = rows_len(ids.len(), dim)?;
-    values
-        .try_reserve_exact(len)
-        .map_err(|_| EmbeddingError::AllocationFailed {
-            what: "output",
-            bytes: len as u128 * 4,
-        })?;
-    let fresh = &mut values.spare_capacity_mut()[..len];
-    if core::mem::size_of_val(fresh) >= crate::memory::HUGE_PAGE {
-        crate::memory::advise_huge_pages(fresh);
-    }
+    let fresh = crate::memory::fresh_floats(values, len)?;
     drive(par, table, dim, ids, fresh, FillRow);
     // SAFETY: `drive` wrote all of `spare_capacity_mut()[..len]`: each of
     // the `ids.len()` rows of `dim` values, split among tasks or not, went
     // through `FillRow::write`, which writes its whole row (the source row
     // has `dim` values too), and `drive` returns only after every task.
     // With `dim == 0` or no ids, `len` is 0. The capacity is `len` or more
-    // (reserved above).
+    // (reserved by `memory::fresh_floats`).
     #[allow(unsafe_code)]
     unsafe {
         values.set_len(len)

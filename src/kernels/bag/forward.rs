@@ -58,16 +58,7 @@ pub(crate) fn forward_fresh<I: Index, T: RowFormat>(
 ) -> Result<(), EmbeddingError> {
     values.clear();
     let len = rows_len(bags.len(), table.dim())?;
-    values
-        .try_reserve_exact(len)
-        .map_err(|_| EmbeddingError::AllocationFailed {
-            what: "output",
-            bytes: len as u128 * 4,
-        })?;
-    let fresh = &mut values.spare_capacity_mut()[..len];
-    if core::mem::size_of_val(fresh) >= crate::memory::HUGE_PAGE {
-        crate::memory::advise_huge_pages(fresh);
-    }
+    let fresh = crate::memory::fresh_floats(values, len)?;
     forward_on(isa, par, table, ids, bags, pooling, fresh, max_indices);
     // SAFETY: `forward_on` wrote all of `spare_capacity_mut()[..len]`:
     // with `dim == 0` or no bags `len` is 0; otherwise its tasks split
@@ -75,7 +66,7 @@ pub(crate) fn forward_fresh<I: Index, T: RowFormat>(
     // `max::pool` stores every column block of the row (`each_block`
     // covers columns `0..dim`) or, for a bag that kept no row, zeroes the
     // whole row; `forward_on` returns after every task. The capacity is
-    // `len` or more (reserved above).
+    // `len` or more (reserved by `memory::fresh_floats`).
     #[allow(unsafe_code)]
     unsafe {
         values.set_len(len)
