@@ -27,7 +27,7 @@
 //! columns zero-padded into one vector).
 
 use crate::formats::{Data, PackedTable, RowWise, TableRef};
-use crate::simd::prefetch::{self, L2};
+use crate::simd::prefetch::{self, L1, L2};
 use crate::simd::{Lanes, LANES};
 use core::mem::MaybeUninit;
 
@@ -269,7 +269,7 @@ impl Element for f32 {
 
     #[inline(always)]
     fn prefetch_block<const N: usize>(table: &[f32], at: usize) {
-        prefetch::block::<L2, N>(table, at);
+        prefetch::bag_block(table.as_ptr().cast(), at * 4, N * LANES * 4);
     }
 }
 
@@ -281,7 +281,7 @@ impl Element for half::f16 {
 
     #[inline(always)]
     fn prefetch_block<const N: usize>(table: &[half::f16], at: usize) {
-        prefetch::bytes::<L2>(table.as_ptr().cast(), at * 2, N * LANES * 2);
+        prefetch::bag_block(table.as_ptr().cast(), at * 2, N * LANES * 2);
     }
 }
 
@@ -293,7 +293,7 @@ impl Element for half::bf16 {
 
     #[inline(always)]
     fn prefetch_block<const N: usize>(table: &[half::bf16], at: usize) {
-        prefetch::bytes::<L2>(table.as_ptr().cast(), at * 2, N * LANES * 2);
+        prefetch::bag_block(table.as_ptr().cast(), at * 2, N * LANES * 2);
     }
 }
 
@@ -511,12 +511,17 @@ impl<const BITS: u32> RowFormat for Packed<'_, BITS> {
         // scale and bias at the row's end; both counted at compile time.
         let at = r * self.row_bytes;
         let base = self.bytes.as_ptr();
-        prefetch::bytes::<L2>(
-            base,
-            at + cols.start / Self::PER_BYTE,
-            N * Self::VECTOR_BYTES,
-        );
-        prefetch::bytes::<L2>(base, at + self.code_bytes, Self::AFFINE_BYTES);
+        let codes = at + cols.start / Self::PER_BYTE;
+        let len = N * Self::VECTOR_BYTES;
+        if len + Self::AFFINE_BYTES <= crate::memory::LINE_BYTES {
+            // A narrow row: codes and affine both into L1, as
+            // `prefetch::bag_block` does for a block of one line.
+            prefetch::bytes::<L1>(base, codes, len);
+            prefetch::bytes::<L1>(base, at + self.code_bytes, Self::AFFINE_BYTES);
+        } else {
+            prefetch::bytes::<L2>(base, codes, len);
+            prefetch::bytes::<L2>(base, at + self.code_bytes, Self::AFFINE_BYTES);
+        }
     }
 
     #[inline(always)]

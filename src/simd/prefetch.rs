@@ -11,8 +11,6 @@
 //! (docs/benchmarks.md, "Prefetch"): hints into L1 take the line-fill buffers
 //! that the loads of the current row need, and evict lines still in use.
 
-use super::LANES;
-
 /// Asks the cache for every 64-byte line `row` touches, ahead of use. A
 /// hint only: it reads nothing and cannot fault, and it compiles to nothing
 /// off x86-64.
@@ -50,13 +48,6 @@ pub(crate) fn row<L: Level>(row: &[f32]) {
     let _ = row;
 }
 
-/// [`row`] for the block `table[at..at + N·8]` of an `f32` table: [`bytes`]
-/// for its `N·32` bytes.
-#[inline(always)]
-pub(crate) fn block<L: Level, const N: usize>(table: &[f32], at: usize) {
-    bytes::<L>(table.as_ptr().cast(), at * 4, N * LANES * 4);
-}
-
 /// Hints for the `len` bytes `base[from..from + len]`, where the caller
 /// passes a `len` fixed by its block size (a constant once inlined), so
 /// the loop below unrolls into bare hints: one every 64 bytes from the start
@@ -78,6 +69,23 @@ pub(crate) fn bytes<L: Level>(base: *const u8, from: usize, len: usize) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (base, from, len);
+}
+
+/// [`bytes`] for a block of a row a bag reads [`BAG_AHEAD_ROWS`] rows on:
+/// into L1 when the block fits one line, into L2 when it is longer. A bag
+/// of narrow rows then has one line a row in flight, which L1's miss
+/// buffers hold, and its loads find the rows in L1; a block of several
+/// lines a row would ask for more lines than those buffers hold, and into
+/// L1 it was 1.1-2.4x slower than into L2 (docs/benchmarks.md, "Prefetch").
+///
+/// [`BAG_AHEAD_ROWS`]: crate::kernels::tuning::BAG_AHEAD_ROWS
+#[inline(always)]
+pub(crate) fn bag_block(base: *const u8, from: usize, len: usize) {
+    if len <= crate::memory::LINE_BYTES {
+        bytes::<L1>(base, from, len);
+    } else {
+        bytes::<L2>(base, from, len);
+    }
 }
 
 /// The cache a hint fills: [`L1`] or [`L2`].
@@ -134,7 +142,7 @@ fn line<const STRATEGY: i32>(addr: usize) {
 }
 
 /// Hints for the bytes `base[from..to]`: one at every 64 bytes from
-/// `from` and one at the last byte. Like [`block`], the range is not
+/// `from` and one at the last byte. Like [`bytes`], the range is not
 /// checked: the hints are only addresses (`wrapping_add`), and a wrong one
 /// costs a wasted fetch, never a fault.
 #[inline(always)]
