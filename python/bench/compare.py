@@ -24,6 +24,10 @@ The ops, each run by ``torch.nn``'s module and by ours with the same table
   sparse backward and the update. Ours hands SGD distinct rows (built
   coalesced; autograd drops the flag as it stores ``weight.grad``),
   PyTorch's a row per id.
+* ``fused_sgd``: the same step, ours fused: PyTorch's side as in
+  ``sparse_sgd``; ours ``emb(ids).sum().backward()`` on a module made with
+  ``sgd_in_backward(lr=0.01)``, whose backward is the crate's fused sparse
+  SGD step (no gradient, no optimiser).
 
 Timing: warm loops. Each side first runs ``--warmup-s`` seconds of calls
 (0.2); then the two sides take turns in bursts of back-to-back calls (at
@@ -73,7 +77,9 @@ WORKLOADS = {
     "recsys": (1_000_000, 128, 65_536),
 }
 BAG_SIZE = 16
-OPS = ["forward", "dense_backward", "bag_sum", "bag_max", "sparse_sgd"]
+# The learning rate of the SGD steps.
+LR = 0.01
+OPS = ["forward", "dense_backward", "bag_sum", "bag_max", "sparse_sgd", "fused_sgd"]
 # The issue's goals, as PyTorch's median over ours (above 1: ours faster),
 # on the workloads it names. It sets none for tiny, where the overhead rows
 # carry its goal (under 10 µs above the call of the kernel), nor one of its
@@ -84,6 +90,7 @@ GOALS = {
     "dense_backward": 3.0,
     "bag_max": 3.0,
     "sparse_sgd": 1.5,
+    "fused_sgd": 1.5,
 }
 GOAL_WORKLOADS = ("minilm", "gpt2", "recsys")
 
@@ -142,10 +149,12 @@ def data(name):
 def pair(op, weight, ids, offsets):
     """The two sides' calls for ``op``, and a check that they agree."""
     rows, dim = weight.shape
-    if op in ("forward", "dense_backward", "sparse_sgd"):
-        sparse = op == "sparse_sgd"
+    if op in ("forward", "dense_backward", "sparse_sgd", "fused_sgd"):
+        sparse = op in ("sparse_sgd", "fused_sgd")
         theirs = nn.Embedding.from_pretrained(weight.clone(), freeze=False, sparse=sparse)
         ours = ekt.Embedding.from_pretrained(weight.clone(), freeze=False, sparse=sparse)
+        if op == "fused_sgd":
+            ours.sgd_in_backward(LR)
     else:
         mode = op.removeprefix("bag_")
         theirs = nn.EmbeddingBag.from_pretrained(weight.clone(), freeze=False, mode=mode)
@@ -181,10 +190,12 @@ def pair(op, weight, ids, offsets):
             calls["ours"]()
             assert torch.equal(theirs.weight.grad, ours.weight.grad), "gradients differ"
 
-    elif op == "sparse_sgd":
+    elif op in ("sparse_sgd", "fused_sgd"):
 
         def make(module):
-            opt = torch.optim.SGD(module.parameters(), lr=0.01)
+            if module is ours and op == "fused_sgd":
+                return lambda: module(ids).sum().backward()
+            opt = torch.optim.SGD(module.parameters(), lr=LR)
 
             def call():
                 opt.zero_grad(set_to_none=True)

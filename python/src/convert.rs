@@ -246,6 +246,32 @@ pub(crate) fn output<'py>(
     Ok(typed.clone())
 }
 
+/// `obj` as a table to update in place: a C-contiguous float32 array of
+/// shape `[num_embeddings, embedding_dim]` with `embedding_dim` not 0.
+/// Returns it and its two sizes; [`writable`] borrows it.
+pub(crate) fn table_in_place<'py>(
+    obj: &Bound<'py, PyAny>,
+    name: &str,
+) -> PyResult<(Bound<'py, PyArrayDyn<f32>>, usize, usize)> {
+    let array = untyped(obj, name)?;
+    let typed = array.cast::<PyArrayDyn<f32>>().map_err(|_| {
+        invalid(format!(
+            "{name} must be a float32 array, got {}",
+            array.dtype()
+        ))
+    })?;
+    let (rows, dim) = match *typed.shape() {
+        [rows, dim] => (rows, dim),
+        ref shape => {
+            return Err(invalid(format!(
+                "{name} must be 2-D [num_embeddings, embedding_dim], got shape {shape:?}"
+            )))
+        }
+    };
+    contiguous(array, name)?;
+    Ok((typed.clone(), rows, nonzero_dim(dim)?))
+}
+
 /// `out` borrowed writable: fails if it is read-only or is also one of the
 /// inputs (borrowed already).
 pub(crate) fn writable<'py>(

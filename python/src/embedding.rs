@@ -1,9 +1,10 @@
 //! The lookup (`F.embedding`) and its dense and sparse backward.
 
 use crate::convert::{
-    error, grad_output, invalid, output, padding, slice, with_ids, writable, Ids, Table,
+    error, grad_output, invalid, output, padding, slice, table_in_place, with_ids, writable, Ids,
+    Table,
 };
-use embedding_kernels::{dense_backward, gather, sparse_backward, SparseGrad};
+use embedding_kernels::{dense_backward, gather, sparse_backward, sparse_step, Sgd, SparseGrad};
 use numpy::{PyArray1, PyArrayDyn, PyArrayMethods};
 use pyo3::prelude::*;
 
@@ -114,6 +115,61 @@ pub(crate) fn embedding_sparse_backward<'py>(
         })
         .map_err(error)?;
     sparse_pair(py, sparse)
+}
+
+/// One SGD step of the lookup's gradient, fused: `weight` (float32
+/// `[num_embeddings, embedding_dim]`, updated in place) gets, on each row
+/// `r` that `ids` touch (less `padding_idx`),
+/// `w -= lr * (g + weight_decay * w)` with `g` the row of
+/// [`embedding_sparse_backward`] (the sum of `grad_out[p]` over the
+/// positions with `ids[p] == r`, divided by their count with
+/// `scale_grad_by_freq`). No gradient is stored and untouched rows are not
+/// read: what `sparse=True` and `torch.optim.SGD` do in three passes.
+///
+/// Raises `IndexError` for an id out of range, `ValueError` for anything
+/// else (a `grad_out` of another width than `weight`, a negative or NaN
+/// `lr`, `weight` read-only or also passed as `grad_out`); then `weight` is
+/// unchanged.
+#[pyfunction]
+#[pyo3(signature = (weight, ids, grad_out, lr, weight_decay=0.0, padding_idx=None, scale_grad_by_freq=false))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn embedding_sparse_sgd_step<'py>(
+    py: Python<'py>,
+    weight: &Bound<'py, PyAny>,
+    ids: &Bound<'py, PyAny>,
+    grad_out: &Bound<'py, PyAny>,
+    lr: f32,
+    weight_decay: f32,
+    padding_idx: Option<i64>,
+    scale_grad_by_freq: bool,
+) -> PyResult<()> {
+    let (table, rows, dim) = table_in_place(weight, "weight")?;
+    let ids = Ids::extract(ids, "ids")?;
+    let (grad, grad_dim) = grad_output(grad_out, ids.shape())?;
+    if grad_dim != dim {
+        return Err(invalid(format!(
+            "grad_out has embedding_dim {grad_dim}, weight has {dim}"
+        )));
+    }
+    let pad = padding(padding_idx, rows)?;
+    let mut sgd = Sgd::new(lr).with_weight_decay(weight_decay);
+    let mut guard = table
+        .try_readwrite()
+        .map_err(|e| invalid(format!("weight cannot be written: {e}")))?;
+    let w = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
+    let (g, ids) = (slice(&grad), ids.slice());
+    py.detach(|| {
+        with_ids!(ids, |i| sparse_step(
+            w,
+            dim,
+            g,
+            i,
+            pad,
+            scale_grad_by_freq,
+            &mut sgd
+        ))
+    })
+    .map_err(error)
 }
 
 /// A sparse gradient as Python gets it: int64 rows and float32 values.

@@ -11,6 +11,7 @@
 //! | --- | --- |
 //! | `embedding` | `gather` |
 //! | `embedding_dense_backward`, `embedding_sparse_backward` | `dense_backward`, `sparse_backward` |
+//! | `embedding_sparse_sgd_step` (updates `weight` in place) | `sparse_step` with `Sgd` |
 //! | `embedding_bag` | `bag_forward` |
 //! | `embedding_bag_backward`, `embedding_bag_sparse_backward` | `bag_backward` or `bag_max_backward`, `bag_sparse_backward` |
 //! | `prepack`, `dequantize` | `RowWise::prepack`, `RowWise::dequantize` |
@@ -31,6 +32,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(embedding::embedding, m)?)?;
     m.add_function(wrap_pyfunction!(embedding::embedding_dense_backward, m)?)?;
     m.add_function(wrap_pyfunction!(embedding::embedding_sparse_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(embedding::embedding_sparse_sgd_step, m)?)?;
     m.add_function(wrap_pyfunction!(bag::embedding_bag, m)?)?;
     m.add_function(wrap_pyfunction!(bag::embedding_bag_backward, m)?)?;
     m.add_function(wrap_pyfunction!(bag::embedding_bag_sparse_backward, m)?)?;

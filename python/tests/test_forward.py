@@ -212,8 +212,9 @@ def test_bag_with_weights_that_need_a_gradient_records_a_graph():
 
 
 def test_fresh_outputs_are_written_whole(monkeypatch):
-    """The lookup and the dense gradient go into unzeroed arrays (``_fresh``): fill them with
-    NaN and check that nothing of it survives, against PyTorch bit for bit."""
+    """The lookup, the dense gradient and the contiguous copy of a strided output gradient
+    go into unzeroed arrays (``_fresh``): fill them with NaN and check that nothing of it
+    survives, against PyTorch bit for bit."""
 
     shapes = []
 
@@ -233,4 +234,5 @@ def test_fresh_outputs_are_written_whole(monkeypatch):
     assert_bitwise(ours.weight.grad, theirs.weight.grad)
     with torch.no_grad():
         assert_bitwise(ours(ids[:, :3]), theirs(ids[:, :3]))
-    assert shapes == [(7, 90, 40), (300, 40), (7, 3, 40)]
+    # The lookup, the gradient, the copy of `sum()`'s expanded output gradient, the lookup.
+    assert shapes == [(7, 90, 40), (300, 40), (7, 90, 40), (7, 3, 40)]

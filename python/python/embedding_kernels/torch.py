@@ -59,6 +59,14 @@ def _array(tensor: Tensor):
     if tensor.requires_grad:
         tensor = tensor.detach()
     if not tensor.is_contiguous():
+        if tensor.dtype == torch.float32:
+            # Into NumPy's memory (huge pages for large arrays, see `_fresh`): the
+            # gradient of `out.sum()` is one row expanded to the output's shape, and
+            # its copy by `.contiguous()` into fresh 4 KiB pages took longer than the
+            # backward's kernel.
+            copy = _fresh(tuple(tensor.shape))
+            torch.from_numpy(copy).copy_(tensor)
+            return copy
         tensor = tensor.contiguous()
     return tensor.numpy()
 
@@ -188,6 +196,39 @@ class _EmbeddingFunction(torch.autograd.Function):
         return grad, None, None, None, None
 
 
+class _SgdInBackward(torch.autograd.Function):
+    """The lookup whose backward is an SGD step on the table, fused by the crate.
+
+    The backward updates ``weight`` in place (the touched rows, each by its
+    summed gradient) and returns no gradient for it, so ``weight.grad`` stays
+    ``None`` and no optimiser is needed for it."""
+
+    @staticmethod
+    def forward(ctx, weight, ids, padding_idx, scale_grad_by_freq, lr, weight_decay):
+        out = _lookup(weight, ids, padding_idx)
+        ctx.save_for_backward(ids)
+        # The table itself, not a copy: the step writes into it.
+        ctx.table = weight
+        ctx.options = (padding_idx, scale_grad_by_freq, lr, weight_decay)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (ids,) = ctx.saved_tensors
+        padding_idx, scale_grad_by_freq, lr, weight_decay = ctx.options
+        _check_table(grad_out, "grad_output")
+        _native.embedding_sparse_sgd_step(
+            _array(ctx.table),
+            _array(ids),
+            _array(grad_out),
+            lr,
+            weight_decay,
+            padding_idx,
+            scale_grad_by_freq,
+        )
+        return None, None, None, None, None, None
+
+
 class Embedding(_Table):
     """``torch.nn.Embedding`` on the crate's kernels: same arguments, same ``weight``.
 
@@ -233,8 +274,33 @@ class Embedding(_Table):
         self.scale_grad_by_freq = scale_grad_by_freq
         self.sparse = sparse
         self.weight = _parameter(num_embeddings, embedding_dim, _weight, not _freeze)
+        # (lr, weight_decay) when the backward is an SGD step (`sgd_in_backward`).
+        self._sgd_in_backward: Optional[tuple] = None
         if _weight is None:
             self.reset_parameters()
+
+    def sgd_in_backward(self, lr: Optional[float], weight_decay: float = 0.0) -> "Embedding":
+        """Makes the backward an SGD step on ``weight``, fused by the crate; ``lr=None`` undoes it.
+
+        From then on ``loss.backward()`` updates the rows of ``weight`` that the
+        forward looked up, ``w -= lr * (g + weight_decay * w)`` with ``g`` the row's
+        summed gradient (less ``padding_idx``, scaled by ``scale_grad_by_freq``),
+        and leaves ``weight.grad`` at ``None``: no gradient is made, stored or read
+        by an optimiser, so leave ``weight`` out of the optimiser of the other
+        parameters. The update is what ``sparse=True`` with ``torch.optim.SGD(lr,
+        weight_decay=weight_decay)`` gives, in one pass instead of three. Each
+        backward steps at once: a forward called twice before one ``backward``
+        steps twice (the same sum for SGD without weight decay), and a table that
+        the graph also reads elsewhere (a tied output layer) must not use it.
+        Returns the module."""
+        if lr is None:
+            self._sgd_in_backward = None
+            return self
+        for name, value in (("lr", lr), ("weight_decay", weight_decay)):
+            if not value >= 0.0 or value == float("inf"):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+        self._sgd_in_backward = (float(lr), float(weight_decay))
+        return self
 
     def forward(self, input: Tensor) -> Tensor:
         _check_table(self.weight)
@@ -246,6 +312,11 @@ class Embedding(_Table):
                 torch.embedding_renorm_(self.weight, input, self.max_norm, self.norm_type)
         if not _needs_graph(self.weight):
             return _lookup(self.weight, input, self.padding_idx)
+        if self._sgd_in_backward is not None:
+            lr, weight_decay = self._sgd_in_backward
+            return _SgdInBackward.apply(
+                self.weight, input, self.padding_idx, self.scale_grad_by_freq, lr, weight_decay
+            )
         return _EmbeddingFunction.apply(
             self.weight, input, self.padding_idx, self.scale_grad_by_freq, self.sparse
         )
