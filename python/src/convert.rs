@@ -60,6 +60,19 @@ pub(crate) fn readonly<'py, T: Element>(
     name: &str,
     dtype: &str,
 ) -> PyResult<PyReadonlyArrayDyn<'py, T>> {
+    let array = typed::<T>(obj, name, dtype)?;
+    contiguous(array.as_untyped(), name)?;
+    array
+        .try_readonly()
+        .map_err(|e| invalid(format!("{name} cannot be read: {e}")))
+}
+
+/// `obj` as a NumPy array of `T` (`dtype` names `T`), of any layout.
+fn typed<'py, T: Element>(
+    obj: &Bound<'py, PyAny>,
+    name: &str,
+    dtype: &str,
+) -> PyResult<Bound<'py, PyArrayDyn<T>>> {
     let array = untyped(obj, name)?;
     let typed = array.cast::<PyArrayDyn<T>>().map_err(|_| {
         invalid(format!(
@@ -67,10 +80,7 @@ pub(crate) fn readonly<'py, T: Element>(
             array.dtype()
         ))
     })?;
-    contiguous(array, name)?;
-    typed
-        .try_readonly()
-        .map_err(|e| invalid(format!("{name} cannot be read: {e}")))
+    Ok(typed.clone())
 }
 
 /// Fails unless `array` is C-contiguous.
@@ -155,23 +165,23 @@ pub(crate) struct Table<'py> {
 impl<'py> Table<'py> {
     pub(crate) fn extract(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Table<'py>> {
         let array = readonly::<f32>(obj, name, "float32")?;
-        let (rows, dim) = match *array.shape() {
-            [rows, dim] => (rows, dim),
-            ref shape => {
-                return Err(invalid(format!(
-                    "{name} must be 2-D [num_embeddings, embedding_dim], got shape {shape:?}"
-                )))
-            }
-        };
-        Ok(Table {
-            array,
-            rows,
-            dim: nonzero_dim(dim)?,
-        })
+        let (rows, dim) = table_shape(array.shape(), name)?;
+        Ok(Table { array, rows, dim })
     }
 
     pub(crate) fn slice(&self) -> &[f32] {
         slice(&self.array)
+    }
+}
+
+/// A table's `(num_embeddings, embedding_dim)` from the shape of `name`:
+/// two sizes, the second not 0.
+fn table_shape(shape: &[usize], name: &str) -> PyResult<(usize, usize)> {
+    match *shape {
+        [rows, dim] => Ok((rows, nonzero_dim(dim)?)),
+        ref shape => Err(invalid(format!(
+            "{name} must be 2-D [num_embeddings, embedding_dim], got shape {shape:?}"
+        ))),
     }
 }
 
@@ -229,21 +239,15 @@ pub(crate) fn output<'py>(
     let Some(obj) = out else {
         return Ok(PyArrayDyn::<f32>::zeros(py, shape, false));
     };
-    let array = untyped(obj, "out")?;
-    let typed = array.cast::<PyArrayDyn<f32>>().map_err(|_| {
-        invalid(format!(
-            "out must be a float32 array, got {}",
-            array.dtype()
-        ))
-    })?;
+    let typed = typed::<f32>(obj, "out", "float32")?;
     if typed.shape() != shape {
         return Err(invalid(format!(
             "out has shape {:?}, expected {shape:?}",
             typed.shape()
         )));
     }
-    contiguous(array, "out")?;
-    Ok(typed.clone())
+    contiguous(typed.as_untyped(), "out")?;
+    Ok(typed)
 }
 
 /// `obj` as a table to update in place: a C-contiguous float32 array of
@@ -253,23 +257,10 @@ pub(crate) fn table_in_place<'py>(
     obj: &Bound<'py, PyAny>,
     name: &str,
 ) -> PyResult<(Bound<'py, PyArrayDyn<f32>>, usize, usize)> {
-    let array = untyped(obj, name)?;
-    let typed = array.cast::<PyArrayDyn<f32>>().map_err(|_| {
-        invalid(format!(
-            "{name} must be a float32 array, got {}",
-            array.dtype()
-        ))
-    })?;
-    let (rows, dim) = match *typed.shape() {
-        [rows, dim] => (rows, dim),
-        ref shape => {
-            return Err(invalid(format!(
-                "{name} must be 2-D [num_embeddings, embedding_dim], got shape {shape:?}"
-            )))
-        }
-    };
-    contiguous(array, name)?;
-    Ok((typed.clone(), rows, nonzero_dim(dim)?))
+    let array = typed::<f32>(obj, name, "float32")?;
+    let (rows, dim) = table_shape(array.shape(), name)?;
+    contiguous(array.as_untyped(), name)?;
+    Ok((array, rows, dim))
 }
 
 /// `out` borrowed writable: fails if it is read-only or is also one of the
@@ -277,6 +268,15 @@ pub(crate) fn table_in_place<'py>(
 pub(crate) fn writable<'py>(
     out: &Bound<'py, PyArrayDyn<f32>>,
 ) -> PyResult<PyReadwriteArrayDyn<'py, f32>> {
-    out.try_readwrite()
-        .map_err(|e| invalid(format!("out cannot be written: {e}")))
+    writable_named(out, "out")
+}
+
+/// [`writable`] for an array called `name` in the error.
+pub(crate) fn writable_named<'py>(
+    array: &Bound<'py, PyArrayDyn<f32>>,
+    name: &str,
+) -> PyResult<PyReadwriteArrayDyn<'py, f32>> {
+    array
+        .try_readwrite()
+        .map_err(|e| invalid(format!("{name} cannot be written: {e}")))
 }

@@ -1,8 +1,8 @@
 //! The lookup (`F.embedding`) and its dense and sparse backward.
 
 use crate::convert::{
-    error, grad_output, invalid, output, padding, slice, table_in_place, with_ids, writable, Ids,
-    Table,
+    error, grad_output, invalid, output, padding, slice, table_in_place, with_ids, writable,
+    writable_named, Ids, Table,
 };
 use embedding_kernels::{dense_backward, gather, sparse_backward, sparse_step, Sgd, SparseGrad};
 use numpy::{PyArray1, PyArrayDyn, PyArrayMethods};
@@ -153,9 +153,7 @@ pub(crate) fn embedding_sparse_sgd_step<'py>(
     }
     let pad = padding(padding_idx, rows)?;
     let mut sgd = Sgd::new(lr).with_weight_decay(weight_decay);
-    let mut guard = table
-        .try_readwrite()
-        .map_err(|e| invalid(format!("weight cannot be written: {e}")))?;
+    let mut guard = writable_named(&table, "weight")?;
     let w = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
     let (g, ids) = (slice(&grad), ids.slice());
     py.detach(|| {
