@@ -138,12 +138,14 @@ impl<'a, I: Index> ValidIds<'a, I> {
     pub(crate) fn new(ids: &'a [I], num_embeddings: usize) -> Result<Self, EmbeddingError> {
         let bound = num_embeddings as u64;
         if let Some(block_no) = Isa::detect().run(FirstBadBlock { ids, bound }) {
-            let block = ids.chunks(CHECK_BLOCK).nth(block_no).unwrap_or_default();
-            if let Some(offset) = block.iter().position(|&id| id.key() >= bound) {
-                let id = block[offset];
+            // The first bad id from that block on (in it, since the scan
+            // found one there).
+            let start = block_no * CHECK_BLOCK;
+            let rest = ids.get(start..).unwrap_or_default();
+            if let Some(offset) = rest.iter().position(|&id| id.key() >= bound) {
                 return Err(EmbeddingError::IndexOutOfRange {
-                    position: block_no * CHECK_BLOCK + offset,
-                    index: id.to_i128(),
+                    position: start + offset,
+                    index: rest[offset].to_i128(),
                     num_embeddings,
                 });
             }

@@ -27,7 +27,7 @@
 //! columns zero-padded into one vector).
 
 use crate::formats::{Data, PackedTable, RowWise, TableRef};
-use crate::simd::prefetch::{self, L1, L2};
+use crate::simd::prefetch::{self, L2};
 use crate::simd::{Lanes, LANES};
 use core::mem::MaybeUninit;
 
@@ -257,19 +257,12 @@ pub(crate) fn each_block<V: Lanes, B: BlockBody>(dim: usize, widest: usize, body
 pub(crate) trait Element: Copy + Default + Sync {
     /// Eight values as lanes, exactly.
     fn lanes<V: Lanes>(values: &[Self; LANES]) -> V;
-    /// Hints for the `N` vectors of values from `table[at..]`.
-    fn prefetch_block<const N: usize>(table: &[Self], at: usize);
 }
 
 impl Element for f32 {
     #[inline(always)]
     fn lanes<V: Lanes>(values: &[f32; LANES]) -> V {
         V::load(values)
-    }
-
-    #[inline(always)]
-    fn prefetch_block<const N: usize>(table: &[f32], at: usize) {
-        prefetch::bag_block(table.as_ptr().cast(), at * 4, N * LANES * 4);
     }
 }
 
@@ -278,22 +271,12 @@ impl Element for half::f16 {
     fn lanes<V: Lanes>(values: &[half::f16; LANES]) -> V {
         V::from_f16(bytemuck::cast(*values))
     }
-
-    #[inline(always)]
-    fn prefetch_block<const N: usize>(table: &[half::f16], at: usize) {
-        prefetch::bag_block(table.as_ptr().cast(), at * 2, N * LANES * 2);
-    }
 }
 
 impl Element for half::bf16 {
     #[inline(always)]
     fn lanes<V: Lanes>(values: &[half::bf16; LANES]) -> V {
         V::from_bf16(bytemuck::cast(*values))
-    }
-
-    #[inline(always)]
-    fn prefetch_block<const N: usize>(table: &[half::bf16], at: usize) {
-        prefetch::bag_block(table.as_ptr().cast(), at * 2, N * LANES * 2);
     }
 }
 
@@ -344,7 +327,10 @@ impl<E: Element> RowFormat for PlainRows<'_, E> {
 
     #[inline(always)]
     fn prefetch_block<const N: usize>(&self, r: usize, cols: Cols<N>) {
-        E::prefetch_block::<N>(self.table, r * self.dim + cols.start);
+        let size = core::mem::size_of::<E>();
+        let at = (r * self.dim + cols.start) * size;
+        let base = self.table.as_ptr().cast();
+        prefetch::bag_block(base, at, N * LANES * size, self.dim * size);
     }
 
     #[inline(always)]
@@ -512,16 +498,9 @@ impl<const BITS: u32> RowFormat for Packed<'_, BITS> {
         let at = r * self.row_bytes;
         let base = self.bytes.as_ptr();
         let codes = at + cols.start / Self::PER_BYTE;
-        let len = N * Self::VECTOR_BYTES;
-        if len + Self::AFFINE_BYTES <= crate::memory::LINE_BYTES {
-            // A narrow row: codes and affine both into L1, as
-            // `prefetch::bag_block` does for a block of one line.
-            prefetch::bytes::<L1>(base, codes, len);
-            prefetch::bytes::<L1>(base, at + self.code_bytes, Self::AFFINE_BYTES);
-        } else {
-            prefetch::bytes::<L2>(base, codes, len);
-            prefetch::bytes::<L2>(base, at + self.code_bytes, Self::AFFINE_BYTES);
-        }
+        let row = self.row_bytes;
+        prefetch::bag_block(base, codes, N * Self::VECTOR_BYTES, row);
+        prefetch::bag_block(base, at + self.code_bytes, Self::AFFINE_BYTES, row);
     }
 
     #[inline(always)]

@@ -76,13 +76,13 @@ const PREFETCH_BYTES: usize = 16 << 10;
 pub(crate) const PREFETCH_MIN_TABLE_BYTES: usize = 512 << 10;
 
 /// How many positions ahead a bag prefetches its rows (a count of rows, for
-/// rows of any width), into L2, or into L1 where a row's block is one line
+/// rows of any width), into L2, or into L1 where the whole row is one line
 /// (`simd::prefetch::bag_block`). Measured on gpt2 (768 columns) with a test
 /// program (medians of paired warm and cold rounds, two threads): 16 ahead
 /// took 0.76-0.85x the time of the rule by bytes above (5 rows of `f32`, 10
 /// of `f16`), and 24 or 32 ahead were no faster than 16. Into L1 instead, 16
 /// ahead was 1.3-1.5x slower than the rule by bytes; on narrow's 64-byte
-/// rows it was 0.85-0.92x the time into L2 (docs/benchmarks.md, "Prefetch").
+/// rows it was 0.86-0.92x the time into L2 (docs/benchmarks.md, "Prefetch").
 pub(crate) const BAG_AHEAD_ROWS: usize = 16;
 
 /// The prefetch distance, in rows, for rows of `row_floats` `f32`s: between

@@ -10,6 +10,8 @@
 //! was slower than sending the same rows to L2, by 10-35 % warm and cold
 //! (docs/benchmarks.md, "Prefetch"): hints into L1 take the line-fill buffers
 //! that the loads of the current row need, and evict lines still in use.
+//! The exception is a bag of rows of one line or less ([`bag_block`]): a
+//! line a row fits those buffers, and into L1 such a bag ran faster.
 
 /// Asks the cache for every 64-byte line `row` touches, ahead of use. A
 /// hint only: it reads nothing and cannot fault, and it compiles to nothing
@@ -71,17 +73,20 @@ pub(crate) fn bytes<L: Level>(base: *const u8, from: usize, len: usize) {
     let _ = (base, from, len);
 }
 
-/// [`bytes`] for a block of a row a bag reads [`BAG_AHEAD_ROWS`] rows on:
-/// into L1 when the block fits one line, into L2 when it is longer. A bag
-/// of narrow rows then has one line a row in flight, which L1's miss
-/// buffers hold, and its loads find the rows in L1; a block of several
-/// lines a row would ask for more lines than those buffers hold, and into
-/// L1 it was 1.1-2.4x slower than into L2 (docs/benchmarks.md, "Prefetch").
+/// [`bytes`] for a block of a row a bag reads [`BAG_AHEAD_ROWS`] rows on,
+/// the row `row_bytes` long: into L1 when the whole row fits one line, into
+/// L2 otherwise. A bag of narrow rows then has a line or two a row in
+/// flight (two where a row straddles a line), which L1's miss buffers hold,
+/// and its loads find the rows in L1; a bag of wider rows asks for more
+/// lines than those buffers hold, and into L1 it was 1.1-2.4x slower than
+/// into L2 (docs/benchmarks.md, "Prefetch"). The rule looks at the row, not
+/// the block, so a wide row's short last block (or a packed row's block of
+/// few bytes) stays with L2, as measured.
 ///
 /// [`BAG_AHEAD_ROWS`]: crate::kernels::tuning::BAG_AHEAD_ROWS
 #[inline(always)]
-pub(crate) fn bag_block(base: *const u8, from: usize, len: usize) {
-    if len <= crate::memory::LINE_BYTES {
+pub(crate) fn bag_block(base: *const u8, from: usize, len: usize, row_bytes: usize) {
+    if row_bytes <= crate::memory::LINE_BYTES {
         bytes::<L1>(base, from, len);
     } else {
         bytes::<L2>(base, from, len);

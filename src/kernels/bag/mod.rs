@@ -8,7 +8,7 @@
 //!     without; then 32, 16, 8, then the last < 8 columns):
 //!         acc = -0.0 in registers              (max: the first kept row)
 //!         for p in bag b, skipping padding_idx:
-//!             prefetch table[ids[p + 16], block] into L2
+//!             prefetch table[ids[p + 16], block] into L2 (L1: rows <= 64 B)
 //!             sum:  acc += table[ids[p], block] (· weight[p])
 //!             max:  where table[ids[p], block] > acc: acc = it, at = p
 //!         out[b, block] = acc (/ count, mean)  (written once)
@@ -36,7 +36,8 @@
 //!    into a zero-padded vector.
 //! 3. **Prefetch per block.** Every pass prefetches its own block of the row
 //!    16 positions on, into L2 (not L1), so the hints are spread evenly
-//!    over the passes; the count of hints per block is a constant.
+//!    over the passes; the count of hints per block is a constant. Rows of
+//!    one line or less go into L1 instead (`prefetch::bag_block`).
 //! 4. **Exact order.** Each bag is summed in position order, one rounded
 //!    product and one rounded sum per term (no fused multiply-add), from
 //!    `-0.0` (so the first term comes through as it is). These are the
