@@ -68,24 +68,24 @@ def test_step_agrees_with_pytorch_sparse_sgd():
 
 
 @pytest.mark.parametrize(
-    "change, error",
+    "change, error, message",
     [
-        (lambda w, i, g: (w, np.append(i, 50), np.concatenate([g, g[:1]])), IndexError),
-        (lambda w, i, g: (w, np.append(i, -1), np.concatenate([g, g[:1]])), IndexError),
-        (lambda w, i, g: (w, i, g[:, :-1].copy()), ValueError),
-        (lambda w, i, g: (w, i, g[:-1]), ValueError),
-        (lambda w, i, g: (w, i.astype(np.float32), g), ValueError),
-        (lambda w, i, g: (w, i, g.astype(np.float64)), ValueError),
-        (lambda w, i, g: (w.astype(np.float64), i, g), ValueError),
-        (lambda w, i, g: (w[:, ::2], i % 25, g), ValueError),
-        (lambda w, i, g: (w.reshape(-1), i, g), ValueError),
+        (lambda w, i, g: (w, np.append(i, 50), np.concatenate([g, g[:1]])), IndexError, "position 40"),
+        (lambda w, i, g: (w, np.append(i, -1), np.concatenate([g, g[:1]])), IndexError, "-1"),
+        (lambda w, i, g: (w, i, g[:, :-1].copy()), ValueError, "embedding_dim 12, weight has 13"),
+        (lambda w, i, g: (w, i, g[:-1]), ValueError, "grad_out has shape"),
+        (lambda w, i, g: (w, i.astype(np.float32), g), ValueError, "ids"),
+        (lambda w, i, g: (w, i, g.astype(np.float64)), ValueError, "grad_out must be a float32"),
+        (lambda w, i, g: (w.astype(np.float64), i, g), ValueError, "weight must be a float32"),
+        (lambda w, i, g: (w[::2], i % 25, g), ValueError, "weight must be C-contiguous"),
+        (lambda w, i, g: (w.reshape(-1), i, g), ValueError, "weight must be 2-D"),
     ],
 )
-def test_bad_arguments_raise_and_write_nothing(change, error):
+def test_bad_arguments_raise_and_write_nothing(change, error, message):
     weight, ids, grad_out = case(11)
     w, i, g = change(weight, ids, grad_out)
     before = np.array(w, copy=True)
-    with pytest.raises(error):
+    with pytest.raises(error, match=message):
         ek.embedding_sparse_sgd_step(w, i, g, 0.1)
     assert np.array_equal(np.asarray(w), before)
 
@@ -142,12 +142,52 @@ def test_module_rejects_bad_hyper_parameters():
     assert emb._sgd_in_backward is None
 
 
-def test_module_bad_id_raises_before_the_step():
+def test_module_bad_id_raises_in_the_forward():
     emb = ekt.Embedding(10, 4).sgd_in_backward(0.1)
     before = emb.weight.detach().clone()
     with pytest.raises(IndexError):
-        emb(torch.tensor([1, 10])).sum().backward()
+        emb(torch.tensor([1, 10]))
     assert_bitwise(emb.weight.detach(), before)
+
+
+def test_module_steps_with_weight_decay_and_max_norm():
+    """max_norm renormalises the looked-up rows in the forward; the step then decays
+    and moves those rows only."""
+    weight, ids, grad_out = case(31, shape=(30,))
+    renormed = torch.from_numpy(weight.copy())
+    torch.embedding_renorm_(renormed, torch.from_numpy(ids), 1.5, 2.0)
+    want = expected_step(renormed.numpy(), ids, grad_out, 0.2, 0.05)
+    emb = ekt.Embedding.from_pretrained(torch.from_numpy(weight.copy()), freeze=False, max_norm=1.5)
+    emb.sgd_in_backward(0.2, weight_decay=0.05)
+    (emb(torch.from_numpy(ids)) * torch.from_numpy(grad_out)).sum().backward()
+    assert_bitwise(emb.weight.detach(), torch.from_numpy(want))
+    untouched = np.setdiff1d(np.arange(weight.shape[0]), ids)
+    assert_bitwise(emb.weight.detach()[untouched], torch.from_numpy(weight[untouched]))
+
+
+def test_module_refuses_a_non_contiguous_table():
+    """A strided table cannot be updated in place through NumPy: the backward raises
+    and the table is unchanged, rather than a copy being stepped."""
+    base = torch.randn(13, 20)
+    emb = ekt.Embedding.from_pretrained(base.t(), freeze=False).sgd_in_backward(0.1)
+    before = emb.weight.detach().clone()
+    out = emb(torch.tensor([1, 2, 2]))
+    with pytest.raises(ValueError, match="contiguous"):
+        out.sum().backward()
+    assert_bitwise(emb.weight.detach(), before)
+
+
+def test_module_step_bumps_the_table_version():
+    """A graph that also saved the table (a tied layer) sees the in-place step and raises."""
+    emb = ekt.Embedding(10, 4).sgd_in_backward(0.1)
+    ids = torch.tensor([1, 2, 3])
+    x = torch.randn(5, 4, requires_grad=True)
+    tied = x @ emb.weight.t()  # saves emb.weight for x's gradient
+    version = emb.weight._version
+    emb(ids).sum().backward(retain_graph=True)
+    assert emb.weight._version > version
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        tied.sum().backward()
 
 
 def train_in_backward(lr=0.5):

@@ -8,8 +8,8 @@ backward are the crate's kernels: a dense gradient, or with ``sparse=True`` a
 coalesced ``torch.sparse_coo_tensor`` that PyTorch's optimisers accept.
 
 Tensors reach the kernels as NumPy views (``tensor.numpy()``), without a copy
-when they are contiguous (``.contiguous()`` makes one otherwise, as PyTorch
-would). Only CPU float32 tables and gradients are supported, with int32 or
+when they are contiguous (a contiguous copy otherwise, as PyTorch would make;
+for float32, into NumPy's memory). Only CPU float32 tables and gradients are supported, with int32 or
 int64 ids; any other device or dtype raises ``ValueError``. An id out of range
 (negative ones included) raises ``IndexError`` naming its flat position and
 value, before anything is written.
@@ -217,8 +217,11 @@ class _SgdInBackward(torch.autograd.Function):
         (ids,) = ctx.saved_tensors
         padding_idx, scale_grad_by_freq, lr, weight_decay = ctx.options
         _check_table(grad_out, "grad_output")
+        # The table's own memory, never a copy: a non-contiguous table is refused
+        # by the step (ValueError) rather than updated in a copy thrown away.
+        table = ctx.table.detach().numpy()
         _native.embedding_sparse_sgd_step(
-            _array(ctx.table),
+            table,
             _array(ids),
             _array(grad_out),
             lr,
@@ -226,6 +229,9 @@ class _SgdInBackward(torch.autograd.Function):
             padding_idx,
             scale_grad_by_freq,
         )
+        # Written behind autograd's back: bump the version, so that a graph that
+        # saved the table elsewhere (a tied layer) raises instead of using new values.
+        torch.autograd.graph.increment_version(ctx.table)
         return None, None, None, None, None, None
 
 
@@ -287,11 +293,15 @@ class Embedding(_Table):
         summed gradient (less ``padding_idx``, scaled by ``scale_grad_by_freq``),
         and leaves ``weight.grad`` at ``None``: no gradient is made, stored or read
         by an optimiser, so leave ``weight`` out of the optimiser of the other
-        parameters. The update is what ``sparse=True`` with ``torch.optim.SGD(lr,
-        weight_decay=weight_decay)`` gives, in one pass instead of three. Each
-        backward steps at once: a forward called twice before one ``backward``
-        steps twice (the same sum for SGD without weight decay), and a table that
-        the graph also reads elsewhere (a tied output layer) must not use it.
+        parameters. Without weight decay the update is what ``sparse=True`` with
+        ``torch.optim.SGD(lr)`` gives, in one pass instead of three; weight decay
+        applies to the touched rows only, as FBGEMM's fused SGD does (PyTorch's
+        SGD refuses weight decay with a sparse gradient). Each backward steps at
+        once: a forward called twice before one ``backward`` steps twice (the same
+        sum for SGD without weight decay), and a table that the graph also reads
+        elsewhere (a tied output layer) must not use it: the step bumps the
+        table's autograd version, so such a graph raises in its backward. The
+        table must be contiguous (``ValueError`` in the backward otherwise).
         Returns the module."""
         if lr is None:
             self._sgd_in_backward = None
