@@ -51,19 +51,23 @@ pub(crate) fn zeroed_floats(
     Ok(table)
 }
 
-/// Room for `len` more values in `values`, emptied first: its spare
+/// Room for `rows × dim` values in `values`, emptied first: its spare
 /// capacity, which a kernel then writes whole before the caller's
-/// `set_len(len)`. Advised for huge pages before the first touch when it
-/// spans one.
+/// `set_len` of the returned slice's length. Advised for huge pages before
+/// the first touch when it spans one.
 ///
 /// # Errors
+/// [`EmbeddingError::SizeOverflow`](crate::EmbeddingError::SizeOverflow)
+/// for `rows × dim`, or
 /// [`EmbeddingError::AllocationFailed`](crate::EmbeddingError::AllocationFailed)
 /// for the output (`what` = "output"); then `values` is empty.
 pub(crate) fn fresh_floats(
     values: &mut Vec<f32>,
-    len: usize,
+    rows: usize,
+    dim: usize,
 ) -> Result<&mut [core::mem::MaybeUninit<f32>], crate::EmbeddingError> {
     values.clear();
+    let len = crate::shape::rows_len(rows, dim)?;
     values
         .try_reserve_exact(len)
         .map_err(|_| crate::EmbeddingError::AllocationFailed {

@@ -581,9 +581,9 @@ fn tables_on_both_sides_of_the_prefetch_size_equal_reference() {
 }
 
 /// A gather whose output and rows pass the sizes from which a split call
-/// streams its stores equals the scalar loop, for outputs that start on every 4-byte
-/// offset of a 32-byte line (the streaming stores' head and tail) and rows
-/// that end mid-register, on one thread and on two.
+/// streams its stores equals the scalar loop, for outputs 0, 1 and 4 floats
+/// into a buffer (rows on and off 32-byte lines: the 32-byte and the 16-byte
+/// streaming stores) and rows that end mid-register, on every pool size.
 #[test]
 fn large_outputs_written_with_streaming_stores_equal_reference() {
     let out_floats = (16 << 20) / 4 + 1000;

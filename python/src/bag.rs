@@ -153,7 +153,7 @@ pub(crate) fn forward_on<'py>(
     let out = output(py, out, &shape)?;
     let max_indices = (mode == Mode::Max).then(|| PyArrayDyn::<i64>::zeros(py, &shape[..], false));
     {
-        let mut guard = writable(&out)?;
+        let mut guard = writable(&out, "out")?;
         let dst = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
         let mut max_guard = max_indices.as_ref().map(|m| m.readwrite());
         let max_dst: &mut [i64] = match max_guard.as_mut() {
@@ -218,7 +218,7 @@ pub(crate) fn embedding_bag_backward<'py>(
     };
     let out = output(py, out, &[num_embeddings, dim])?;
     {
-        let mut guard = writable(&out)?;
+        let mut guard = writable(&out, "out")?;
         let dst = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
         let g = slice(&grad);
         match &maxima {

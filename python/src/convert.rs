@@ -263,16 +263,9 @@ pub(crate) fn table_in_place<'py>(
     Ok((array, rows, dim))
 }
 
-/// `out` borrowed writable: fails if it is read-only or is also one of the
-/// inputs (borrowed already).
+/// `array` (called `name` in the error) borrowed writable: fails if it is
+/// read-only or is also one of the inputs (borrowed already).
 pub(crate) fn writable<'py>(
-    out: &Bound<'py, PyArrayDyn<f32>>,
-) -> PyResult<PyReadwriteArrayDyn<'py, f32>> {
-    writable_named(out, "out")
-}
-
-/// [`writable`] for an array called `name` in the error.
-pub(crate) fn writable_named<'py>(
     array: &Bound<'py, PyArrayDyn<f32>>,
     name: &str,
 ) -> PyResult<PyReadwriteArrayDyn<'py, f32>> {

@@ -1,8 +1,8 @@
 //! The lookup (`F.embedding`) and its dense and sparse backward.
 
 use crate::convert::{
-    error, grad_output, invalid, output, padding, slice, table_in_place, with_ids, writable,
-    writable_named, Ids, Table,
+    error, grad_output, invalid, output, padding, slice, table_in_place, with_ids, writable, Ids,
+    Table,
 };
 use embedding_kernels::{dense_backward, gather, sparse_backward, sparse_step, Sgd, SparseGrad};
 use numpy::{PyArray1, PyArrayDyn, PyArrayMethods};
@@ -35,7 +35,7 @@ pub(crate) fn embedding<'py>(
     shape.push(table.dim);
     let out = output(py, out, &shape)?;
     {
-        let mut guard = writable(&out)?;
+        let mut guard = writable(&out, "out")?;
         let dst = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
         let (src, dim, ids) = (table.slice(), table.dim, ids.slice());
         py.detach(|| with_ids!(ids, |i| gather(src, dim, i, dst)))
@@ -66,7 +66,7 @@ pub(crate) fn embedding_dense_backward<'py>(
     let pad = padding(padding_idx, num_embeddings)?;
     let out = output(py, out, &[num_embeddings, dim])?;
     {
-        let mut guard = writable(&out)?;
+        let mut guard = writable(&out, "out")?;
         let dst = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
         let (g, ids) = (slice(&grad), ids.slice());
         py.detach(|| {
@@ -153,7 +153,7 @@ pub(crate) fn embedding_sparse_sgd_step<'py>(
     }
     let pad = padding(padding_idx, rows)?;
     let mut sgd = Sgd::new(lr).with_weight_decay(weight_decay);
-    let mut guard = writable_named(&table, "weight")?;
+    let mut guard = writable(&table, "weight")?;
     let w = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
     let (g, ids) = (slice(&grad), ids.slice());
     py.detach(|| {

@@ -224,7 +224,7 @@ pub(crate) fn dequantize<'py>(
     let (rows, dim) = (bytes.shape()[0], table.dim);
     let out = output(py, out, &[rows, dim])?;
     {
-        let mut guard = writable(&out)?;
+        let mut guard = writable(&out, "out")?;
         let dst = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
         let src = slice(bytes);
         py.detach(|| rw.dequantize(src, dim, dst)).map_err(error)?;
@@ -256,7 +256,7 @@ pub(crate) fn table_embedding<'py>(
     shape.push(table.dim);
     let out = output(py, out, &shape)?;
     {
-        let mut guard = writable(&out)?;
+        let mut guard = writable(&out, "out")?;
         let dst = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
         let ids = ids.slice();
         py.detach(|| with_ids!(ids, |i| table_gather(view, i, dst)))

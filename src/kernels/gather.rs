@@ -280,16 +280,15 @@ pub(crate) fn gather_fresh<I: Index>(
     ids: ValidIds<'_, I>,
     values: &mut Vec<f32>,
 ) -> Result<(), EmbeddingError> {
-    values.clear();
-    let len = rows_len(ids.len(), dim)?;
-    let fresh = crate::memory::fresh_floats(values, len)?;
+    let fresh = crate::memory::fresh_floats(values, ids.len(), dim)?;
+    let len = fresh.len();
     drive(par, table, dim, ids, fresh, FillRow);
     // SAFETY: `drive` wrote all of `spare_capacity_mut()[..len]`: each of
     // the `ids.len()` rows of `dim` values, split among tasks or not, went
     // through `FillRow::write`, which writes its whole row (the source row
     // has `dim` values too), and `drive` returns only after every task.
     // With `dim == 0` or no ids, `len` is 0. The capacity is `len` or more
-    // (reserved by `memory::fresh_floats`).
+    // (`memory::fresh_floats` reserved `ids.len() × dim`, `len`, values).
     #[allow(unsafe_code)]
     unsafe {
         values.set_len(len)

@@ -12,7 +12,6 @@ use crate::kernels::tuning::{
 };
 use crate::parallel::Parallelism;
 use crate::pooling::{Mode, Pooling};
-use crate::shape::rows_len;
 use crate::simd::{Body, Isa, Lanes};
 use core::ops::Range;
 use rayon::prelude::*;
@@ -56,9 +55,8 @@ pub(crate) fn forward_fresh<I: Index, T: RowFormat>(
     values: &mut Vec<f32>,
     max_indices: &mut [i64],
 ) -> Result<(), EmbeddingError> {
-    values.clear();
-    let len = rows_len(bags.len(), table.dim())?;
-    let fresh = crate::memory::fresh_floats(values, len)?;
+    let fresh = crate::memory::fresh_floats(values, bags.len(), table.dim())?;
+    let len = fresh.len();
     forward_on(isa, par, table, ids, bags, pooling, fresh, max_indices);
     // SAFETY: `forward_on` wrote all of `spare_capacity_mut()[..len]`:
     // with `dim == 0` or no bags `len` is 0; otherwise its tasks split
@@ -66,7 +64,8 @@ pub(crate) fn forward_fresh<I: Index, T: RowFormat>(
     // `max::pool` stores every column block of the row (`each_block`
     // covers columns `0..dim`) or, for a bag that kept no row, zeroes the
     // whole row; `forward_on` returns after every task. The capacity is
-    // `len` or more (reserved by `memory::fresh_floats`).
+    // `len` or more (`memory::fresh_floats` reserved `bags × dim`, `len`,
+    // values).
     #[allow(unsafe_code)]
     unsafe {
         values.set_len(len)
