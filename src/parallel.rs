@@ -1,4 +1,10 @@
-//! How a call may use threads: [`Parallelism`], a value the caller passes.
+//! How a call may use threads: [`Parallelism`], a value the caller passes,
+//! and the drivers that split a call's output into tasks by it.
+
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use rayon::prelude::*;
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
 
 /// How a kernel may use threads.
 ///
@@ -32,5 +38,469 @@ impl Parallelism {
             Parallelism::Auto => bytes >= auto_min_bytes,
         };
         wanted && rayon::current_num_threads() > 1
+    }
+}
+
+/// How one call runs, as [`Parallelism::plan`] decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Plan {
+    how: How,
+    /// Whether the call's end is noted for the next call's
+    /// [`pool_awake`]: `Auto` calls that could have used threads.
+    noted: bool,
+}
+
+/// Who runs a call's tasks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum How {
+    /// The whole call on the calling thread, as one task.
+    Serial,
+    /// The calling thread and one pool thread, taking tasks from the two
+    /// ends of the list ([`share`]).
+    Shared,
+    /// Every task handed to the rayon pool.
+    Pool,
+}
+
+impl Parallelism {
+    /// How a call of `bytes` runs, when `Auto` hands calls of
+    /// `auto_min_bytes` or more to the pool: [`plan_sized`](Self::plan_sized)
+    /// with one size for both rules.
+    pub(crate) fn plan(self, bytes: usize, auto_min_bytes: usize) -> Plan {
+        self.plan_sized(bytes, bytes, auto_min_bytes)
+    }
+
+    /// How a call runs. `Auto` hands it to the pool from `auto_min_bytes`
+    /// of `pool_bytes` on. Below that, a call of [`SHARE_MIN_BYTES`] or
+    /// more of `serial_bytes` (a measure of its time on one thread) is
+    /// shared between the caller and one pool thread when a call that ended
+    /// less than [`AWAKE_NS`] ago (on any thread) left the pool awake, and
+    /// runs on the caller otherwise, since waking a sleeping pool costs
+    /// more than such a call gains.
+    pub(crate) fn plan_sized(
+        self,
+        pool_bytes: usize,
+        serial_bytes: usize,
+        auto_min_bytes: usize,
+    ) -> Plan {
+        let threads = rayon::current_num_threads() > 1;
+        let how = match self {
+            _ if !threads => How::Serial,
+            Parallelism::Serial => How::Serial,
+            Parallelism::Rayon => How::Pool,
+            Parallelism::Auto if pool_bytes >= auto_min_bytes => How::Pool,
+            Parallelism::Auto if forced_share() => How::Shared,
+            Parallelism::Auto if serial_bytes < SHARE_MIN_BYTES => How::Serial,
+            Parallelism::Auto if pool_awake() => How::Shared,
+            Parallelism::Auto => How::Serial,
+        };
+        let noted = threads
+            && self == Parallelism::Auto
+            && (how != How::Serial || serial_bytes >= SHARE_MIN_BYTES);
+        Plan { how, noted }
+    }
+}
+
+/// The smallest call (in the bytes its `Auto` rule counts) that `Auto`
+/// shares with a pool thread: a task handed over takes the other thread
+/// 1 to 3 µs to start, about what one thread copies of 128 KiB.
+pub(crate) const SHARE_MIN_BYTES: usize = 128 << 10;
+
+/// How long after a call a rayon pool thread is taken to be still awake:
+/// an idle worker yields its CPU 33 times before it sleeps, which measured
+/// 40 to 80 µs on the development machine (tiny's shared gather stayed
+/// faster than one thread with 40 µs between calls and lost with 80).
+pub(crate) const AWAKE_NS: u64 = 30_000;
+
+/// When the last call that used threads, or could have, ended: nanoseconds
+/// since [`epoch`], 0 for never.
+static LAST_CALL_END: AtomicU64 = AtomicU64::new(0);
+
+/// The process's reference instant for [`LAST_CALL_END`].
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// Nanoseconds since [`epoch`], at least 1 (0 means never).
+fn now_ns() -> u64 {
+    u64::try_from(epoch().elapsed().as_nanos())
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
+
+/// Whether a call ended less than [`AWAKE_NS`] ago.
+fn pool_awake() -> bool {
+    let last = LAST_CALL_END.load(Ordering::Relaxed);
+    last != 0 && now_ns().saturating_sub(last) < AWAKE_NS
+}
+
+/// Runs `f(k, chunk)` over `out` as `plan` says: on the whole of it as
+/// task 0 ([`How::Serial`]), or on each `chunk`-long piece `k`.
+pub(crate) fn for_each_chunk<T, F>(plan: Plan, out: &mut [T], chunk: usize, f: F)
+where
+    T: Send,
+    F: Fn(usize, &mut [T]) + Sync,
+{
+    let chunk = chunk.max(1);
+    match plan.how {
+        How::Serial => f(0, out),
+        How::Shared => share(out.chunks_mut(chunk).collect(), &f),
+        How::Pool => out
+            .par_chunks_mut(chunk)
+            .enumerate()
+            .for_each(|(k, c)| f(k, c)),
+    }
+    note_end(plan);
+}
+
+/// [`for_each_chunk`] over two outputs cut alike: piece `k` of `a` (of
+/// `chunk_a` values) goes with piece `k` of `b` (of `chunk_b`).
+pub(crate) fn for_each_chunk_pair<A, B, F>(
+    plan: Plan,
+    (a, chunk_a): (&mut [A], usize),
+    (b, chunk_b): (&mut [B], usize),
+    f: F,
+) where
+    A: Send,
+    B: Send,
+    F: Fn(usize, &mut [A], &mut [B]) + Sync,
+{
+    let (chunk_a, chunk_b) = (chunk_a.max(1), chunk_b.max(1));
+    match plan.how {
+        How::Serial => f(0, a, b),
+        How::Shared => share(
+            a.chunks_mut(chunk_a).zip(b.chunks_mut(chunk_b)).collect(),
+            |k, (a, b)| f(k, a, b),
+        ),
+        How::Pool => a
+            .par_chunks_mut(chunk_a)
+            .zip(b.par_chunks_mut(chunk_b))
+            .enumerate()
+            .for_each(|(k, (a, b))| f(k, a, b)),
+    }
+    note_end(plan);
+}
+
+/// Records the end of a call the plan notes, for the next call's
+/// [`pool_awake`].
+fn note_end(plan: Plan) {
+    if plan.noted {
+        LAST_CALL_END.store(now_ns(), Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests set this to make `Auto` share every call it would otherwise
+    /// keep on this thread, whatever its size and the clock.
+    static FORCE_SHARE: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
+}
+
+/// Runs `f` with every `Auto` call on this thread below the pool threshold
+/// shared (when the pool has two threads or more), however small.
+#[cfg(test)]
+pub(crate) fn with_forced_share<R>(f: impl FnOnce() -> R) -> R {
+    FORCE_SHARE.with(|c| c.set(true));
+    let r = f();
+    FORCE_SHARE.with(|c| c.set(false));
+    r
+}
+
+#[cfg(test)]
+fn forced_share() -> bool {
+    FORCE_SHARE.with(core::cell::Cell::get)
+}
+
+#[cfg(not(test))]
+#[inline(always)]
+fn forced_share() -> bool {
+    false
+}
+
+/// Runs `f(k, task)` on every task, the calling thread taking them from
+/// the front of the list and one job spawned on the current rayon pool
+/// from the back, until the two meet.
+///
+/// The calling thread starts at once, and the pool thread joins when it
+/// picks the job up: with the pool awake that is a microsecond or two, and
+/// each side then keeps the same half of the output from call to call (the
+/// same lines stay in the same core's cache), which measured faster than
+/// tasks dealt from one counter (tiny's gather 14.9 against 17.4 µs, a
+/// test program). With the pool asleep the caller does most of the tasks
+/// itself and then waits for the job to run.
+fn share<P, F>(tasks: Vec<P>, f: F)
+where
+    P: Send,
+    F: Fn(usize, P) + Sync,
+{
+    let count = tasks.len();
+    if count < 2 {
+        tasks.into_iter().enumerate().for_each(|(k, t)| f(k, t));
+        return;
+    }
+    if count as u64 >= FRONT_MASK {
+        // Not reached from `Auto` (its shared calls are under 2 MiB), but a
+        // list too long for `Ends` still runs every task.
+        tasks.into_par_iter().enumerate().for_each(|(k, t)| f(k, t));
+        return;
+    }
+    // Each task is claimed once (by `Ends::claim`), so each lock is taken
+    // once and never waited on; it is what hands a task to the other
+    // thread in safe code.
+    let slots: Vec<Mutex<Option<P>>> = tasks.into_iter().map(|t| Mutex::new(Some(t))).collect();
+    let ends = Ends::new(count);
+    let helper_done = AtomicBool::new(false);
+    let run = |from_front: bool| {
+        while let Some(k) = ends.claim(from_front) {
+            let task = slots
+                .get(k)
+                .and_then(|slot| slot.lock().unwrap_or_else(PoisonError::into_inner).take());
+            if let Some(task) = task {
+                f(k, task);
+            }
+        }
+    };
+    rayon::in_place_scope(|scope| {
+        scope.spawn(|_| {
+            run(false);
+            helper_done.store(true, Ordering::Release);
+        });
+        run(true);
+        // The pool thread, if it started, has one task left at most: wait
+        // for it here rather than sleep in the scope's end, whose wake-up
+        // would cost more than the task. If it has not started, the scope
+        // waits for it (it will find nothing to do).
+        if ends.helper_started() {
+            let start = Instant::now();
+            while !helper_done.load(Ordering::Acquire) && start.elapsed() < HELPER_SPIN {
+                core::hint::spin_loop();
+            }
+        }
+    });
+}
+
+/// How long the caller spins for the pool thread's last task before it
+/// leaves the wait to rayon.
+const HELPER_SPIN: Duration = Duration::from_micros(50);
+
+/// The two ends of a task list, in one atomic: the next task from the front
+/// in the low 32 bits, one past the next task from the back in the high
+/// 32, and whether the back has claimed anything in the top bit of the
+/// low half. Lists of 2^31 tasks or more are not built here: a task holds
+/// kilobytes.
+struct Ends(AtomicU64);
+
+const BACK_STARTED: u64 = 1 << 31;
+const FRONT_MASK: u64 = BACK_STARTED - 1;
+
+impl Ends {
+    /// `count` is below [`FRONT_MASK`] (`share` checks).
+    fn new(count: usize) -> Ends {
+        Ends(AtomicU64::new((count as u64) << 32))
+    }
+
+    /// The next task from the front or the back, or `None` once the two
+    /// ends meet.
+    fn claim(&self, from_front: bool) -> Option<usize> {
+        let mut cur = self.0.load(Ordering::Relaxed);
+        loop {
+            let (front, back) = (cur & FRONT_MASK, cur >> 32);
+            if front >= back {
+                return None;
+            }
+            let (next, k) = if from_front {
+                (cur + 1, front)
+            } else {
+                ((cur - (1 << 32)) | BACK_STARTED, back - 1)
+            };
+            match self
+                .0
+                .compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return usize::try_from(k).ok(),
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+
+    /// Whether the back (the pool thread) has claimed a task.
+    fn helper_started(&self) -> bool {
+        self.0.load(Ordering::Relaxed) & BACK_STARTED != 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::formats::{PackedTable, RowWise};
+    use crate::{Bags, Mode, Pooling};
+
+    fn two_threads() -> rayon::ThreadPool {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .expect("a pool of two threads")
+    }
+
+    #[test]
+    fn the_two_ends_hand_out_each_task_once() {
+        for count in (0..70).chain([1000, 4099]) {
+            for _ in 0..20 {
+                let ends = Ends::new(count);
+                let (front, back) = std::thread::scope(|s| {
+                    let back =
+                        s.spawn(|| core::iter::from_fn(|| ends.claim(false)).collect::<Vec<_>>());
+                    let front: Vec<_> = core::iter::from_fn(|| ends.claim(true)).collect();
+                    (front, back.join().expect("the back's thread"))
+                });
+                // The front counts up from 0, the back down from the end,
+                // and together they are every task once.
+                assert!(front.iter().enumerate().all(|(i, &k)| k == i), "{count}");
+                assert!(
+                    back.iter().enumerate().all(|(i, &k)| k == count - 1 - i),
+                    "{count}"
+                );
+                assert_eq!(front.len() + back.len(), count);
+                assert_eq!(ends.helper_started(), !back.is_empty());
+                assert_eq!(ends.claim(true), None);
+                assert_eq!(ends.claim(false), None);
+            }
+        }
+    }
+
+    #[test]
+    fn share_runs_every_task_once_from_inside_and_outside_a_pool() {
+        let pool = two_threads();
+        for count in [0, 1, 2, 3, 17, 64, 513] {
+            for round in 0..50 {
+                let mut runs = vec![0u32; count];
+                let task = |k: usize, slot: &mut u32| *slot += 1 + k as u32;
+                let tasks: Vec<&mut u32> = runs.iter_mut().collect();
+                if round % 2 == 0 {
+                    share(tasks, task);
+                } else {
+                    pool.install(|| share(tasks, task));
+                }
+                let want: Vec<u32> = (0..count).map(|k| 1 + k as u32).collect();
+                assert_eq!(runs, want, "{count} tasks, round {round}");
+            }
+        }
+    }
+
+    #[test]
+    fn plans_follow_the_rules() {
+        let pool = two_threads();
+        let min = 2 << 20;
+        pool.install(|| {
+            let how = |par: Parallelism, bytes| par.plan(bytes, min).how;
+            assert_eq!(how(Parallelism::Serial, usize::MAX), How::Serial);
+            assert_eq!(how(Parallelism::Rayon, 1), How::Pool);
+            assert_eq!(how(Parallelism::Auto, min), How::Pool);
+            // Whatever the clock says, a call too small to share stays.
+            assert_eq!(how(Parallelism::Auto, SHARE_MIN_BYTES - 1), How::Serial);
+            assert!(!Parallelism::Auto.plan(SHARE_MIN_BYTES - 1, min).noted);
+            assert!(Parallelism::Auto.plan(SHARE_MIN_BYTES, min).noted);
+            assert!(!Parallelism::Serial.plan(SHARE_MIN_BYTES, min).noted);
+            // A bag's pool size and serial size are separate.
+            let bag = Parallelism::Auto.plan_sized(SHARE_MIN_BYTES, 4 * min, min);
+            assert_ne!(bag.how, How::Pool);
+            with_forced_share(|| {
+                assert_eq!(how(Parallelism::Auto, 1), How::Shared);
+                assert_eq!(how(Parallelism::Auto, min), How::Pool);
+                assert_eq!(how(Parallelism::Serial, 1), How::Serial);
+            });
+            assert_eq!(how(Parallelism::Auto, 1), How::Serial);
+        });
+        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build();
+        let one = one.expect("a pool of one thread");
+        one.install(|| {
+            with_forced_share(|| {
+                assert_eq!(Parallelism::Auto.plan(1, min).how, How::Serial);
+                assert_eq!(Parallelism::Rayon.plan(usize::MAX, min).how, How::Serial);
+            })
+        });
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// A table of `rows × dim` values and `n` ids into it, from a seed.
+    fn case(rows: usize, dim: usize, n: usize, seed: u64) -> (Vec<f32>, Vec<i64>) {
+        let mut x = seed | 1;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let table = (0..rows * dim)
+            .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
+            .collect();
+        let ids = (0..n).map(|_| (next() % rows as u64) as i64).collect();
+        (table, ids)
+    }
+
+    #[test]
+    fn shared_calls_give_the_serial_bits() {
+        let pool = two_threads();
+        for (dim, n) in [(1, 5), (16, 4099), (64, 1000), (64, 4096), (100, 333)] {
+            let (table, ids) = case(97, dim, n, (dim * n) as u64);
+            let what = format!("dim {dim}, {n} ids");
+            // gather, through a caller's buffer and a format's lookup
+            let mut want = vec![f32::NAN; n * dim];
+            crate::gather_with(Parallelism::Serial, &table, dim, &ids, &mut want).expect(&what);
+            let packed = RowWise::Int8.prepack(&table, dim).expect(&what);
+            let packed = PackedTable::new(RowWise::Int8, dim, &packed).expect(&what);
+            let mut want_int8 = vec![f32::NAN; n * dim];
+            crate::table_gather_with(Parallelism::Serial, packed.into(), &ids, &mut want_int8)
+                .expect(&what);
+            // bags of 7 (the last shorter), each mode
+            let bags = Bags::from_offsets(&(0..n).step_by(7).collect::<Vec<_>>(), n, false);
+            let bags = bags.expect(&what);
+            let size = bags.len() * dim;
+            let bag = |par, mode, out: &mut [f32], at: &mut [i64]| {
+                let pooling = Pooling {
+                    mode,
+                    ..Pooling::default()
+                };
+                crate::bag_forward_with(par, &table, dim, &ids, &bags, &pooling, out, at)
+                    .expect(&what);
+            };
+            let mut want_bags = Vec::new();
+            for mode in [Mode::Sum, Mode::Mean, Mode::Max] {
+                let (mut out, mut at) = (vec![f32::NAN; size], vec![-2; size]);
+                let at_len = if mode == Mode::Max { size } else { 0 };
+                bag(Parallelism::Serial, mode, &mut out, &mut at[..at_len]);
+                want_bags.push((mode, out, at));
+            }
+            for outside in [true, false] {
+                let run = || {
+                    with_forced_share(|| {
+                        let mut out = vec![f32::NAN; n * dim];
+                        crate::gather_with(Parallelism::Auto, &table, dim, &ids, &mut out)
+                            .expect(&what);
+                        assert_eq!(bits(&out), bits(&want), "gather, {what}");
+                        let mut out = vec![f32::NAN; n * dim];
+                        crate::table_gather_with(Parallelism::Auto, packed.into(), &ids, &mut out)
+                            .expect(&what);
+                        assert_eq!(bits(&out), bits(&want_int8), "int8 lookup, {what}");
+                        for (mode, want, want_at) in &want_bags {
+                            let (mut out, mut at) = (vec![f32::NAN; size], vec![-2; size]);
+                            let at_len = if *mode == Mode::Max { size } else { 0 };
+                            bag(Parallelism::Auto, *mode, &mut out, &mut at[..at_len]);
+                            assert_eq!(bits(&out), bits(want), "{mode:?} bags, {what}");
+                            assert_eq!(&at, want_at, "{mode:?} bags, {what}");
+                        }
+                    })
+                };
+                if outside {
+                    run();
+                } else {
+                    pool.install(run);
+                }
+            }
+        }
     }
 }

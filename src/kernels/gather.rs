@@ -35,12 +35,11 @@ use super::tuning::{
 };
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
-use crate::parallel::Parallelism;
+use crate::parallel::{for_each_chunk, Parallelism};
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::prefetch::{self, L2};
 use crate::simd::{row, stream, Body, Isa, Lanes};
 use core::mem::MaybeUninit;
-use rayon::prelude::*;
 
 /// `out[i, :] = table[ids[i], :]` for every `i`.
 ///
@@ -310,21 +309,13 @@ pub(crate) fn drive<I: Index, Op: RowOp>(
         return;
     }
     let isa = Isa::detect();
-    if !par.splits(core::mem::size_of_val(out), PARALLEL_MIN_BYTES) {
-        let op = op.at(0);
-        isa.run(GatherBlock {
-            table,
-            dim,
-            ids,
-            out,
-            op,
-        });
-        return;
-    }
     let rows_per_task = (TASK_BYTES / (dim * 4)).max(1);
-    out.par_chunks_mut(rows_per_task * dim)
-        .enumerate()
-        .for_each(|(task, out)| {
+    let bytes = core::mem::size_of_val(out);
+    for_each_chunk(
+        par.plan(bytes, PARALLEL_MIN_BYTES),
+        out,
+        rows_per_task * dim,
+        |task, out| {
             let first = task * rows_per_task;
             let ids = ids.slice(first..first + out.len() / dim);
             let op = op.at(first);
@@ -335,7 +326,8 @@ pub(crate) fn drive<I: Index, Op: RowOp>(
                 out,
                 op,
             });
-        });
+        },
+    );
 }
 
 /// One piece of a gather: `out[i, :] = op(table[ids[i], :])` for its rows.

@@ -25,11 +25,10 @@ use super::tuning::{prefetch_ahead, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES
 use crate::error::{EmbeddingError, Operand};
 use crate::formats::{Data, TableRef};
 use crate::index::{Index, ValidIds};
-use crate::parallel::Parallelism;
+use crate::parallel::{for_each_chunk, Parallelism};
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::prefetch::{self, L2};
 use crate::simd::{Body, Isa, Lanes, LANES};
-use rayon::prelude::*;
 
 /// `out[i, :]` = row `ids[i]` of `table` as `f32`s, for every `i`:
 /// [`table_gather_with`] with [`Parallelism::Auto`].
@@ -104,14 +103,14 @@ impl<I: Index> OnRows for Lookup<'_, '_, I> {
             let ids = ids.slice(first..first + out.len() / dim);
             isa.run(LookupTask { table, ids, out });
         };
-        if !par.splits(core::mem::size_of_val(out), PARALLEL_MIN_BYTES) {
-            task(0, out);
-            return;
-        }
         let rows_per_task = (TASK_BYTES / (dim * 4)).max(1);
-        out.par_chunks_mut(rows_per_task * dim)
-            .enumerate()
-            .for_each(|(k, out)| task(k * rows_per_task, out));
+        let bytes = core::mem::size_of_val(out);
+        for_each_chunk(
+            par.plan(bytes, PARALLEL_MIN_BYTES),
+            out,
+            rows_per_task * dim,
+            |k, out| task(k * rows_per_task, out),
+        );
     }
 }
 
@@ -259,13 +258,13 @@ pub fn gather_half_with<H: Half, I: Index>(
             dst.copy_from_slice(&table[r * dim..(r + 1) * dim]);
         }
     };
-    if !par.splits(core::mem::size_of_val(out), PARALLEL_MIN_BYTES) {
-        copy(0, out);
-        return Ok(());
-    }
     let rows_per_task = (TASK_BYTES / row_bytes).max(1);
-    out.par_chunks_mut(rows_per_task * dim)
-        .enumerate()
-        .for_each(|(k, out)| copy(k * rows_per_task, out));
+    let bytes = core::mem::size_of_val(out);
+    for_each_chunk(
+        par.plan(bytes, PARALLEL_MIN_BYTES),
+        out,
+        rows_per_task * dim,
+        |k, out| copy(k * rows_per_task, out),
+    );
     Ok(())
 }

@@ -10,11 +10,10 @@ use crate::kernels::row_format::{Cols, F32Rows, OnRows, RowFormat, Slot};
 use crate::kernels::tuning::{
     BAG_AHEAD_ROWS, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES, TASK_BYTES,
 };
-use crate::parallel::Parallelism;
+use crate::parallel::{for_each_chunk, for_each_chunk_pair, Parallelism};
 use crate::pooling::{Mode, Pooling};
 use crate::simd::{Body, Isa, Lanes};
 use core::ops::Range;
-use rayon::prelude::*;
 
 /// The forward after [`check_forward`](super::check_forward): it cannot
 /// fail.
@@ -170,27 +169,21 @@ pub(super) fn forward_on<I: Index, T: RowFormat, S: Slot>(
             max_indices,
         });
     };
-    let max_indices = if is_max { max_indices } else { &mut [][..] };
     // The work of a call is its values pooled, counted as the bytes of
     // their `f32`s (a packed or half row costs more to decode than its
-    // stored bytes say), and at most the table's size (a table in cache is
-    // read at cache speed however many ids there are).
+    // stored bytes say). The pool's threshold counts at most the table's
+    // size (a table in cache is read at cache speed however many ids there
+    // are); whether a smaller call is worth sharing, the whole work.
     let work = ids.len().saturating_mul(dim).saturating_mul(4);
-    if !par.splits(table.bytes().min(work), PARALLEL_MIN_BYTES) {
-        task(0, out, max_indices);
-        return;
-    }
+    let plan = par.plan_sized(table.bytes().min(work), work, PARALLEL_MIN_BYTES);
     let bags_per_task = (TASK_BYTES / (dim * 4)).max(1);
     let chunk = bags_per_task * dim;
     if is_max {
-        out.par_chunks_mut(chunk)
-            .zip(max_indices.par_chunks_mut(chunk))
-            .enumerate()
-            .for_each(|(k, (o, m))| task(k * bags_per_task, o, m));
+        for_each_chunk_pair(plan, (out, chunk), (max_indices, chunk), |k, o, m| {
+            task(k * bags_per_task, o, m)
+        });
     } else {
-        out.par_chunks_mut(chunk)
-            .enumerate()
-            .for_each(|(k, o)| task(k * bags_per_task, o, &mut []));
+        for_each_chunk(plan, out, chunk, |k, o| task(k * bags_per_task, o, &mut []));
     }
 }
 
