@@ -401,7 +401,7 @@ impl Embedding {
     ) -> Result<Embedded, EmbeddingError> {
         check_shape(ids.len(), shape)?;
         let len = rows_len(ids.len(), self.embedding_dim)?;
-        let valid = ValidIds::new(ids, self.num_embeddings)?;
+        let valid = ValidIds::new_with(self.parallelism, ids, self.num_embeddings)?;
         // Room for the output, written once by the lookup (not zeroed first).
         let mut values = crate::buffer::with_capacity(len, "output")?;
         let mut shape_out = crate::buffer::with_capacity(shape.len() + 1, "output")?;

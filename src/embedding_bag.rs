@@ -291,7 +291,8 @@ impl EmbeddingBag {
         let pooling = self.pooling(per_sample_weights);
         let dim = self.embedding_dim();
         let rows = self.table.num_embeddings();
-        let (valid, len) = check_forward_unallocated(rows, dim, ids, bags, &pooling)?;
+        let par = self.table.parallelism();
+        let (valid, len) = check_forward_unallocated(par, rows, dim, ids, bags, &pooling)?;
         let mut values = crate::buffer::with_capacity(len, "output")?;
         let mut max_indices = if self.mode == Mode::Max {
             crate::buffer::zeroed(len, "max_indices")?
@@ -299,7 +300,6 @@ impl EmbeddingBag {
             Vec::new()
         };
         self.table.renorm_rows(valid)?;
-        let par = self.table.parallelism();
         let weight = self.table.weight();
         let at = &mut max_indices[..];
         forward_valid_fresh(par, weight, dim, valid, bags, &pooling, &mut values, at)?;
@@ -330,9 +330,9 @@ impl EmbeddingBag {
         // Every check before `max_norm` may change the table; the kernel
         // then runs on the checked ids.
         let rows = self.table.num_embeddings();
-        let valid = check_forward_rows(rows, dim, ids, bags, &pooling, out, max_indices)?;
-        self.table.renorm_rows(valid)?;
         let par = self.table.parallelism();
+        let valid = check_forward_rows(par, rows, dim, ids, bags, &pooling, out, max_indices)?;
+        self.table.renorm_rows(valid)?;
         let weight = self.table.weight();
         forward_valid(par, weight, dim, valid, bags, &pooling, out, max_indices);
         Ok(())

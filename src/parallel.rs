@@ -21,8 +21,11 @@ pub enum Parallelism {
     Rayon,
     /// Split across the current rayon pool when the call is large enough to
     /// pay for the hand-off (each kernel's threshold is in
-    /// `kernels/tuning.rs`); otherwise run on the calling thread. What the
-    /// plain (not `_with`) functions use.
+    /// `kernels/tuning.rs`); otherwise run on the calling thread, except
+    /// that a gather, lookup or bag forward of 128 KiB or more made within
+    /// 30 µs of the previous such call (the pool still awake: a loop) is
+    /// shared between the calling thread and one pool thread. What the plain
+    /// (not `_with`) functions use.
     #[default]
     Auto,
 }
@@ -60,6 +63,13 @@ pub(crate) enum How {
     Shared,
     /// Every task handed to the rayon pool.
     Pool,
+}
+
+impl Plan {
+    /// Whether the call's tasks go to the rayon pool.
+    pub(crate) fn is_pool(self) -> bool {
+        self.how == How::Pool
+    }
 }
 
 impl Parallelism {

@@ -176,7 +176,8 @@ impl QuantizedEmbeddingBag {
             scale_grad_by_freq: false,
         };
         let (rows, dim) = (self.num_embeddings(), self.embedding_dim());
-        let (valid, len) = check_forward_unallocated(rows, dim, ids, bags, &pooling)?;
+        let (valid, len) =
+            check_forward_unallocated(self.parallelism, rows, dim, ids, bags, &pooling)?;
         let mut values = crate::buffer::with_capacity(len, "output")?;
         let max = self.mode == Mode::Max;
         let mut max_indices = if max {
@@ -225,7 +226,8 @@ impl QuantizedEmbeddingBag {
             // Nothing to read or write, but every check of any width, with
             // the layer's row count.
             let rows = self.num_embeddings;
-            check_forward_rows(rows, dim, ids, bags, &pooling, out, max_indices)?;
+            let par = self.parallelism;
+            check_forward_rows(par, rows, dim, ids, bags, &pooling, out, max_indices)?;
             return Ok(());
         }
         let table = self.table.as_ref();

@@ -72,7 +72,7 @@ impl Embedding {
             rows_len(ids.len(), self.embedding_dim)?,
             grad_output.len(),
         )?;
-        let valid = ValidIds::new(ids, self.num_embeddings)?;
+        let valid = ValidIds::new_with(self.parallelism, ids, self.num_embeddings)?;
         dense_backward_valid(
             self.parallelism,
             grad_output,
@@ -131,7 +131,7 @@ impl Embedding {
             rows_len(ids.len(), dim)?,
             grad_output.len(),
         )?;
-        let valid = ValidIds::new(ids, self.num_embeddings)?;
+        let valid = ValidIds::new_with(self.parallelism, ids, self.num_embeddings)?;
         // The optimiser's checks (a frozen table stops after them), then the
         // grouping (the one allocation besides a first step's state), then
         // the step.

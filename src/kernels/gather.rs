@@ -78,7 +78,7 @@ pub fn gather_with<I: Index>(
     ids: &[I],
     out: &mut [f32],
 ) -> Result<(), EmbeddingError> {
-    let ids = check(table, dim, ids, out)?;
+    let ids = check(par, table, dim, ids, out)?;
     if streams(par, core::mem::size_of_val(out), dim) {
         drive(par, table, dim, ids, out, StreamRow);
     } else {
@@ -131,7 +131,7 @@ pub fn gather_scaled_with<I: Index>(
     scale: f32,
     out: &mut [f32],
 ) -> Result<(), EmbeddingError> {
-    let ids = check(table, dim, ids, out)?;
+    let ids = check(par, table, dim, ids, out)?;
     drive(par, table, dim, ids, out, ScaleRow(scale));
     Ok(())
 }
@@ -148,8 +148,10 @@ pub(crate) fn gather_valid<I: Index>(
     drive(par, table, dim, ids, out, CopyRow);
 }
 
-/// The front door: every check, in the crate's order, before any write.
+/// The front door: every check, in the crate's order, before any write
+/// (the ids' scan split across threads as `par` allows).
 pub(crate) fn check<'a, I: Index>(
+    par: Parallelism,
     table: &[f32],
     dim: usize,
     ids: &'a [I],
@@ -158,7 +160,7 @@ pub(crate) fn check<'a, I: Index>(
     let rows = table_rows(table.len(), dim, Operand::Table)?;
     let out_len = rows_len(ids.len(), dim)?;
     check_len(Operand::Output, out_len, out.len())?;
-    ValidIds::new(ids, rows)
+    ValidIds::new_with(par, ids, rows)
 }
 
 /// What a gather writes into each output row, given the table row it read:

@@ -73,7 +73,7 @@ pub fn table_gather_with<I: Index>(
 ) -> Result<(), EmbeddingError> {
     let dim = table.dim();
     check_len(Operand::Output, rows_len(ids.len(), dim)?, out.len())?;
-    let ids = ValidIds::new(ids, table.rows())?;
+    let ids = ValidIds::new_with(par, ids, table.rows())?;
     if let Data::F32(values) = table.data() {
         gather_valid(par, values, dim, ids, out);
         return Ok(());
@@ -240,7 +240,7 @@ pub fn gather_half_with<H: Half, I: Index>(
 ) -> Result<(), EmbeddingError> {
     let rows = table_rows(table.len(), dim, Operand::Table)?;
     check_len(Operand::Output, rows_len(ids.len(), dim)?, out.len())?;
-    let ids = ValidIds::new(ids, rows)?;
+    let ids = ValidIds::new_with(par, ids, rows)?;
     if dim == 0 || ids.is_empty() {
         return Ok(());
     }

@@ -1,6 +1,8 @@
 //! Every size the kernels tune by, in one place and in one unit: bytes.
 //! (Counts of rows appear only where a distance is naturally a row count,
-//! and say so.) Each constant carries the measurement that chose it.
+//! and say so.) Each constant carries the measurement that chose it. Two
+//! modules below the kernels keep their own: `parallel.rs` when a small call
+//! is shared, `index.rs` when the id check is split.
 //!
 //! Words used here and across the kernels, one meaning each: a **task** is
 //! one piece of a call handed to a thread; a **column block** is a range of

@@ -8,6 +8,7 @@
 use crate::error::EmbeddingError;
 use crate::index::Index;
 use crate::kernels::{check_gather, check_scatter};
+use crate::parallel::Parallelism;
 
 /// [`gather`](crate::gather) as a plain loop.
 ///
@@ -19,7 +20,7 @@ pub fn gather<I: Index>(
     ids: &[I],
     out: &mut [f32],
 ) -> Result<(), EmbeddingError> {
-    let ids = check_gather(table, dim, ids, out)?;
+    let ids = check_gather(Parallelism::Serial, table, dim, ids, out)?;
     for (i, row) in ids.rows().enumerate() {
         for j in 0..dim {
             out[i * dim + j] = table[row * dim + j];
@@ -39,7 +40,7 @@ pub fn gather_scaled<I: Index>(
     scale: f32,
     out: &mut [f32],
 ) -> Result<(), EmbeddingError> {
-    let ids = check_gather(table, dim, ids, out)?;
+    let ids = check_gather(Parallelism::Serial, table, dim, ids, out)?;
     for (i, row) in ids.rows().enumerate() {
         for j in 0..dim {
             out[i * dim + j] = table[row * dim + j] * scale;

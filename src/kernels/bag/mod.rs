@@ -114,7 +114,9 @@ fn check_pooling<I: Index>(
 
 /// Every check of the forward, in order, before any write: the checked
 /// ids, for the kernels.
+#[allow(clippy::too_many_arguments)]
 fn check_forward<'a, I: Index>(
+    par: Parallelism,
     table: &[f32],
     dim: usize,
     ids: &'a [I],
@@ -124,13 +126,15 @@ fn check_forward<'a, I: Index>(
     max_indices: &[i64],
 ) -> Result<ValidIds<'a, I>, EmbeddingError> {
     let rows = table_rows(table.len(), dim, Operand::Table)?;
-    check_forward_rows(rows, dim, ids, bags, pooling, out, max_indices)
+    check_forward_rows(par, rows, dim, ids, bags, pooling, out, max_indices)
 }
 
 /// The forward's checks after the table's, for a table of `rows` rows: the
 /// pooling's, the output buffers, max's bag lengths, then every id. A layer
 /// calls this with its own row count, which a table of width 0 cannot tell.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn check_forward_rows<'a, I: Index>(
+    par: Parallelism,
     rows: usize,
     dim: usize,
     ids: &'a [I],
@@ -140,12 +144,14 @@ pub(crate) fn check_forward_rows<'a, I: Index>(
     max_indices: &[i64],
 ) -> Result<ValidIds<'a, I>, EmbeddingError> {
     check_pooling(rows, ids, bags, pooling)?;
-    check_outputs(rows, dim, ids, bags, pooling, out, max_indices)
+    check_outputs(par, rows, dim, ids, bags, pooling, out, max_indices)
 }
 
 /// The rest of the forward's checks, after the table's and the pooling's:
 /// the output buffers, max's bag lengths, then every id.
+#[allow(clippy::too_many_arguments)]
 fn check_outputs<'a, I: Index>(
+    par: Parallelism,
     rows: usize,
     dim: usize,
     ids: &'a [I],
@@ -160,7 +166,7 @@ fn check_outputs<'a, I: Index>(
         check_len(Operand::MaxIndices, out_len, max_indices.len())?;
         check_max_bag_lengths(bags)?;
     }
-    ValidIds::new(ids, rows)
+    ValidIds::new_with(par, ids, rows)
 }
 
 /// The forward's checks for a layer that allocates the outputs itself, on
@@ -168,6 +174,7 @@ fn check_outputs<'a, I: Index>(
 /// less the two output lengths: the checked ids and the output length
 /// (`bags × dim`), before anything is allocated.
 pub(crate) fn check_forward_unallocated<'a, I: Index>(
+    par: Parallelism,
     rows: usize,
     dim: usize,
     ids: &'a [I],
@@ -179,7 +186,7 @@ pub(crate) fn check_forward_unallocated<'a, I: Index>(
     if pooling.mode == Mode::Max {
         check_max_bag_lengths(bags)?;
     }
-    Ok((ValidIds::new(ids, rows)?, out_len))
+    Ok((ValidIds::new_with(par, ids, rows)?, out_len))
 }
 
 /// `out[b, :]` = the pooled rows of bag `b`, for every bag; with
@@ -233,7 +240,7 @@ pub fn bag_forward_with<I: Index>(
     out: &mut [f32],
     max_indices: &mut [i64],
 ) -> Result<(), EmbeddingError> {
-    let ids = check_forward(table, dim, ids, bags, pooling, out, max_indices)?;
+    let ids = check_forward(par, table, dim, ids, bags, pooling, out, max_indices)?;
     forward_valid(par, table, dim, ids, bags, pooling, out, max_indices);
     Ok(())
 }
@@ -378,7 +385,7 @@ pub fn table_bag_forward_with<I: Index>(
     max_indices: &mut [i64],
 ) -> Result<(), EmbeddingError> {
     let (rows, dim) = (table.rows(), table.dim());
-    let ids = check_forward_rows(rows, dim, ids, bags, pooling, out, max_indices)?;
+    let ids = check_forward_rows(par, rows, dim, ids, bags, pooling, out, max_indices)?;
     let op = forward::Forward {
         isa: Isa::detect(),
         par,

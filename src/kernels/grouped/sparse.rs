@@ -62,7 +62,7 @@ pub fn sparse_backward_with<I: Index>(
         grad_output.len(),
     )?;
     check_padding(padding_idx, num_embeddings)?;
-    let ids = ValidIds::new(ids, num_embeddings)?;
+    let ids = ValidIds::new_with(par, ids, num_embeddings)?;
     let source = PerPosition { grad_output, dim };
     let keep = |_, r| Some(r) != padding_idx;
     coalesce(par, ids, keep, &source, dim, scale_grad_by_freq)
