@@ -40,7 +40,7 @@ use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::kernels::{self, gather_fresh, gather_valid, Groups, PARALLEL_MIN_BYTES};
 use crate::memory::AlignedTable;
-use crate::parallel::Parallelism;
+use crate::parallel::{in_pool, Parallelism};
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::sparse_grad::SparseGrad;
 use rand::SeedableRng;
@@ -399,20 +399,22 @@ impl Embedding {
         ids: &[I],
         shape: &[usize],
     ) -> Result<Embedded, EmbeddingError> {
-        check_shape(ids.len(), shape)?;
-        let len = rows_len(ids.len(), self.embedding_dim)?;
-        let valid = ValidIds::new_with(self.parallelism, ids, self.num_embeddings)?;
-        // Room for the output, written once by the lookup (not zeroed first).
-        let mut values = crate::buffer::with_capacity(len, "output")?;
-        let mut shape_out = crate::buffer::with_capacity(shape.len() + 1, "output")?;
-        shape_out.extend_from_slice(shape);
-        shape_out.push(self.embedding_dim);
-        self.renorm_rows(valid)?;
-        let (par, dim) = (self.parallelism, self.embedding_dim);
-        gather_fresh(par, &self.weight, dim, valid, &mut values)?;
-        Ok(Embedded {
-            values,
-            shape: shape_out,
+        in_pool(ValidIds::splits(self.parallelism, ids), || {
+            check_shape(ids.len(), shape)?;
+            let len = rows_len(ids.len(), self.embedding_dim)?;
+            let valid = ValidIds::new_with(self.parallelism, ids, self.num_embeddings)?;
+            // Room for the output, written once by the lookup (not zeroed first).
+            let mut values = crate::buffer::with_capacity(len, "output")?;
+            let mut shape_out = crate::buffer::with_capacity(shape.len() + 1, "output")?;
+            shape_out.extend_from_slice(shape);
+            shape_out.push(self.embedding_dim);
+            self.renorm_rows(valid)?;
+            let (par, dim) = (self.parallelism, self.embedding_dim);
+            gather_fresh(par, &self.weight, dim, valid, &mut values)?;
+            Ok(Embedded {
+                values,
+                shape: shape_out,
+            })
         })
     }
 
@@ -428,10 +430,12 @@ impl Embedding {
         ids: &[I],
         out: &mut [f32],
     ) -> Result<(), EmbeddingError> {
-        let len = rows_len(ids.len(), self.embedding_dim)?;
-        check_len(Operand::Output, len, out.len())?;
-        let valid = ValidIds::new(ids, self.num_embeddings)?;
-        self.lookup_valid(valid, out)
+        in_pool(ValidIds::splits(self.parallelism, ids), || {
+            let len = rows_len(ids.len(), self.embedding_dim)?;
+            check_len(Operand::Output, len, out.len())?;
+            let valid = ValidIds::new_with(self.parallelism, ids, self.num_embeddings)?;
+            self.lookup_valid(valid, out)
+        })
     }
 
     /// The renormalisation and the lookup of checked ids into an output of

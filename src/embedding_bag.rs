@@ -35,7 +35,7 @@ use crate::kernels::{
     Target,
 };
 use crate::optim::SparseOptimizer;
-use crate::parallel::Parallelism;
+use crate::parallel::{in_pool, Parallelism};
 use crate::pooling::{Mode, Pooling};
 use crate::shape::{check_len, rows_len};
 use crate::sparse_grad::SparseGrad;
@@ -288,25 +288,27 @@ impl EmbeddingBag {
         bags: &Bags,
         per_sample_weights: Option<&[f32]>,
     ) -> Result<BagOutput, EmbeddingError> {
-        let pooling = self.pooling(per_sample_weights);
-        let dim = self.embedding_dim();
-        let rows = self.table.num_embeddings();
-        let par = self.table.parallelism();
-        let (valid, len) = check_forward_unallocated(par, rows, dim, ids, bags, &pooling)?;
-        let mut values = crate::buffer::with_capacity(len, "output")?;
-        let mut max_indices = if self.mode == Mode::Max {
-            crate::buffer::zeroed(len, "max_indices")?
-        } else {
-            Vec::new()
-        };
-        self.table.renorm_rows(valid)?;
-        let weight = self.table.weight();
-        let at = &mut max_indices[..];
-        forward_valid_fresh(par, weight, dim, valid, bags, &pooling, &mut values, at)?;
-        Ok(BagOutput {
-            values,
-            shape: [bags.len(), self.embedding_dim()],
-            max_indices: (self.mode == Mode::Max).then_some(max_indices),
+        in_pool(ValidIds::splits(self.table.parallelism(), ids), || {
+            let pooling = self.pooling(per_sample_weights);
+            let dim = self.embedding_dim();
+            let rows = self.table.num_embeddings();
+            let par = self.table.parallelism();
+            let (valid, len) = check_forward_unallocated(par, rows, dim, ids, bags, &pooling)?;
+            let mut values = crate::buffer::with_capacity(len, "output")?;
+            let mut max_indices = if self.mode == Mode::Max {
+                crate::buffer::zeroed(len, "max_indices")?
+            } else {
+                Vec::new()
+            };
+            self.table.renorm_rows(valid)?;
+            let weight = self.table.weight();
+            let at = &mut max_indices[..];
+            forward_valid_fresh(par, weight, dim, valid, bags, &pooling, &mut values, at)?;
+            Ok(BagOutput {
+                values,
+                shape: [bags.len(), self.embedding_dim()],
+                max_indices: (self.mode == Mode::Max).then_some(max_indices),
+            })
         })
     }
 
@@ -325,17 +327,19 @@ impl EmbeddingBag {
         out: &mut [f32],
         max_indices: &mut [i64],
     ) -> Result<(), EmbeddingError> {
-        let pooling = self.pooling(per_sample_weights);
-        let dim = self.embedding_dim();
-        // Every check before `max_norm` may change the table; the kernel
-        // then runs on the checked ids.
-        let rows = self.table.num_embeddings();
-        let par = self.table.parallelism();
-        let valid = check_forward_rows(par, rows, dim, ids, bags, &pooling, out, max_indices)?;
-        self.table.renorm_rows(valid)?;
-        let weight = self.table.weight();
-        forward_valid(par, weight, dim, valid, bags, &pooling, out, max_indices);
-        Ok(())
+        in_pool(ValidIds::splits(self.table.parallelism(), ids), || {
+            let pooling = self.pooling(per_sample_weights);
+            let dim = self.embedding_dim();
+            // Every check before `max_norm` may change the table; the kernel
+            // then runs on the checked ids.
+            let rows = self.table.num_embeddings();
+            let par = self.table.parallelism();
+            let valid = check_forward_rows(par, rows, dim, ids, bags, &pooling, out, max_indices)?;
+            self.table.renorm_rows(valid)?;
+            let weight = self.table.weight();
+            forward_valid(par, weight, dim, valid, bags, &pooling, out, max_indices);
+            Ok(())
+        })
     }
 
     /// The gradient of the table for `grad_output` (`bags × embedding_dim`):

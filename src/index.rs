@@ -165,10 +165,7 @@ impl<'a, I: Index> ValidIds<'a, I> {
     ) -> Result<Self, EmbeddingError> {
         let bound = num_embeddings as u64;
         let isa = Isa::detect();
-        let split = par
-            .plan(core::mem::size_of_val(ids), CHECK_PARALLEL_MIN_BYTES)
-            .is_pool()
-            && ids.len() > CHECK_TASK_BLOCKS * CHECK_BLOCK;
+        let split = Self::splits(par, ids);
         let found = if split {
             // The least block number of any task's first bad block: the
             // same answer as the serial scan.
@@ -199,6 +196,14 @@ impl<'a, I: Index> ValidIds<'a, I> {
             ids,
             num_embeddings,
         })
+    }
+
+    /// Whether [`new_with`](Self::new_with) splits the check of `ids`
+    /// under `par`.
+    pub(crate) fn splits(par: Parallelism, ids: &[I]) -> bool {
+        par.plan(core::mem::size_of_val(ids), CHECK_PARALLEL_MIN_BYTES)
+            .is_pool()
+            && ids.len() > CHECK_TASK_BLOCKS * CHECK_BLOCK
     }
 
     /// How many ids there are.

@@ -192,6 +192,19 @@ pub(crate) fn for_each_chunk_pair<A, B, F>(
     note_end(plan);
 }
 
+/// Runs `f` as one job of the current rayon pool when `inside` and the
+/// calling thread is none of the pool's: a call that hands the pool two
+/// pieces of work one after the other (the split id check, then the
+/// kernel) then puts its caller to sleep and wakes it once, not twice.
+/// Otherwise runs `f` here.
+pub(crate) fn in_pool<R: Send>(inside: bool, f: impl FnOnce() -> R + Send) -> R {
+    if inside && rayon::current_thread_index().is_none() && rayon::current_num_threads() > 1 {
+        rayon::scope(|_| f())
+    } else {
+        f()
+    }
+}
+
 /// Records the end of a call the plan notes, for the next call's
 /// [`pool_awake`].
 fn note_end(plan: Plan) {

@@ -46,7 +46,7 @@ use crate::kernels::{
     check_forward_rows, check_forward_unallocated, forward_fresh, table_bag_forward_with,
     table_gather_with,
 };
-use crate::parallel::Parallelism;
+use crate::parallel::{in_pool, Parallelism};
 use crate::pooling::{Mode, Pooling};
 use crate::shape::{check_len, rows_len};
 
@@ -169,36 +169,38 @@ impl QuantizedEmbeddingBag {
         bags: &Bags,
         per_sample_weights: Option<&[f32]>,
     ) -> Result<BagOutput, EmbeddingError> {
-        let pooling = Pooling {
-            mode: self.mode,
-            per_sample_weights,
-            padding_idx: self.padding_idx,
-            scale_grad_by_freq: false,
-        };
-        let (rows, dim) = (self.num_embeddings(), self.embedding_dim());
-        let (valid, len) =
-            check_forward_unallocated(self.parallelism, rows, dim, ids, bags, &pooling)?;
-        let mut values = crate::buffer::with_capacity(len, "output")?;
-        let max = self.mode == Mode::Max;
-        let mut max_indices = if max {
-            crate::buffer::zeroed(len, "max_indices")?
-        } else {
-            Vec::new()
-        };
-        let (table, at) = (self.table.as_ref(), &mut max_indices[..]);
-        forward_fresh(
-            self.parallelism,
-            table,
-            valid,
-            bags,
-            &pooling,
-            &mut values,
-            at,
-        )?;
-        Ok(BagOutput {
-            values,
-            shape: [bags.len(), self.embedding_dim()],
-            max_indices: max.then_some(max_indices),
+        in_pool(ValidIds::splits(self.parallelism, ids), || {
+            let pooling = Pooling {
+                mode: self.mode,
+                per_sample_weights,
+                padding_idx: self.padding_idx,
+                scale_grad_by_freq: false,
+            };
+            let (rows, dim) = (self.num_embeddings(), self.embedding_dim());
+            let (valid, len) =
+                check_forward_unallocated(self.parallelism, rows, dim, ids, bags, &pooling)?;
+            let mut values = crate::buffer::with_capacity(len, "output")?;
+            let max = self.mode == Mode::Max;
+            let mut max_indices = if max {
+                crate::buffer::zeroed(len, "max_indices")?
+            } else {
+                Vec::new()
+            };
+            let (table, at) = (self.table.as_ref(), &mut max_indices[..]);
+            forward_fresh(
+                self.parallelism,
+                table,
+                valid,
+                bags,
+                &pooling,
+                &mut values,
+                at,
+            )?;
+            Ok(BagOutput {
+                values,
+                shape: [bags.len(), self.embedding_dim()],
+                max_indices: max.then_some(max_indices),
+            })
         })
     }
 
@@ -215,31 +217,33 @@ impl QuantizedEmbeddingBag {
         out: &mut [f32],
         max_indices: &mut [i64],
     ) -> Result<(), EmbeddingError> {
-        let pooling = Pooling {
-            mode: self.mode,
-            per_sample_weights,
-            padding_idx: self.padding_idx,
-            scale_grad_by_freq: false,
-        };
-        let dim = self.embedding_dim();
-        if dim == 0 {
-            // Nothing to read or write, but every check of any width, with
-            // the layer's row count.
-            let rows = self.num_embeddings;
-            let par = self.parallelism;
-            check_forward_rows(par, rows, dim, ids, bags, &pooling, out, max_indices)?;
-            return Ok(());
-        }
-        let table = self.table.as_ref();
-        table_bag_forward_with(
-            self.parallelism,
-            table,
-            ids,
-            bags,
-            &pooling,
-            out,
-            max_indices,
-        )
+        in_pool(ValidIds::splits(self.parallelism, ids), || {
+            let pooling = Pooling {
+                mode: self.mode,
+                per_sample_weights,
+                padding_idx: self.padding_idx,
+                scale_grad_by_freq: false,
+            };
+            let dim = self.embedding_dim();
+            if dim == 0 {
+                // Nothing to read or write, but every check of any width, with
+                // the layer's row count.
+                let rows = self.num_embeddings;
+                let par = self.parallelism;
+                check_forward_rows(par, rows, dim, ids, bags, &pooling, out, max_indices)?;
+                return Ok(());
+            }
+            let table = self.table.as_ref();
+            table_bag_forward_with(
+                self.parallelism,
+                table,
+                ids,
+                bags,
+                &pooling,
+                out,
+                max_indices,
+            )
+        })
     }
 
     /// Saves the table as tensor `name` of a safetensors file

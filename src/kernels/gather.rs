@@ -35,7 +35,7 @@ use super::tuning::{
 };
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
-use crate::parallel::{for_each_chunk, Parallelism};
+use crate::parallel::{for_each_chunk, in_pool, Parallelism};
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::prefetch::{self, L2};
 use crate::simd::{row, stream, Body, Isa, Lanes};
@@ -78,13 +78,15 @@ pub fn gather_with<I: Index>(
     ids: &[I],
     out: &mut [f32],
 ) -> Result<(), EmbeddingError> {
-    let ids = check(par, table, dim, ids, out)?;
-    if streams(par, core::mem::size_of_val(out), dim) {
-        drive(par, table, dim, ids, out, StreamRow);
-    } else {
-        drive(par, table, dim, ids, out, CopyRow);
-    }
-    Ok(())
+    in_pool(ValidIds::splits(par, ids), || {
+        let ids = check(par, table, dim, ids, out)?;
+        if streams(par, core::mem::size_of_val(out), dim) {
+            drive(par, table, dim, ids, out, StreamRow);
+        } else {
+            drive(par, table, dim, ids, out, CopyRow);
+        }
+        Ok(())
+    })
 }
 
 /// Whether [`gather_with`] writes an output of `bytes`, rows of `dim`
@@ -131,9 +133,11 @@ pub fn gather_scaled_with<I: Index>(
     scale: f32,
     out: &mut [f32],
 ) -> Result<(), EmbeddingError> {
-    let ids = check(par, table, dim, ids, out)?;
-    drive(par, table, dim, ids, out, ScaleRow(scale));
-    Ok(())
+    in_pool(ValidIds::splits(par, ids), || {
+        let ids = check(par, table, dim, ids, out)?;
+        drive(par, table, dim, ids, out, ScaleRow(scale));
+        Ok(())
+    })
 }
 
 /// [`gather_with`] on ids already checked against `table` (the layer checks

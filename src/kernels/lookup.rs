@@ -25,7 +25,7 @@ use super::tuning::{prefetch_ahead, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES
 use crate::error::{EmbeddingError, Operand};
 use crate::formats::{Data, TableRef};
 use crate::index::{Index, ValidIds};
-use crate::parallel::{for_each_chunk, Parallelism};
+use crate::parallel::{for_each_chunk, in_pool, Parallelism};
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::prefetch::{self, L2};
 use crate::simd::{Body, Isa, Lanes, LANES};
@@ -71,15 +71,17 @@ pub fn table_gather_with<I: Index>(
     ids: &[I],
     out: &mut [f32],
 ) -> Result<(), EmbeddingError> {
-    let dim = table.dim();
-    check_len(Operand::Output, rows_len(ids.len(), dim)?, out.len())?;
-    let ids = ValidIds::new_with(par, ids, table.rows())?;
-    if let Data::F32(values) = table.data() {
-        gather_valid(par, values, dim, ids, out);
-        return Ok(());
-    }
-    dispatch(&table, Lookup { par, ids, out });
-    Ok(())
+    in_pool(ValidIds::splits(par, ids), || {
+        let dim = table.dim();
+        check_len(Operand::Output, rows_len(ids.len(), dim)?, out.len())?;
+        let ids = ValidIds::new_with(par, ids, table.rows())?;
+        if let Data::F32(values) = table.data() {
+            gather_valid(par, values, dim, ids, out);
+            return Ok(());
+        }
+        dispatch(&table, Lookup { par, ids, out });
+        Ok(())
+    })
 }
 
 /// The lookup of a decoded format, as an operation over any [`RowFormat`].

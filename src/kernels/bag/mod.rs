@@ -79,7 +79,7 @@ use crate::error::{EmbeddingError, Operand};
 use crate::formats::TableRef;
 use crate::index::{Index, ValidIds};
 use crate::kernels::row_format::{dispatch, F32Rows};
-use crate::parallel::Parallelism;
+use crate::parallel::{in_pool, Parallelism};
 use crate::pooling::{Mode, Pooling};
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::Isa;
@@ -240,9 +240,11 @@ pub fn bag_forward_with<I: Index>(
     out: &mut [f32],
     max_indices: &mut [i64],
 ) -> Result<(), EmbeddingError> {
-    let ids = check_forward(par, table, dim, ids, bags, pooling, out, max_indices)?;
-    forward_valid(par, table, dim, ids, bags, pooling, out, max_indices);
-    Ok(())
+    in_pool(ValidIds::splits(par, ids), || {
+        let ids = check_forward(par, table, dim, ids, bags, pooling, out, max_indices)?;
+        forward_valid(par, table, dim, ids, bags, pooling, out, max_indices);
+        Ok(())
+    })
 }
 
 /// [`forward_valid`] into a fresh output, for a layer that allocates it
@@ -384,17 +386,19 @@ pub fn table_bag_forward_with<I: Index>(
     out: &mut [f32],
     max_indices: &mut [i64],
 ) -> Result<(), EmbeddingError> {
-    let (rows, dim) = (table.rows(), table.dim());
-    let ids = check_forward_rows(par, rows, dim, ids, bags, pooling, out, max_indices)?;
-    let op = forward::Forward {
-        isa: Isa::detect(),
-        par,
-        ids,
-        bags,
-        pooling,
-        out,
-        max_indices,
-    };
-    dispatch(&table, op);
-    Ok(())
+    in_pool(ValidIds::splits(par, ids), || {
+        let (rows, dim) = (table.rows(), table.dim());
+        let ids = check_forward_rows(par, rows, dim, ids, bags, pooling, out, max_indices)?;
+        let op = forward::Forward {
+            isa: Isa::detect(),
+            par,
+            ids,
+            bags,
+            pooling,
+            out,
+            max_indices,
+        };
+        dispatch(&table, op);
+        Ok(())
+    })
 }
