@@ -156,6 +156,17 @@ impl QuantizedEmbeddingBag {
         Bags::from_offsets(offsets, num_ids, self.include_last_offset)
     }
 
+    /// The layer's pooling with these weights (no `scale_grad_by_freq`:
+    /// a packed table has no backward).
+    fn pooling<'a>(&self, per_sample_weights: Option<&'a [f32]>) -> Pooling<'a> {
+        Pooling {
+            mode: self.mode,
+            per_sample_weights,
+            padding_idx: self.padding_idx,
+            scale_grad_by_freq: false,
+        }
+    }
+
     /// Pools the rows of each bag of `ids`: `[bags, embedding_dim]` `f32`
     /// values, and with max mode the winning ids.
     ///
@@ -170,12 +181,7 @@ impl QuantizedEmbeddingBag {
         per_sample_weights: Option<&[f32]>,
     ) -> Result<BagOutput, EmbeddingError> {
         in_pool(ValidIds::splits(self.parallelism, ids), || {
-            let pooling = Pooling {
-                mode: self.mode,
-                per_sample_weights,
-                padding_idx: self.padding_idx,
-                scale_grad_by_freq: false,
-            };
+            let pooling = self.pooling(per_sample_weights);
             let (rows, dim) = (self.num_embeddings(), self.embedding_dim());
             let (valid, len) =
                 check_forward_unallocated(self.parallelism, rows, dim, ids, bags, &pooling)?;
@@ -218,12 +224,7 @@ impl QuantizedEmbeddingBag {
         max_indices: &mut [i64],
     ) -> Result<(), EmbeddingError> {
         in_pool(ValidIds::splits(self.parallelism, ids), || {
-            let pooling = Pooling {
-                mode: self.mode,
-                per_sample_weights,
-                padding_idx: self.padding_idx,
-                scale_grad_by_freq: false,
-            };
+            let pooling = self.pooling(per_sample_weights);
             let dim = self.embedding_dim();
             if dim == 0 {
                 // Nothing to read or write, but every check of any width, with

@@ -315,25 +315,38 @@ pub(crate) fn drive<I: Index, Op: RowOp>(
         return;
     }
     let isa = Isa::detect();
-    let rows_per_task = (TASK_BYTES / (dim * 4)).max(1);
-    let bytes = core::mem::size_of_val(out);
-    for_each_chunk(
-        par.plan(bytes, PARALLEL_MIN_BYTES),
-        out,
-        rows_per_task * dim,
-        |task, out| {
-            let first = task * rows_per_task;
-            let ids = ids.slice(first..first + out.len() / dim);
-            let op = op.at(first);
-            isa.run(GatherBlock {
-                table,
-                dim,
-                ids,
-                out,
-                op,
-            });
-        },
-    );
+    for_each_row_block(par, out, dim, dim * 4, |first, out| {
+        let ids = ids.slice(first..first + out.len() / dim);
+        let op = op.at(first);
+        isa.run(GatherBlock {
+            table,
+            dim,
+            ids,
+            out,
+            op,
+        });
+    });
+}
+
+/// Runs `f(first_row, block)` over `out` (rows of `dim` values, each read
+/// from a table row of `row_bytes`) as `par` plans a call of `out`'s bytes:
+/// the whole of it from row 0, or blocks of about [`TASK_BYTES`] of rows
+/// read.
+pub(crate) fn for_each_row_block<T, F>(
+    par: Parallelism,
+    out: &mut [T],
+    dim: usize,
+    row_bytes: usize,
+    f: F,
+) where
+    T: Send,
+    F: Fn(usize, &mut [T]) + Sync,
+{
+    let rows_per_task = (TASK_BYTES / row_bytes.max(1)).max(1);
+    let plan = par.plan(core::mem::size_of_val(out), PARALLEL_MIN_BYTES);
+    for_each_chunk(plan, out, rows_per_task * dim, |task, block| {
+        f(task * rows_per_task, block)
+    });
 }
 
 /// One piece of a gather: `out[i, :] = op(table[ids[i], :])` for its rows.

@@ -17,15 +17,15 @@
 //! output rows, as the `f32` gather: the bits cannot depend on the thread
 //! count.
 
-use super::gather::gather_valid;
+use super::gather::{for_each_row_block, gather_valid};
 use super::row_format::{
     dispatch, each_block, value, Affine, BlockBody, Cols, OnRows, RowFormat, Sink,
 };
-use super::tuning::{prefetch_ahead, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES, TASK_BYTES};
+use super::tuning::{prefetch_ahead, PREFETCH_MIN_TABLE_BYTES};
 use crate::error::{EmbeddingError, Operand};
 use crate::formats::{Data, TableRef};
 use crate::index::{Index, ValidIds};
-use crate::parallel::{for_each_chunk, in_pool, Parallelism};
+use crate::parallel::{in_pool, Parallelism};
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::prefetch::{self, L2};
 use crate::simd::{Body, Isa, Lanes, LANES};
@@ -105,14 +105,7 @@ impl<I: Index> OnRows for Lookup<'_, '_, I> {
             let ids = ids.slice(first..first + out.len() / dim);
             isa.run(LookupTask { table, ids, out });
         };
-        let rows_per_task = (TASK_BYTES / (dim * 4)).max(1);
-        let bytes = core::mem::size_of_val(out);
-        for_each_chunk(
-            par.plan(bytes, PARALLEL_MIN_BYTES),
-            out,
-            rows_per_task * dim,
-            |k, out| task(k * rows_per_task, out),
-        );
+        for_each_row_block(par, out, dim, dim * 4, task);
     }
 }
 
@@ -260,13 +253,6 @@ pub fn gather_half_with<H: Half, I: Index>(
             dst.copy_from_slice(&table[r * dim..(r + 1) * dim]);
         }
     };
-    let rows_per_task = (TASK_BYTES / row_bytes).max(1);
-    let bytes = core::mem::size_of_val(out);
-    for_each_chunk(
-        par.plan(bytes, PARALLEL_MIN_BYTES),
-        out,
-        rows_per_task * dim,
-        |k, out| copy(k * rows_per_task, out),
-    );
+    for_each_row_block(par, out, dim, row_bytes, copy);
     Ok(())
 }
