@@ -474,7 +474,7 @@ impl Embedding {
         }
         let len = rows_len(ids.len(), self.embedding_dim)?;
         check_len(Operand::Output, len, out.len())?;
-        let valid = ValidIds::new(ids, self.num_embeddings)?;
+        let valid = ValidIds::new_with(self.parallelism, ids, self.num_embeddings)?;
         gather_valid(
             self.parallelism,
             &self.weight,

@@ -118,6 +118,24 @@ const CHECK_PARALLEL_MIN_BYTES: usize = 1 << 20;
 /// (512 KiB of `i64`s).
 const CHECK_TASK_BLOCKS: usize = 64;
 
+/// The number of the first block of [`CHECK_BLOCK`] ids that holds an id
+/// whose key is `bound` or more, by one scan or, when
+/// [`ValidIds::splits`], by tasks of [`CHECK_TASK_BLOCKS`] blocks on the
+/// pool (the least of their first bad blocks: the same answer).
+fn first_bad_block<I: Index>(par: Parallelism, ids: &[I], bound: u64) -> Option<usize> {
+    let isa = Isa::detect();
+    if !ValidIds::splits(par, ids) {
+        return isa.run(FirstBadBlock { ids, bound });
+    }
+    ids.par_chunks(CHECK_TASK_BLOCKS * CHECK_BLOCK)
+        .enumerate()
+        .filter_map(|(task, ids)| {
+            let block = isa.run(FirstBadBlock { ids, bound })?;
+            Some(task * CHECK_TASK_BLOCKS + block)
+        })
+        .min()
+}
+
 /// The scan of [`ValidIds::new`]: the number of the first block of
 /// [`CHECK_BLOCK`] ids that holds an id whose key is `bound` or more.
 /// Compiled for the widest instruction set, like the kernels: the baseline
@@ -156,30 +174,16 @@ impl<'a, I: Index> ValidIds<'a, I> {
 
     /// [`new`](Self::new), the scan split across the rayon pool when `par`
     /// would hand a call of the ids' bytes to it (under `Auto`, from
-    /// [`CHECK_PARALLEL_MIN_BYTES`] of ids): a call that large is split
-    /// next anyway, and a serial scan would keep the other threads waiting.
+    /// [`CHECK_PARALLEL_MIN_BYTES`] of ids): a call with that many ids is
+    /// usually split next (its output or rows read reach the kernels'
+    /// threshold), and a serial scan would keep the other threads waiting.
     pub(crate) fn new_with(
         par: Parallelism,
         ids: &'a [I],
         num_embeddings: usize,
     ) -> Result<Self, EmbeddingError> {
         let bound = num_embeddings as u64;
-        let isa = Isa::detect();
-        let split = Self::splits(par, ids);
-        let found = if split {
-            // The least block number of any task's first bad block: the
-            // same answer as the serial scan.
-            ids.par_chunks(CHECK_TASK_BLOCKS * CHECK_BLOCK)
-                .enumerate()
-                .filter_map(|(task, ids)| {
-                    let block = isa.run(FirstBadBlock { ids, bound })?;
-                    Some(task * CHECK_TASK_BLOCKS + block)
-                })
-                .min()
-        } else {
-            isa.run(FirstBadBlock { ids, bound })
-        };
-        if let Some(block_no) = found {
+        if let Some(block_no) = first_bad_block(par, ids, bound) {
             // The first bad id from that block on (in it, since the scan
             // found one there).
             let start = block_no * CHECK_BLOCK;
@@ -335,6 +339,15 @@ mod tests {
                     });
                 let got = pool.install(|| ValidIds::new_with(par, &ids, 100)).err();
                 assert_eq!(got, want, "{par:?} {planted:?}");
+                // The block itself, not only the error found from it (an
+                // early block would still lead to the right id).
+                let serial = first_bad_block(Parallelism::Serial, &ids, 100);
+                let (split, block) = pool.install(|| {
+                    let split = ValidIds::splits(par, &ids);
+                    (split, first_bad_block(par, &ids, 100))
+                });
+                assert_eq!(block, serial, "{par:?} {planted:?}");
+                assert_eq!(split, par != Parallelism::Serial, "{par:?}");
             }
         }
     }

@@ -23,9 +23,13 @@ pub enum Parallelism {
     /// pay for the hand-off (each kernel's threshold is in
     /// `kernels/tuning.rs`); otherwise run on the calling thread, except
     /// that a gather, lookup or bag forward of 128 KiB or more made within
-    /// 30 µs of the previous such call (the pool still awake: a loop) is
-    /// shared between the calling thread and one pool thread. What the plain
-    /// (not `_with`) functions use.
+    /// 30 µs of the end of such a call (calls in a loop, on any thread) is
+    /// shared between the calling thread and one pool thread. A shared call
+    /// returns only once a pool thread has picked up its share (finding
+    /// nothing left to do, if the caller was faster): a caller outside the
+    /// pool that must not wait on it, say one holding a lock that the
+    /// pool's threads may be waiting for, should pass `Serial`. What the
+    /// plain (not `_with`) functions use.
     #[default]
     Auto,
 }
@@ -48,8 +52,8 @@ impl Parallelism {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Plan {
     how: How,
-    /// Whether the call's end is noted for the next call's
-    /// [`pool_awake`]: `Auto` calls that could have used threads.
+    /// Whether the call's end is noted for the next call's [`in_a_loop`]:
+    /// `Auto` calls that could have used threads.
     noted: bool,
 }
 
@@ -83,10 +87,13 @@ impl Parallelism {
     /// How a call runs. `Auto` hands it to the pool from `auto_min_bytes`
     /// of `pool_bytes` on. Below that, a call of [`SHARE_MIN_BYTES`] or
     /// more of `serial_bytes` (a measure of its time on one thread) is
-    /// shared between the caller and one pool thread when a call that ended
-    /// less than [`AWAKE_NS`] ago (on any thread) left the pool awake, and
-    /// runs on the caller otherwise, since waking a sleeping pool costs
-    /// more than such a call gains.
+    /// shared between the caller and one pool thread when a call of that
+    /// size or more ended less than [`AWAKE_NS`] ago, on any thread: calls
+    /// in a loop. The first shared call of a loop wakes the pool (the call
+    /// before it ran on its caller alone); from then on the pool thread is
+    /// still spinning from the call before. Calls further apart run on the
+    /// caller, since waking a sleeping pool costs more than such a call
+    /// gains.
     pub(crate) fn plan_sized(
         self,
         pool_bytes: usize,
@@ -101,7 +108,9 @@ impl Parallelism {
             Parallelism::Auto if pool_bytes >= auto_min_bytes => How::Pool,
             Parallelism::Auto if forced_share() => How::Shared,
             Parallelism::Auto if serial_bytes < SHARE_MIN_BYTES => How::Serial,
-            Parallelism::Auto if pool_awake() => How::Shared,
+            Parallelism::Auto if in_a_loop(now_ns(), LAST_CALL_END.load(Ordering::Relaxed)) => {
+                How::Shared
+            }
             Parallelism::Auto => How::Serial,
         };
         let noted = threads
@@ -116,10 +125,11 @@ impl Parallelism {
 /// 1 to 3 µs to start, about what one thread copies of 128 KiB.
 pub(crate) const SHARE_MIN_BYTES: usize = 128 << 10;
 
-/// How long after a call a rayon pool thread is taken to be still awake:
-/// an idle worker yields its CPU 33 times before it sleeps, which measured
-/// 40 to 80 µs on the development machine (tiny's shared gather stayed
-/// faster than one thread with 40 µs between calls and lost with 80).
+/// How soon after the end of a call the next one counts as the same loop's
+/// (and the pool thread that shared the last one as still awake): an idle
+/// rayon worker yields its CPU 33 times before it sleeps, which measured 40
+/// to 80 µs on the development machine (tiny's shared gather stayed faster
+/// than one thread with 40 µs between calls and lost with 80).
 pub(crate) const AWAKE_NS: u64 = 30_000;
 
 /// When the last call that used threads, or could have, ended: nanoseconds
@@ -139,10 +149,10 @@ fn now_ns() -> u64 {
         .max(1)
 }
 
-/// Whether a call ended less than [`AWAKE_NS`] ago.
-fn pool_awake() -> bool {
-    let last = LAST_CALL_END.load(Ordering::Relaxed);
-    last != 0 && now_ns().saturating_sub(last) < AWAKE_NS
+/// Whether a call made at `now` follows one that ended at `last_end` (0
+/// for never) within [`AWAKE_NS`].
+fn in_a_loop(now: u64, last_end: u64) -> bool {
+    last_end != 0 && now.saturating_sub(last_end) < AWAKE_NS
 }
 
 /// Runs `f(k, chunk)` over `out` as `plan` says: on the whole of it as
@@ -192,11 +202,11 @@ pub(crate) fn for_each_chunk_pair<A, B, F>(
     note_end(plan);
 }
 
-/// Runs `f` as one job of the current rayon pool when `inside` and the
-/// calling thread is none of the pool's: a call that hands the pool two
-/// pieces of work one after the other (the split id check, then the
-/// kernel) then puts its caller to sleep and wakes it once, not twice.
-/// Otherwise runs `f` here.
+/// Runs `f` as one job of the current rayon pool when `inside`, the pool
+/// has two threads or more, and the calling thread is none of the pool's:
+/// a call that hands the pool two pieces of work one after the other (the
+/// split id check, then the kernel) then puts its caller to sleep and wakes
+/// it once, not twice. Otherwise runs `f` here.
 pub(crate) fn in_pool<R: Send>(inside: bool, f: impl FnOnce() -> R + Send) -> R {
     if inside && rayon::current_thread_index().is_none() && rayon::current_num_threads() > 1 {
         rayon::scope(|_| f())
@@ -206,7 +216,7 @@ pub(crate) fn in_pool<R: Send>(inside: bool, f: impl FnOnce() -> R + Send) -> R 
 }
 
 /// Records the end of a call the plan notes, for the next call's
-/// [`pool_awake`].
+/// [`in_a_loop`].
 fn note_end(plan: Plan) {
     if plan.noted {
         LAST_CALL_END.store(now_ns(), Ordering::Relaxed);
@@ -276,12 +286,16 @@ where
     let helper_done = AtomicBool::new(false);
     let run = |from_front: bool| {
         while let Some(k) = ends.claim(from_front) {
-            let task = slots
-                .get(k)
-                .and_then(|slot| slot.lock().unwrap_or_else(PoisonError::into_inner).take());
-            if let Some(task) = task {
-                f(k, task);
-            }
+            // `Ends` hands out each of `0..count` once, so the slot exists
+            // and still holds its task. The callers rely on every task
+            // running (`gather_fresh` marks its output written), so a
+            // missing one is a bug to stop at, never a task to skip.
+            let task = slots[k]
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take()
+                .expect("each task is claimed once");
+            f(k, task);
         }
     };
     rayon::in_place_scope(|scope| {
@@ -308,10 +322,10 @@ where
 const HELPER_SPIN: Duration = Duration::from_micros(50);
 
 /// The two ends of a task list, in one atomic: the next task from the front
-/// in the low 32 bits, one past the next task from the back in the high
-/// 32, and whether the back has claimed anything in the top bit of the
-/// low half. Lists of 2^31 tasks or more are not built here: a task holds
-/// kilobytes.
+/// in the low 31 bits, whether the back has claimed anything in bit 31, and
+/// one past the next task from the back in the high 32 bits. Lists of
+/// [`FRONT_MASK`] tasks or more (2^31 - 1) are run by rayon instead
+/// (`share`).
 struct Ends(AtomicU64);
 
 const BACK_STARTED: u64 = 1 << 31;
@@ -445,6 +459,57 @@ mod tests {
         });
     }
 
+    #[test]
+    fn a_call_within_the_window_counts_as_the_same_loop() {
+        let end = 5_000_000;
+        assert!(!in_a_loop(end, 0), "no call yet");
+        assert!(in_a_loop(end, end));
+        assert!(in_a_loop(end + AWAKE_NS - 1, end));
+        assert!(!in_a_loop(end + AWAKE_NS, end));
+        assert!(!in_a_loop(end + 10 * AWAKE_NS, end));
+        // Another thread's call may end after this one began.
+        assert!(in_a_loop(end, end + 1));
+    }
+
+    #[test]
+    fn large_calls_from_outside_the_pool_give_the_serial_bits() {
+        // 1 MiB of ids or more: the check splits and the call runs as one
+        // job of the global pool (when it has two threads).
+        let (dim, n) = (3, 150_000);
+        let (table, mut ids) = case(1000, dim, n, 11);
+        assert!(
+            crate::index::ValidIds::splits(Parallelism::Auto, &ids)
+                || rayon::current_num_threads() < 2
+        );
+        let mut want = vec![f32::NAN; n * dim];
+        crate::gather_with(Parallelism::Serial, &table, dim, &ids, &mut want).expect("gather");
+        let mut got = vec![f32::NAN; n * dim];
+        crate::gather_with(Parallelism::Auto, &table, dim, &ids, &mut got).expect("gather");
+        assert_eq!(bits(&got), bits(&want));
+        let bags = Bags::fixed(n / 10, 10).expect("bags");
+        let pooling = Pooling::default();
+        let bag = |par, out: &mut [f32]| {
+            crate::bag_forward_with(par, &table, dim, &ids, &bags, &pooling, out, &mut [])
+        };
+        let (mut want, mut got) = (vec![f32::NAN; n / 10 * dim], vec![f32::NAN; n / 10 * dim]);
+        bag(Parallelism::Serial, &mut want).expect("bag");
+        bag(Parallelism::Auto, &mut got).expect("bag");
+        assert_eq!(bits(&got), bits(&want));
+        // A bad id in the last task: the same error, and nothing written.
+        ids[n - 2] = 1000;
+        let mut out = vec![f32::NAN; n * dim];
+        let err = crate::gather_with(Parallelism::Auto, &table, dim, &ids, &mut out);
+        assert_eq!(
+            err,
+            Err(crate::EmbeddingError::IndexOutOfRange {
+                position: n - 2,
+                index: 1000,
+                num_embeddings: 1000
+            })
+        );
+        assert!(out.iter().all(|x| x.is_nan()));
+    }
+
     fn bits(v: &[f32]) -> Vec<u32> {
         v.iter().map(|x| x.to_bits()).collect()
     }
@@ -498,7 +563,16 @@ mod tests {
                 bag(Parallelism::Serial, mode, &mut out, &mut at[..at_len]);
                 want_bags.push((mode, out, at));
             }
+            // From the test's own thread, outside every pool, the call
+            // shares with the global pool, which must have two threads.
+            let outside_too = rayon::current_num_threads() > 1;
+            if !outside_too {
+                eprintln!("the global pool has one thread: shared calls tested inside a pool only");
+            }
             for outside in [true, false] {
+                if outside && !outside_too {
+                    continue;
+                }
                 let run = || {
                     with_forced_share(|| {
                         let mut out = vec![f32::NAN; n * dim];

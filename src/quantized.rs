@@ -361,7 +361,7 @@ impl QuantizedEmbedding {
     ) -> Result<Embedded, EmbeddingError> {
         check_shape(ids.len(), shape)?;
         let len = rows_len(ids.len(), self.embedding_dim())?;
-        ValidIds::new(ids, self.num_embeddings())?;
+        ValidIds::new_with(self.parallelism, ids, self.num_embeddings())?;
         let mut values = crate::memory::zeroed_floats(len, "output")?;
         let mut shape_out = crate::buffer::with_capacity(shape.len() + 1, "output")?;
         shape_out.extend_from_slice(shape);
