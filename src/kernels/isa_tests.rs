@@ -52,7 +52,7 @@ fn same_on_every_isa(what: &str, run: impl Fn() -> Vec<Vec<f32>>) {
     }
 }
 
-const DIMS: [usize; 12] = [1, 3, 7, 8, 9, 16, 17, 31, 33, 64, 130, 385];
+const DIMS: [usize; 16] = [1, 3, 7, 8, 9, 15, 16, 17, 24, 31, 33, 47, 64, 130, 257, 385];
 
 #[test]
 fn lookups_and_scatters_agree_on_every_isa() {

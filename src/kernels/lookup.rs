@@ -28,7 +28,7 @@ use crate::index::{Index, ValidIds};
 use crate::parallel::{in_pool, Parallelism};
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::prefetch::{self, L2};
-use crate::simd::{Body, Isa, Lanes, LANES};
+use crate::simd::{Body, Isa, Lanes, MAX_LANES};
 
 /// `out[i, :]` = row `ids[i]` of `table` as `f32`s, for every `i`:
 /// [`table_gather_with`] with [`Parallelism::Auto`].
@@ -158,33 +158,32 @@ impl<T: RowFormat> BlockBody for DecodeRow<'_, T> {
     fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize {
         let affine = Affine::<V>::of(self.table.affine::<V>(self.r));
         if cols.is_whole() {
-            let dst = &mut self.dst[cols.start..cols.start + N * LANES];
-            let (out, _) = dst.as_chunks_mut::<LANES>();
+            let out = &mut self.dst[cols.start..cols.start + N * V::WIDTH];
             self.table.decode(self.r, cols, &mut Store { out, affine });
         } else {
-            let mut buf = [[0.0f32; LANES]; 1];
+            let mut buf = [0.0f32; MAX_LANES];
             let mut sink = Store {
                 out: &mut buf,
                 affine,
             };
             self.table.decode(self.r, cols, &mut sink);
             let dst = &mut self.dst[cols.start..cols.start + cols.width];
-            dst.copy_from_slice(&buf[0][..cols.width]);
+            dst.copy_from_slice(&buf[..cols.width]);
         }
         1
     }
 }
 
-/// `out[j]` = the values of vector `j`.
+/// Vector `j`'s values to `out`'s `j`-th `V::WIDTH` values.
 struct Store<'a, V> {
-    out: &'a mut [[f32; LANES]],
+    out: &'a mut [f32],
     affine: Option<Affine<V>>,
 }
 
 impl<V: Lanes> Sink<V> for Store<'_, V> {
     #[inline(always)]
     fn take(&mut self, j: usize, lanes: V) {
-        value(lanes, self.affine).store(&mut self.out[j]);
+        value(lanes, self.affine).store(&mut self.out[j * V::WIDTH..]);
     }
 
     #[inline(always)]

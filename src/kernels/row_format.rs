@@ -2,7 +2,7 @@
 //! lookup and the bags are written over, so each of their bodies exists
 //! once for every format and every instruction set.
 //!
-//! | type | a row | a block of 8 columns becomes |
+//! | type | a row | a vector's columns (8 or 16) become |
 //! | --- | --- | --- |
 //! | [`PlainRows`] of `f32` | `dim` `f32`s | a load |
 //! | [`PlainRows`] of `f16` or `bf16` | `dim` halves | [`Lanes::from_f16`] / [`Lanes::from_bf16`] |
@@ -13,22 +13,26 @@
 //! `fma(q, scale, bias)` ([`value`]), as PyTorch reads it back, and the
 //! sums apply FBGEMM's rule to the levels directly.
 //!
+//! Widths are counted in the lane type's vectors, `V::WIDTH` columns each
+//! (8 with AVX, 16 with AVX-512): a column block of `N` vectors is
+//! `N·V::WIDTH` columns.
+//!
 //! A block is handed over a vector at a time ([`RowFormat::decode`] into a
 //! [`Sink`]), not returned whole: a sum keeps sixteen accumulators in the
-//! sixteen AVX registers, and a whole decoded block beside them would not
-//! fit: it would spill to the stack.
+//! sixteen registers, and a whole decoded block beside them would not fit:
+//! it would spill to the stack.
 //!
 //! No closure touches a lane here (no `array::from_fn`, no `map`): a
 //! closure is compiled apart from the wrapper that enables AVX, and would
 //! call each instruction out of line.
 //!
 //! A row is read as column blocks of `N` vectors ([`Cols`]): the ladder of
-//! [`each_block`] (16 or 8 vectors, then 8, 4, 2, 1, then the last `dim % 8`
-//! columns zero-padded into one vector).
+//! [`each_block`] (16 or 8 vectors, then 8, 4, 2, 1, then the last
+//! `dim % V::WIDTH` columns zero-padded into one vector).
 
 use crate::formats::{Data, PackedTable, RowWise, TableRef};
 use crate::simd::prefetch::{self, L2};
-use crate::simd::{Lanes, LANES};
+use crate::simd::{Lanes, MAX_LANES};
 use core::mem::MaybeUninit;
 
 /// A table whose rows read as `f32` lanes, a column block at a time: an
@@ -59,8 +63,8 @@ pub(crate) trait RowFormat: Copy + Sync {
     /// vectors: nothing, but for 4-bit rows.
     #[inline(always)]
     fn in_column_order<V: Lanes, const N: usize>(&self, _lanes: &mut [V; N]) {}
-    /// Hints for block `cols` of row `r`.
-    fn prefetch_block<const N: usize>(&self, r: usize, cols: Cols<N>);
+    /// Hints for block `cols` of row `r`, `N` vectors of `V`.
+    fn prefetch_block<V: Lanes, const N: usize>(&self, r: usize, cols: Cols<N>);
     /// Hints for all of row `r`.
     fn prefetch_row(&self, r: usize);
 }
@@ -115,47 +119,47 @@ pub(crate) fn value<V: Lanes>(lanes: V, affine: Option<Affine<V>>) -> V {
 }
 
 /// A column block: `width` columns from `start`, read as `N` vectors. A
-/// whole block has `width == N·8`; the last `dim % 8` columns of a row are
-/// a block of one vector, zero-padded.
+/// whole block has `width == N·V::WIDTH`; the last `dim % V::WIDTH`
+/// columns of a row are a block of one vector, zero-padded.
 #[derive(Clone, Copy)]
 pub(crate) struct Cols<const N: usize> {
     pub(crate) start: usize,
     pub(crate) width: usize,
+    /// Whether the block fills its `N` vectors.
+    whole: bool,
 }
 
 impl<const N: usize> Cols<N> {
-    /// The `N·8` columns from `start`.
+    /// The `N·V::WIDTH` columns from `start`.
     #[inline(always)]
-    pub(crate) fn whole(start: usize) -> Self {
+    pub(crate) fn whole<V: Lanes>(start: usize) -> Self {
         Cols {
             start,
-            width: N * LANES,
+            width: N * V::WIDTH,
+            whole: true,
         }
     }
 
-    /// Whether the block fills its `N` vectors.
+    /// Whether the block fills its `N` vectors (else it is a row's last
+    /// few columns, one vector).
     #[inline(always)]
     pub(crate) fn is_whole(self) -> bool {
-        self.width == N * LANES
+        self.whole
     }
 
-    /// Writes the block's `N` vectors to its columns of `dst`, a row.
+    /// Writes the block's `N` vectors of `V` to its columns of `dst`, a row.
     #[inline(always)]
     pub(crate) fn store<V: Lanes, S: Slot>(self, lanes: [V; N], dst: &mut [S]) {
         let dst = &mut dst[self.start..self.start + self.width];
+        let mut values = [0.0f32; MAX_LANES];
         if self.is_whole() {
-            let (out, _) = dst.as_chunks_mut::<LANES>();
-            for (o, v) in out.iter_mut().zip(lanes) {
-                let mut values = [0.0f32; LANES];
+            for (o, v) in dst.chunks_exact_mut(V::WIDTH).zip(lanes) {
                 v.store(&mut values);
-                S::put(o, &values);
+                S::put(o, &values[..V::WIDTH]);
             }
         } else {
-            let mut buf = [[0.0f32; LANES]; N];
-            for (o, v) in buf.iter_mut().zip(lanes) {
-                v.store(o);
-            }
-            S::put(dst, &buf.as_flattened()[..self.width]);
+            lanes[0].store(&mut values);
+            S::put(dst, &values[..self.width]);
         }
     }
 }
@@ -200,11 +204,16 @@ impl Slot for MaybeUninit<f32> {
 }
 
 impl Cols<1> {
-    /// The last `width` (< 8) columns of a row, from `start`.
+    /// The last `width` (fewer than a vector's) columns of a row, from
+    /// `start`.
     #[inline(always)]
     pub(crate) fn tail(start: usize, width: usize) -> Self {
-        debug_assert!(width < LANES);
-        Cols { start, width }
+        debug_assert!(width < MAX_LANES);
+        Cols {
+            start,
+            width,
+            whole: false,
+        }
     }
 }
 
@@ -217,34 +226,35 @@ pub(crate) trait BlockBody {
 
 /// Runs `body` on every column block of a row of `dim` values: blocks of
 /// `widest` vectors (16 or 8), then one block each of the smaller sizes that
-/// fit (8, 4, 2, 1 vectors), then the last `dim % 8` columns. Returns the
-/// count of the last block.
+/// fit (8, 4, 2, 1 vectors), then the last `dim % V::WIDTH` columns.
+/// Returns the count of the last block.
 #[inline(always)]
 pub(crate) fn each_block<V: Lanes, B: BlockBody>(dim: usize, widest: usize, body: &mut B) -> usize {
     let (mut kept, mut c) = (0, 0);
+    let w = V::WIDTH;
     if widest >= 16 {
-        while c + 16 * LANES <= dim {
-            kept = body.block::<V, 16>(Cols::whole(c));
-            c += 16 * LANES;
+        while c + 16 * w <= dim {
+            kept = body.block::<V, 16>(Cols::whole::<V>(c));
+            c += 16 * w;
         }
     }
     if widest >= 8 {
-        while c + 8 * LANES <= dim {
-            kept = body.block::<V, 8>(Cols::whole(c));
-            c += 8 * LANES;
+        while c + 8 * w <= dim {
+            kept = body.block::<V, 8>(Cols::whole::<V>(c));
+            c += 8 * w;
         }
     }
-    while c + 4 * LANES <= dim {
-        kept = body.block::<V, 4>(Cols::whole(c));
-        c += 4 * LANES;
+    while c + 4 * w <= dim {
+        kept = body.block::<V, 4>(Cols::whole::<V>(c));
+        c += 4 * w;
     }
-    if c + 2 * LANES <= dim {
-        kept = body.block::<V, 2>(Cols::whole(c));
-        c += 2 * LANES;
+    if c + 2 * w <= dim {
+        kept = body.block::<V, 2>(Cols::whole::<V>(c));
+        c += 2 * w;
     }
-    if c + LANES <= dim {
-        kept = body.block::<V, 1>(Cols::whole(c));
-        c += LANES;
+    if c + w <= dim {
+        kept = body.block::<V, 1>(Cols::whole::<V>(c));
+        c += w;
     }
     if c < dim {
         kept = body.block::<V, 1>(Cols::tail(c, dim - c));
@@ -252,31 +262,31 @@ pub(crate) fn each_block<V: Lanes, B: BlockBody>(dim: usize, widest: usize, body
     kept
 }
 
-/// A value a table holds as it is, eight of which become lanes: `f32`,
-/// `f16` or `bf16`.
+/// A value a table holds as it is, a vector's worth of which become lanes:
+/// `f32`, `f16` or `bf16`.
 pub(crate) trait Element: Copy + Default + Sync {
-    /// Eight values as lanes, exactly.
-    fn lanes<V: Lanes>(values: &[Self; LANES]) -> V;
+    /// The first `V::WIDTH` of `values` as lanes, exactly.
+    fn lanes<V: Lanes>(values: &[Self]) -> V;
 }
 
 impl Element for f32 {
     #[inline(always)]
-    fn lanes<V: Lanes>(values: &[f32; LANES]) -> V {
+    fn lanes<V: Lanes>(values: &[f32]) -> V {
         V::load(values)
     }
 }
 
 impl Element for half::f16 {
     #[inline(always)]
-    fn lanes<V: Lanes>(values: &[half::f16; LANES]) -> V {
-        V::from_f16(bytemuck::cast(*values))
+    fn lanes<V: Lanes>(values: &[half::f16]) -> V {
+        V::from_f16(bytemuck::cast_slice(values))
     }
 }
 
 impl Element for half::bf16 {
     #[inline(always)]
-    fn lanes<V: Lanes>(values: &[half::bf16; LANES]) -> V {
-        V::from_bf16(bytemuck::cast(*values))
+    fn lanes<V: Lanes>(values: &[half::bf16]) -> V {
+        V::from_bf16(bytemuck::cast_slice(values))
     }
 }
 
@@ -314,23 +324,23 @@ impl<E: Element> RowFormat for PlainRows<'_, E> {
     fn decode<V: Lanes, const N: usize, S: Sink<V>>(&self, r: usize, cols: Cols<N>, sink: &mut S) {
         let at = r * self.dim + cols.start;
         if cols.is_whole() {
-            let (block, _) = self.table[at..at + N * LANES].as_chunks::<LANES>();
-            for (j, x) in block.iter().enumerate() {
+            let block = &self.table[at..at + N * V::WIDTH];
+            for (j, x) in block.chunks_exact(V::WIDTH).enumerate() {
                 sink.take(j, E::lanes(x));
             }
         } else {
-            let mut buf = [E::default(); LANES];
+            let mut buf = [E::default(); MAX_LANES];
             buf[..cols.width].copy_from_slice(&self.table[at..at + cols.width]);
             sink.take(0, E::lanes(&buf));
         }
     }
 
     #[inline(always)]
-    fn prefetch_block<const N: usize>(&self, r: usize, cols: Cols<N>) {
+    fn prefetch_block<V: Lanes, const N: usize>(&self, r: usize, cols: Cols<N>) {
         let size = core::mem::size_of::<E>();
         let at = (r * self.dim + cols.start) * size;
         let base = self.table.as_ptr().cast();
-        prefetch::bag_block(base, at, N * LANES * size, self.dim * size);
+        prefetch::bag_block(base, at, N * V::WIDTH * size, self.dim * size);
     }
 
     #[inline(always)]
@@ -356,8 +366,6 @@ pub(crate) struct Packed<'a, const BITS: u32> {
 impl<'a, const BITS: u32> Packed<'a, BITS> {
     /// Values per byte.
     const PER_BYTE: usize = 8 / BITS as usize;
-    /// Code bytes per vector of eight values.
-    const VECTOR_BYTES: usize = LANES / Self::PER_BYTE;
     /// Bytes of the scale and bias after a row's codes: two `f32`s after
     /// 8-bit codes, two `f16`s after 4- and 2-bit ones.
     const AFFINE_BYTES: usize = if BITS == 8 { 8 } else { 4 };
@@ -374,20 +382,26 @@ impl<'a, const BITS: u32> Packed<'a, BITS> {
         }
     }
 
-    /// The levels of the last (fewer than eight) values of a row, from its
-    /// last code bytes, the missing ones read as zeros.
+    /// Code bytes per vector of `V`.
+    #[inline(always)]
+    fn vector_bytes<V: Lanes>() -> usize {
+        V::WIDTH / Self::PER_BYTE
+    }
+
+    /// The levels of a vector of `V` from `codes`, its code bytes (fewer at
+    /// a row's end: the missing ones read as zeros).
     #[inline(always)]
     fn levels<V: Lanes>(codes: &[u8]) -> V {
         if BITS == 8 {
-            let mut bytes = [0u8; LANES];
-            let n = codes.len().min(LANES);
+            let mut bytes = [0u8; MAX_LANES];
+            let n = codes.len().min(V::WIDTH);
             bytes[..n].copy_from_slice(&codes[..n]);
-            V::from_u8(bytes)
+            V::from_u8(&bytes)
         } else {
-            let mut word = [0u8; 4];
-            let n = codes.len().min(Self::VECTOR_BYTES);
+            let mut word = [0u8; 8];
+            let n = codes.len().min(Self::vector_bytes::<V>());
             word[..n].copy_from_slice(&codes[..n]);
-            V::from_packed::<BITS>(u32::from_le_bytes(word))
+            V::from_packed::<BITS>(u64::from_le_bytes(word))
         }
     }
 
@@ -409,9 +423,11 @@ impl<'a, const BITS: u32> Packed<'a, BITS> {
                 u16::from_le_bytes([s[0], s[1]]),
                 u16::from_le_bytes([b[0], b[1]]),
             ];
-            let mut both = [0.0; LANES];
-            V::from_f16([halves[0], halves[1], 0, 0, 0, 0, 0, 0]).store(&mut both);
-            (both[0], both[1])
+            let mut both = [0u16; MAX_LANES];
+            both[..2].copy_from_slice(&halves);
+            let mut values = [0.0; MAX_LANES];
+            V::from_f16(&both).store(&mut values);
+            (values[0], values[1])
         }
     }
 }
@@ -446,31 +462,33 @@ impl<const BITS: u32> RowFormat for Packed<'_, BITS> {
         // Blocks start at multiples of 8 columns, so at whole bytes.
         let first = cols.start / Self::PER_BYTE;
         if cols.is_whole() {
-            // One fixed-size load per vector: 8, 4 or 2 bytes of codes.
-            let block = &codes[first..first + N * Self::VECTOR_BYTES];
+            // One fixed-size load per vector: `WIDTH`, `WIDTH / 2` or
+            // `WIDTH / 4` bytes of codes.
+            let vector = Self::vector_bytes::<V>();
+            let block = &codes[first..first + N * vector];
             match BITS {
                 8 => {
-                    for (j, bytes) in block.as_chunks::<8>().0.iter().enumerate() {
-                        sink.take(j, V::from_u8(*bytes));
+                    for (j, bytes) in block.chunks_exact(vector).enumerate() {
+                        sink.take(j, V::from_u8(bytes));
                     }
                 }
                 4 => {
-                    // Two vectors per eight bytes, dealt out by column
+                    // Two vectors per `WIDTH` bytes, dealt out by column
                     // parity (`in_column_order` undoes it once per block);
-                    // an odd last vector from its four bytes.
-                    let (pairs, rest) = block.as_chunks::<8>();
-                    for (k, bytes) in pairs.iter().enumerate() {
-                        let (even, odd) = V::from_nibble_pairs(*bytes);
+                    // an odd last vector from its `WIDTH / 2` bytes.
+                    let pairs = block.chunks_exact(2 * vector);
+                    let rest = pairs.remainder();
+                    for (k, bytes) in pairs.enumerate() {
+                        let (even, odd) = V::from_nibble_pairs(bytes);
                         sink.take_pair(2 * k, even, odd);
                     }
-                    if let Ok(word) = <[u8; 4]>::try_from(rest) {
-                        sink.take(N - 1, V::from_packed::<BITS>(u32::from_le_bytes(word)));
+                    if !rest.is_empty() {
+                        sink.take(N - 1, Self::levels(rest));
                     }
                 }
                 _ => {
-                    for (j, word) in block.as_chunks::<2>().0.iter().enumerate() {
-                        let word = u32::from(u16::from_le_bytes(*word));
-                        sink.take(j, V::from_packed::<BITS>(word));
+                    for (j, bytes) in block.chunks_exact(vector).enumerate() {
+                        sink.take(j, Self::levels(bytes));
                     }
                 }
             }
@@ -491,7 +509,7 @@ impl<const BITS: u32> RowFormat for Packed<'_, BITS> {
     }
 
     #[inline(always)]
-    fn prefetch_block<const N: usize>(&self, r: usize, cols: Cols<N>) {
+    fn prefetch_block<V: Lanes, const N: usize>(&self, r: usize, cols: Cols<N>) {
         // The block's codes (a whole block's worth, even for a row's last
         // few columns: a hint past them is only a wasted fetch), then the
         // scale and bias at the row's end; both counted at compile time.
@@ -499,7 +517,7 @@ impl<const BITS: u32> RowFormat for Packed<'_, BITS> {
         let base = self.bytes.as_ptr();
         let codes = at + cols.start / Self::PER_BYTE;
         let row = self.row_bytes;
-        prefetch::bag_block(base, codes, N * Self::VECTOR_BYTES, row);
+        prefetch::bag_block(base, codes, N * Self::vector_bytes::<V>(), row);
         prefetch::bag_block(base, at + self.code_bytes, Self::AFFINE_BYTES, row);
     }
 

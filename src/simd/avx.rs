@@ -8,28 +8,35 @@
 //! | `Level::Avx` | `avx` | 256-bit loads, adds, multiplies, compares |
 //! | `Level::Fma` | `avx,fma` | the fused multiply-add as one instruction |
 //! | `Level::Avx2` | `avx,avx2,fma,f16c` | packed tables decoded in registers: bytes widened (`vpmovzxbd`), nibbles shifted apart (`vpsrlvd`), `f16` converted (`vcvtph2ps`) |
-//! | `Level::Avx512` | `Avx2`'s and `avx512f,avx512vl` | the same 256-bit instructions, with 32 registers instead of 16: wider column blocks, and no accumulator spilled beside a decode's temporaries |
+//! | `Level::Avx512` | `Avx2`'s and `avx512f` | sixteen lanes of a 512-bit register ([`Avx512`]): half the instructions a row, and 32 registers, so no accumulator is spilled beside a decode's temporaries |
 //!
-//! Below `Avx2` the decoders widen each value on its own, then load the
-//! eight as a vector: the same numbers (every decode is exact), more
-//! instructions.
+//! The first three levels share one lane type, [`Avx256`], eight lanes of a
+//! `__m256`. Below `Avx2` its decoders widen each value on its own, then
+//! load the eight as a vector: the same numbers (every decode is exact),
+//! more instructions.
 //!
-//! Soundness rests on one rule: the lane type, [`Avx256`], is private to
-//! this file, and the only code that names it is [`run`], which takes an
-//! [`Avx`], a proof that the CPU has the level's features. So every
-//! instruction below runs on a CPU that has it, though the trait's methods
-//! are safe.
+//! Soundness rests on one rule: the lane types, [`Avx256`] and [`Avx512`],
+//! are private to this file, and the only code that names them is [`run`],
+//! which takes an [`Avx`], a proof that the CPU has the level's features.
+//! So every instruction below runs on a CPU that has it, though the trait's
+//! methods are safe.
 
 #![cfg(target_arch = "x86_64")]
 #![allow(unsafe_code)]
 
-use super::{Body, Lanes, LANES};
+use super::{first_eight, Body, Lanes, EIGHT};
 use core::arch::x86_64::{
-    __m128i, __m256, _mm256_add_ps, _mm256_and_si256, _mm256_blendv_ps, _mm256_castsi256_ps,
-    _mm256_cmp_ps, _mm256_cvtepi32_ps, _mm256_cvtepu16_epi32, _mm256_cvtepu8_epi32,
-    _mm256_cvtph_ps, _mm256_div_ps, _mm256_fmadd_ps, _mm256_mul_ps, _mm256_permute2f128_ps,
-    _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_epi32, _mm256_slli_epi32, _mm256_srli_epi32,
-    _mm256_srlv_epi32, _mm256_stream_ps, _mm256_unpackhi_ps, _mm256_unpacklo_ps, _CMP_GT_OQ,
+    __m128i, __m256, __m256i, __m512, _mm256_add_ps, _mm256_and_si256, _mm256_blendv_ps,
+    _mm256_castsi256_ps, _mm256_cmp_ps, _mm256_cvtepi32_ps, _mm256_cvtepu16_epi32,
+    _mm256_cvtepu8_epi32, _mm256_cvtph_ps, _mm256_div_ps, _mm256_fmadd_ps, _mm256_mul_ps,
+    _mm256_permute2f128_ps, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_epi32,
+    _mm256_slli_epi32, _mm256_srli_epi32, _mm256_srlv_epi32, _mm256_stream_ps, _mm256_unpackhi_ps,
+    _mm256_unpacklo_ps, _mm512_add_ps, _mm512_and_si512, _mm512_castps_si512,
+    _mm512_castsi256_si512, _mm512_castsi512_ps, _mm512_cmp_ps_mask, _mm512_cvtepi32_ps,
+    _mm512_cvtepu16_epi32, _mm512_cvtepu8_epi32, _mm512_cvtph_ps, _mm512_div_ps, _mm512_fmadd_ps,
+    _mm512_inserti64x4, _mm512_mask_blend_ps, _mm512_maskz_mov_epi32, _mm512_mul_ps,
+    _mm512_permutex2var_ps, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setr_epi32,
+    _mm512_slli_epi32, _mm512_srli_epi32, _mm512_srlv_epi32, _mm512_test_epi32_mask, _CMP_GT_OQ,
 };
 
 /// What an [`Avx`] proves the CPU has.
@@ -41,8 +48,7 @@ pub(crate) enum Level {
     Fma,
     /// AVX, AVX2, FMA and F16C (every x86-64 CPU with AVX2 so far).
     Avx2,
-    /// `Avx2`'s features, AVX-512F and AVX-512VL: the 256-bit instructions
-    /// encoded so that they reach 32 registers.
+    /// `Avx2`'s features and AVX-512F: sixteen lanes, 32 registers.
     Avx512,
 }
 
@@ -62,7 +68,7 @@ impl Avx {
             return None;
         }
         let avx2 = has!("avx2") && has!("fma") && has!("f16c");
-        let level = if avx2 && has!("avx512f") && has!("avx512vl") {
+        let level = if avx2 && has!("avx512f") {
             Level::Avx512
         } else if avx2 {
             Level::Avx2
@@ -82,8 +88,8 @@ impl Avx {
     }
 }
 
-/// Runs `body` with 256-bit lanes, compiled with the features of the
-/// proof's level.
+/// Runs `body` with the lanes of the proof's level, compiled with that
+/// level's features.
 #[inline(always)]
 pub(super) fn run<B: Body>(proof: Avx, body: B) -> B::Output {
     match proof.level {
@@ -117,21 +123,19 @@ fn run_avx2<B: Body>(body: B) -> B::Output {
     body.run::<Avx256<AVX2>>()
 }
 
-/// [`run_avx2`] with AVX-512F and AVX-512VL: the same instructions, which
-/// the compiler may now give any of 32 registers.
-#[target_feature(enable = "avx,avx2,fma,f16c,avx512f,avx512vl")]
+/// [`run_avx2`]'s features and AVX-512F, with sixteen lanes a vector.
+#[target_feature(enable = "avx,avx2,fma,f16c,avx512f")]
 fn run_avx512<B: Body>(body: B) -> B::Output {
-    body.run::<Avx256<AVX512>>()
+    body.run::<Avx512>()
 }
 
-/// [`Level`]s as the lane type's parameter.
+/// [`Level`]s as the 256-bit lane type's parameter.
 const AVX: u8 = 0;
 const FMA: u8 = 1;
 const AVX2: u8 = 2;
-const AVX512: u8 = 3;
 
 /// One 256-bit register of eight `f32`s, on a CPU at level `L` (one of
-/// [`AVX`], [`FMA`], [`AVX2`], [`AVX512`]). Private: see the module notes.
+/// [`AVX`], [`FMA`], [`AVX2`]). Private: see the module notes.
 #[derive(Clone, Copy)]
 #[repr(transparent)]
 struct Avx256<const L: u8>(__m256);
@@ -142,9 +146,7 @@ struct Avx256<const L: u8>(__m256);
 // `run` calls only with an `Avx` proving that level (the module notes);
 // the intrinsics touch no memory.
 impl<const L: u8> Lanes for Avx256<L> {
-    // Sixteen at every level: with 32 registers (`Level::Avx512`), blocks of
-    // 32 vectors were 5-25 % slower on 768-wide rows than blocks of 16,
-    // which then no longer spill (docs/design.md, "AVX-512VL").
+    const WIDTH: usize = EIGHT;
     const REGISTERS: usize = 16;
 
     #[inline(always)]
@@ -154,13 +156,14 @@ impl<const L: u8> Lanes for Avx256<L> {
     }
 
     #[inline(always)]
-    fn load(from: &[f32; LANES]) -> Self {
-        Avx256(bytemuck::cast(*from))
+    fn load(from: &[f32]) -> Self {
+        Avx256(bytemuck::cast(first_eight(from)))
     }
 
     #[inline(always)]
-    fn store(self, to: &mut [f32; LANES]) {
-        *to = bytemuck::cast(self.0);
+    fn store(self, to: &mut [f32]) {
+        let values: [f32; EIGHT] = bytemuck::cast(self.0);
+        to[..EIGHT].copy_from_slice(&values);
     }
 
     #[inline(always)]
@@ -208,9 +211,9 @@ impl<const L: u8> Lanes for Avx256<L> {
     }
 
     #[inline(always)]
-    fn from_u8(bytes: [u8; LANES]) -> Self {
+    fn from_u8(bytes: &[u8]) -> Self {
         if L >= AVX2 {
-            let wide: __m128i = bytemuck::cast([bytes, [0; 8]]);
+            let wide: __m128i = bytemuck::cast([first_eight(bytes), [0; 8]]);
             // SAFETY: see above the impl (AVX2 at this level).
             Avx256(unsafe { _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(wide)) })
         } else {
@@ -219,8 +222,10 @@ impl<const L: u8> Lanes for Avx256<L> {
     }
 
     #[inline(always)]
-    fn from_packed<const BITS: u32>(word: u32) -> Self {
+    fn from_packed<const BITS: u32>(word: u64) -> Self {
         if L >= AVX2 {
+            // Eight levels of at most 4 bits: the low 32 bits hold them.
+            let word = word as u32;
             let b = BITS as i32;
             // SAFETY: see above the impl (AVX2 at this level).
             Avx256(unsafe {
@@ -235,9 +240,9 @@ impl<const L: u8> Lanes for Avx256<L> {
     }
 
     #[inline(always)]
-    fn from_nibble_pairs(bytes: [u8; LANES]) -> (Self, Self) {
+    fn from_nibble_pairs(bytes: &[u8]) -> (Self, Self) {
         if L >= AVX2 {
-            let wide: __m128i = bytemuck::cast([bytes, [0; 8]]);
+            let wide: __m128i = bytemuck::cast([first_eight(bytes), [0; 8]]);
             // SAFETY: see above the impl (AVX2 at this level).
             unsafe {
                 let codes = _mm256_cvtepu8_epi32(wide);
@@ -270,9 +275,9 @@ impl<const L: u8> Lanes for Avx256<L> {
     }
 
     #[inline(always)]
-    fn from_f16(halves: [u16; LANES]) -> Self {
+    fn from_f16(halves: &[u16]) -> Self {
         if L >= AVX2 {
-            let halves: __m128i = bytemuck::cast(halves);
+            let halves: __m128i = bytemuck::cast(first_eight(halves));
             // SAFETY: see above the impl (F16C at this level).
             Avx256(unsafe { _mm256_cvtph_ps(halves) })
         } else {
@@ -281,9 +286,9 @@ impl<const L: u8> Lanes for Avx256<L> {
     }
 
     #[inline(always)]
-    fn from_bf16(halves: [u16; LANES]) -> Self {
+    fn from_bf16(halves: &[u16]) -> Self {
         if L >= AVX2 {
-            let halves: __m128i = bytemuck::cast(halves);
+            let halves: __m128i = bytemuck::cast(first_eight(halves));
             // SAFETY: see above the impl (AVX2 at this level).
             Avx256(unsafe {
                 _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(halves)))
@@ -300,13 +305,201 @@ impl<const L: u8> Lanes for Avx256<L> {
     }
 }
 
+/// One 512-bit register of sixteen `f32`s, on a CPU with AVX-512F (and the
+/// features of `Level::Avx2`). Private: see the module notes.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct Avx512(__m512);
+
+/// Lanes per [`Avx512`] vector.
+const SIXTEEN: usize = 16;
+
+/// The first sixteen values of `from`, as an array.
+#[inline(always)]
+fn first_sixteen<T: Copy>(from: &[T]) -> [T; SIXTEEN] {
+    let mut out = [from[0]; SIXTEEN];
+    out.copy_from_slice(&from[..SIXTEEN]);
+    out
+}
+
+// The SAFETY of every `unsafe` block below: the intrinsic needs AVX-512F,
+// or AVX, AVX2 or F16C, and an `Avx512` is only reachable through
+// `run_avx512`, which `run` calls only with an `Avx` proving
+// `Level::Avx512`, that is all of them (the module notes); the intrinsics
+// touch no memory.
+impl Lanes for Avx512 {
+    const WIDTH: usize = SIXTEEN;
+    // Sixteen vectors a block, as with eight lanes: 256 columns, the half of
+    // the 32 registers that leaves the rest to a decode.
+    const REGISTERS: usize = 16;
+
+    #[inline(always)]
+    fn splat(x: f32) -> Self {
+        // SAFETY: see above the impl.
+        Avx512(unsafe { _mm512_set1_ps(x) })
+    }
+
+    #[inline(always)]
+    fn load(from: &[f32]) -> Self {
+        Avx512(bytemuck::cast(first_sixteen(from)))
+    }
+
+    #[inline(always)]
+    fn store(self, to: &mut [f32]) {
+        let values: [f32; SIXTEEN] = bytemuck::cast(self.0);
+        to[..SIXTEEN].copy_from_slice(&values);
+    }
+
+    #[inline(always)]
+    fn add(self, other: Self) -> Self {
+        // SAFETY: see above the impl.
+        Avx512(unsafe { _mm512_add_ps(self.0, other.0) })
+    }
+
+    #[inline(always)]
+    fn mul(self, other: Self) -> Self {
+        // SAFETY: see above the impl.
+        Avx512(unsafe { _mm512_mul_ps(self.0, other.0) })
+    }
+
+    #[inline(always)]
+    fn div(self, other: Self) -> Self {
+        // SAFETY: see above the impl.
+        Avx512(unsafe { _mm512_div_ps(self.0, other.0) })
+    }
+
+    #[inline(always)]
+    fn mul_add(self, b: Self, c: Self) -> Self {
+        // SAFETY: see above the impl.
+        Avx512(unsafe { _mm512_fmadd_ps(self.0, b.0, c.0) })
+    }
+
+    #[inline(always)]
+    fn greater(self, other: Self) -> Self {
+        // SAFETY: see above the impl.
+        Avx512(unsafe {
+            let mask = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(self.0, other.0);
+            _mm512_castsi512_ps(_mm512_maskz_mov_epi32(mask, _mm512_set1_epi32(-1)))
+        })
+    }
+
+    #[inline(always)]
+    fn select(self, if_true: Self, if_false: Self) -> Self {
+        // SAFETY: see above the impl.
+        Avx512(unsafe {
+            // The mask's lanes are all ones or all zeros (`greater`): any
+            // set bit marks a lane.
+            let bits = _mm512_castps_si512(self.0);
+            let mask = _mm512_test_epi32_mask(bits, bits);
+            _mm512_mask_blend_ps(mask, if_false.0, if_true.0)
+        })
+    }
+
+    #[inline(always)]
+    fn from_u8(bytes: &[u8]) -> Self {
+        let bytes: __m128i = bytemuck::cast(first_sixteen(bytes));
+        // SAFETY: see above the impl.
+        Avx512(unsafe { _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes)) })
+    }
+
+    #[inline(always)]
+    fn from_packed<const BITS: u32>(word: u64) -> Self {
+        let b = BITS as i32;
+        // SAFETY: see above the impl.
+        Avx512(unsafe {
+            // Lanes 0-7 shift the low 32 bits of the word, lanes 8-15 the
+            // bits from 8·BITS on (for 2-bit levels the same word, shifted
+            // on by 16): each lane's shift stays below 32.
+            let (low, high) = (word as u32, (word >> (8 * BITS)) as u32);
+            let words = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_set1_epi32(low as i32)),
+                _mm256_set1_epi32(high as i32),
+            );
+            let shifts = _mm512_setr_epi32(
+                0,
+                b,
+                2 * b,
+                3 * b,
+                4 * b,
+                5 * b,
+                6 * b,
+                7 * b,
+                0,
+                b,
+                2 * b,
+                3 * b,
+                4 * b,
+                5 * b,
+                6 * b,
+                7 * b,
+            );
+            let mask = _mm512_set1_epi32((1 << BITS) - 1);
+            let spread = _mm512_srlv_epi32(words, shifts);
+            _mm512_cvtepi32_ps(_mm512_and_si512(spread, mask))
+        })
+    }
+
+    #[inline(always)]
+    fn from_nibble_pairs(bytes: &[u8]) -> (Self, Self) {
+        let bytes: __m128i = bytemuck::cast(first_sixteen(bytes));
+        // SAFETY: see above the impl.
+        unsafe {
+            let codes = _mm512_cvtepu8_epi32(bytes);
+            let low = _mm512_and_si512(codes, _mm512_set1_epi32(0xf));
+            let high = _mm512_srli_epi32::<4>(codes);
+            (
+                Avx512(_mm512_cvtepi32_ps(low)),
+                Avx512(_mm512_cvtepi32_ps(high)),
+            )
+        }
+    }
+
+    #[inline(always)]
+    fn interleave(even: Self, odd: Self) -> (Self, Self) {
+        // SAFETY: see above the impl.
+        unsafe {
+            // Index `i` picks lane `i` of `even`, `16 + i` lane `i` of `odd`.
+            let first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+            let second =
+                _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+            (
+                Avx512(_mm512_permutex2var_ps(even.0, first, odd.0)),
+                Avx512(_mm512_permutex2var_ps(even.0, second, odd.0)),
+            )
+        }
+    }
+
+    #[inline(always)]
+    fn from_f16(halves: &[u16]) -> Self {
+        let halves: __m256i = bytemuck::cast(first_sixteen(halves));
+        // SAFETY: see above the impl.
+        Avx512(unsafe { _mm512_cvtph_ps(halves) })
+    }
+
+    #[inline(always)]
+    fn from_bf16(halves: &[u16]) -> Self {
+        let halves: __m256i = bytemuck::cast(first_sixteen(halves));
+        // SAFETY: see above the impl.
+        Avx512(unsafe {
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(halves)))
+        })
+    }
+
+    #[inline(always)]
+    fn stream(dst: &mut [f32], src: Option<&[f32]>) {
+        // 32-byte streaming stores: a whole line is written either way.
+        // SAFETY: see above the impl (AVX at this level).
+        unsafe { stream(dst, src) }
+    }
+}
+
 /// [`Lanes::stream`] with 32-byte stores. A function of its own, compiled
 /// with AVX, so that the closure inside it is too (a closure is compiled
 /// apart from the function that calls it, and inherits only the target
 /// features of the function that defines it).
 #[target_feature(enable = "avx")]
 fn stream(dst: &mut [f32], src: Option<&[f32]>) {
-    super::stream::with::<__m256, LANES>(dst, src, |d, v| {
+    super::stream::with::<__m256, EIGHT>(dst, src, |d, v| {
         // SAFETY: `d` is a live `&mut __m256` inside `dst`, so the pointer is
         // valid for 32 bytes and 32-byte aligned (what `pod_align_to_mut`
         // hands out), as `_mm256_stream_ps` requires; AVX is enabled here.

@@ -1,18 +1,20 @@
 //! SIMD: one lane trait, two instruction sets, chosen at run time.
 //!
 //! Every kernel body that does arithmetic on rows is written once, generic
-//! over [`Lanes`] (eight `f32` lanes and the few operations the kernels
-//! need), and runs through [`Isa::run`], which picks the registers:
+//! over [`Lanes`] (a vector of `f32` lanes, eight or sixteen, and the few
+//! operations the kernels need), and runs through [`Isa::run`], which picks
+//! the registers:
 //!
 //! * **AVX** (`avx.rs`), where the CPU reports it: the body is instantiated
-//!   with a `__m256` lane type inside a function compiled with
+//!   with an x86 lane type inside a function compiled with
 //!   `#[target_feature(enable = ...)]`, so every load, add and compare in
-//!   it is a 256-bit instruction and sixteen registers hold 128 columns.
-//!   Four such wrappers, one per level the CPU may have: AVX; AVX and FMA;
-//!   AVX2, FMA and F16C, where reduced-precision rows decode in registers;
-//!   and those with AVX-512F and AVX-512VL, where the same instructions
-//!   reach 32 registers, so a block's accumulators and a decode's
-//!   temporaries all stay in registers.
+//!   it is one vector instruction. Four such wrappers, one per level the
+//!   CPU may have: AVX; AVX and FMA; AVX2, FMA and F16C, where
+//!   reduced-precision rows decode in registers (all three with eight lanes
+//!   of a `__m256`, sixteen registers holding 128 columns); and AVX-512F,
+//!   with sixteen lanes of a `__m512`: half the instructions a row, and 32
+//!   registers, so a block's accumulators and a decode's temporaries all
+//!   stay in registers.
 //! * **Portable** (`portable.rs`): `wide::f32x8`, which picks its
 //!   instructions when the crate is compiled: two SSE2 halves in a default
 //!   x86-64 build, one AVX register with `-C target-cpu=native`, NEON pairs
@@ -37,23 +39,34 @@ pub(crate) mod prefetch;
 pub(crate) mod row;
 pub(crate) mod stream;
 
-/// Lanes per vector: every lane type holds eight `f32`s.
-pub(crate) const LANES: usize = 8;
+/// The most lanes a vector of any lane type holds: buffers that take one
+/// vector of any type are this long.
+pub(crate) const MAX_LANES: usize = 16;
 
-/// Eight `f32` lanes and what the kernels do with them. Each operation is the
-/// IEEE operation of one lane, rounded as a scalar one would be.
+/// A vector of `f32` lanes and what the kernels do with them. Each
+/// operation is the IEEE operation of one lane, rounded as a scalar one
+/// would be.
+///
+/// Vectors move to and from memory through slices: a slice handed to a
+/// method holds at least [`Lanes::WIDTH`] values (or bytes, or halves, as
+/// each method says), and only the first `WIDTH` are read or written. The
+/// kernels cut their rows with `chunks_exact(V::WIDTH)`, a constant once the
+/// body is compiled for `V`, so the length checks fold away.
 pub(crate) trait Lanes: Copy + Send + Sync + 'static {
+    /// Lanes per vector: 8 (256-bit AVX, `wide::f32x8`) or 16 (AVX-512).
+    const WIDTH: usize;
     /// How many vectors of this type the kernels keep in registers at once
-    /// (sixteen 256-bit registers for AVX; eight `f32x8`, which are sixteen
-    /// 128-bit halves, for SSE2).
+    /// (sixteen for AVX's sixteen 256-bit registers and for AVX-512's 32
+    /// 512-bit ones, which then also hold a decode's temporaries; eight
+    /// `f32x8`, which are sixteen 128-bit halves, for SSE2).
     const REGISTERS: usize;
 
-    /// Eight copies of `x`.
+    /// `WIDTH` copies of `x`.
     fn splat(x: f32) -> Self;
-    /// Eight lanes from memory.
-    fn load(from: &[f32; LANES]) -> Self;
-    /// The lanes to memory.
-    fn store(self, to: &mut [f32; LANES]);
+    /// The first `WIDTH` values of `from`.
+    fn load(from: &[f32]) -> Self;
+    /// The lanes to the first `WIDTH` values of `to`.
+    fn store(self, to: &mut [f32]);
     /// `self + other`, lane by lane.
     fn add(self, other: Self) -> Self;
     /// `self × other`, lane by lane.
@@ -70,53 +83,68 @@ pub(crate) trait Lanes: Copy + Send + Sync + 'static {
     /// `if_true` where `self` (a mask of [`Lanes::greater`]) is set,
     /// `if_false` elsewhere, bit for bit.
     fn select(self, if_true: Self, if_false: Self) -> Self;
-    /// Eight bytes as eight lanes (`0.0..=255.0`), the first byte in lane 0.
-    fn from_u8(bytes: [u8; LANES]) -> Self;
-    /// Eight `BITS`-bit levels (4 or 2 bits) packed in `word`, lowest bits
-    /// first, as eight lanes: lane `j` is `(word >> j·BITS) & (2^BITS - 1)`.
-    fn from_packed<const BITS: u32>(word: u32) -> Self;
-    /// Sixteen 4-bit levels, two a byte (the even column in the low
-    /// nibble), dealt out to two vectors by column parity: lane `i` of the
-    /// first is byte `i`'s low nibble (column `2i`), lane `i` of the second
-    /// its high nibble (column `2i + 1`). One widening load for two vectors;
-    /// [`Lanes::interleave`] puts the pair back in column order.
-    fn from_nibble_pairs(bytes: [u8; LANES]) -> (Self, Self);
+    /// The first `WIDTH` bytes of `bytes` as lanes (`0.0..=255.0`), the
+    /// first byte in lane 0.
+    fn from_u8(bytes: &[u8]) -> Self;
+    /// `WIDTH` levels of `BITS` bits (4 or 2) packed in `word`, lowest bits
+    /// first, as lanes: lane `j` is `(word >> j·BITS) & (2^BITS - 1)`.
+    fn from_packed<const BITS: u32>(word: u64) -> Self;
+    /// `2·WIDTH` 4-bit levels, two a byte (the even column in the low
+    /// nibble), from the first `WIDTH` bytes of `bytes`, dealt out to two
+    /// vectors by column parity: lane `i` of the first is byte `i`'s low
+    /// nibble (column `2i`), lane `i` of the second its high nibble (column
+    /// `2i + 1`). One widening load for two vectors; [`Lanes::interleave`]
+    /// puts the pair back in column order.
+    fn from_nibble_pairs(bytes: &[u8]) -> (Self, Self);
     /// A pair dealt out by column parity (lane `i` of `even` is column `2i`
-    /// of sixteen, of `odd` column `2i + 1`) in column order: columns 0-7,
-    /// then 8-15. Moves bits only.
+    /// of `2·WIDTH`, of `odd` column `2i + 1`) in column order: the first
+    /// `WIDTH` columns, then the next. Moves bits only.
     fn interleave(even: Self, odd: Self) -> (Self, Self);
-    /// Eight `f16`s (their bits) as eight lanes, exactly.
-    fn from_f16(halves: [u16; LANES]) -> Self;
-    /// Eight `bf16`s (their bits) as eight lanes, exactly.
-    fn from_bf16(halves: [u16; LANES]) -> Self;
+    /// The first `WIDTH` `f16`s (their bits) of `halves` as lanes, exactly.
+    fn from_f16(halves: &[u16]) -> Self;
+    /// The first `WIDTH` `bf16`s (their bits) of `halves` as lanes, exactly.
+    fn from_bf16(halves: &[u16]) -> Self;
     /// `dst = src`, or zeros when `src` is `None`, with non-temporal stores
     /// where `dst` is aligned for this register (see [`stream`]).
     fn stream(dst: &mut [f32], src: Option<&[f32]>);
 }
 
+/// Lanes per vector of the eight-lane types, which the value-at-a-time
+/// helpers below serve.
+const EIGHT: usize = 8;
+
+/// The first eight values of `from`, as an array.
+#[inline(always)]
+fn first_eight<T: Copy>(from: &[T]) -> [T; EIGHT] {
+    let mut out = [from[0]; EIGHT];
+    out.copy_from_slice(&from[..EIGHT]);
+    out
+}
+
 /// `a × b + c` lane by lane, each rounded once: the fused multiply-add of
 /// lane types without an FMA instruction.
 #[inline(always)]
-fn fused_lanes(a: [f32; LANES], b: [f32; LANES], c: [f32; LANES]) -> [f32; LANES] {
+fn fused_lanes(a: [f32; EIGHT], b: [f32; EIGHT], c: [f32; EIGHT]) -> [f32; EIGHT] {
     core::array::from_fn(|i| a[i].mul_add(b[i], c[i]))
 }
 
 /// [`Lanes::from_u8`] a value at a time.
 #[inline(always)]
-fn widen_u8(bytes: [u8; LANES]) -> [f32; LANES] {
-    bytes.map(f32::from)
+fn widen_u8(bytes: &[u8]) -> [f32; EIGHT] {
+    first_eight(bytes).map(f32::from)
 }
 
 /// [`Lanes::from_packed`] a value at a time.
 #[inline(always)]
-fn widen_packed<const BITS: u32>(word: u32) -> [f32; LANES] {
-    let mask = (1u32 << BITS) - 1;
+fn widen_packed<const BITS: u32>(word: u64) -> [f32; EIGHT] {
+    let mask = (1u64 << BITS) - 1;
     core::array::from_fn(|j| ((word >> (j as u32 * BITS)) & mask) as f32)
 }
 
 /// [`Lanes::from_nibble_pairs`] a value at a time.
 #[inline(always)]
-fn widen_nibble_pairs(bytes: [u8; LANES]) -> ([f32; LANES], [f32; LANES]) {
+fn widen_nibble_pairs(bytes: &[u8]) -> ([f32; EIGHT], [f32; EIGHT]) {
+    let bytes = first_eight(bytes);
     (
         bytes.map(|b| f32::from(b & 0xf)),
         bytes.map(|b| f32::from(b >> 4)),
@@ -125,8 +153,8 @@ fn widen_nibble_pairs(bytes: [u8; LANES]) -> ([f32; LANES], [f32; LANES]) {
 
 /// [`Lanes::interleave`] a value at a time.
 #[inline(always)]
-fn interleave_lanes(even: [f32; LANES], odd: [f32; LANES]) -> ([f32; LANES], [f32; LANES]) {
-    let mut out = [[0.0; LANES]; 2];
+fn interleave_lanes(even: [f32; EIGHT], odd: [f32; EIGHT]) -> ([f32; EIGHT], [f32; EIGHT]) {
+    let mut out = [[0.0; EIGHT]; 2];
     for (i, (e, o)) in even.into_iter().zip(odd).enumerate() {
         out[i / 4][2 * (i % 4)] = e;
         out[i / 4][2 * (i % 4) + 1] = o;
@@ -136,15 +164,15 @@ fn interleave_lanes(even: [f32; LANES], odd: [f32; LANES]) -> ([f32; LANES], [f3
 
 /// [`Lanes::from_f16`] a value at a time.
 #[inline(always)]
-fn widen_f16(halves: [u16; LANES]) -> [f32; LANES] {
-    halves.map(|h| half::f16::from_bits(h).to_f32())
+fn widen_f16(halves: &[u16]) -> [f32; EIGHT] {
+    first_eight(halves).map(|h| half::f16::from_bits(h).to_f32())
 }
 
 /// [`Lanes::from_bf16`] a value at a time: a `bf16` is the top half of an
 /// `f32`'s bits.
 #[inline(always)]
-fn widen_bf16(halves: [u16; LANES]) -> [f32; LANES] {
-    halves.map(|h| f32::from_bits(u32::from(h) << 16))
+fn widen_bf16(halves: &[u16]) -> [f32; EIGHT] {
+    first_eight(halves).map(|h| f32::from_bits(u32::from(h) << 16))
 }
 
 /// A kernel body that runs on any lane type: what [`Isa::run`] calls.

@@ -1,9 +1,10 @@
 //! [`Lanes`] for `wide::f32x8`: the instruction set the build targets.
 
-use super::{Lanes, LANES};
+use super::{first_eight, Lanes, EIGHT};
 use wide::f32x8;
 
 impl Lanes for f32x8 {
+    const WIDTH: usize = EIGHT;
     const REGISTERS: usize = 8;
 
     #[inline(always)]
@@ -12,13 +13,13 @@ impl Lanes for f32x8 {
     }
 
     #[inline(always)]
-    fn load(from: &[f32; LANES]) -> Self {
-        bytemuck::cast(*from)
+    fn load(from: &[f32]) -> Self {
+        f32x8::new(first_eight(from))
     }
 
     #[inline(always)]
-    fn store(self, to: &mut [f32; LANES]) {
-        *to = bytemuck::cast(self);
+    fn store(self, to: &mut [f32]) {
+        to[..EIGHT].copy_from_slice(&self.to_array());
     }
 
     #[inline(always)]
@@ -56,37 +57,34 @@ impl Lanes for f32x8 {
     }
 
     #[inline(always)]
-    fn from_u8(bytes: [u8; LANES]) -> Self {
+    fn from_u8(bytes: &[u8]) -> Self {
         Self::load(&super::widen_u8(bytes))
     }
 
     #[inline(always)]
-    fn from_packed<const BITS: u32>(word: u32) -> Self {
+    fn from_packed<const BITS: u32>(word: u64) -> Self {
         Self::load(&super::widen_packed::<BITS>(word))
     }
 
     #[inline(always)]
-    fn from_nibble_pairs(bytes: [u8; LANES]) -> (Self, Self) {
+    fn from_nibble_pairs(bytes: &[u8]) -> (Self, Self) {
         let (even, odd) = super::widen_nibble_pairs(bytes);
         (Self::load(&even), Self::load(&odd))
     }
 
     #[inline(always)]
     fn interleave(even: Self, odd: Self) -> (Self, Self) {
-        let (mut e, mut o) = ([0.0; LANES], [0.0; LANES]);
-        even.store(&mut e);
-        odd.store(&mut o);
-        let (first, second) = super::interleave_lanes(e, o);
+        let (first, second) = super::interleave_lanes(even.to_array(), odd.to_array());
         (Self::load(&first), Self::load(&second))
     }
 
     #[inline(always)]
-    fn from_f16(halves: [u16; LANES]) -> Self {
+    fn from_f16(halves: &[u16]) -> Self {
         Self::load(&super::widen_f16(halves))
     }
 
     #[inline(always)]
-    fn from_bf16(halves: [u16; LANES]) -> Self {
+    fn from_bf16(halves: &[u16]) -> Self {
         Self::load(&super::widen_bf16(halves))
     }
 

@@ -1,5 +1,6 @@
 //! Whole-row operations on `f32` rows, over any [`Lanes`]: the vector body
-//! eight lanes at a time, then a scalar tail of `len % 8` values.
+//! `V::WIDTH` lanes at a time, then a scalar tail of `len % V::WIDTH`
+//! values.
 //!
 //! Every value gets one IEEE operation (`a * s` or `a + b`), or two, each
 //! rounded (`a * s + b`, never a fused multiply-add), so the result is the
@@ -7,19 +8,29 @@
 //! vector body or the scalar tail. That is what lets the kernels promise
 //! bitwise equality with the reference and across thread counts.
 //!
-//! The rows are split with `as_chunks`, so the body has no bounds checks and
-//! sees whole `[f32; 8]` blocks, which [`Lanes::load`] turns into vectors
-//! for free.
+//! The rows are split with `chunks_exact(V::WIDTH)`, a constant once the
+//! body is compiled for its lane type, so the body has no bounds checks and
+//! sees whole vectors' worth of values, which [`Lanes::load`] turns into
+//! vectors for free.
 
-use super::{Lanes, LANES};
+use super::Lanes;
+
+/// The values of a row of `len` that fill whole vectors of `V`.
+#[inline(always)]
+fn whole<V: Lanes>(len: usize) -> usize {
+    len - len % V::WIDTH
+}
 
 /// `dst = src`. The two rows must have the same length.
 #[inline(always)]
 pub(crate) fn copy<V: Lanes>(dst: &mut [f32], src: &[f32]) {
     debug_assert_eq!(dst.len(), src.len());
-    let (d_body, d_tail) = dst.as_chunks_mut::<LANES>();
-    let (s_body, s_tail) = src.as_chunks::<LANES>();
-    for (d, s) in d_body.iter_mut().zip(s_body) {
+    let (d_body, d_tail) = dst.split_at_mut(whole::<V>(dst.len()));
+    let (s_body, s_tail) = src.split_at(whole::<V>(src.len()));
+    for (d, s) in d_body
+        .chunks_exact_mut(V::WIDTH)
+        .zip(s_body.chunks_exact(V::WIDTH))
+    {
         V::load(s).store(d);
     }
     for (d, s) in d_tail.iter_mut().zip(s_tail) {
@@ -32,9 +43,12 @@ pub(crate) fn copy<V: Lanes>(dst: &mut [f32], src: &[f32]) {
 pub(crate) fn scale<V: Lanes>(dst: &mut [f32], src: &[f32], scale: f32) {
     debug_assert_eq!(dst.len(), src.len());
     let s = V::splat(scale);
-    let (d_body, d_tail) = dst.as_chunks_mut::<LANES>();
-    let (s_body, s_tail) = src.as_chunks::<LANES>();
-    for (d, x) in d_body.iter_mut().zip(s_body) {
+    let (d_body, d_tail) = dst.split_at_mut(whole::<V>(dst.len()));
+    let (s_body, s_tail) = src.split_at(whole::<V>(src.len()));
+    for (d, x) in d_body
+        .chunks_exact_mut(V::WIDTH)
+        .zip(s_body.chunks_exact(V::WIDTH))
+    {
         V::load(x).mul(s).store(d);
     }
     for (d, x) in d_tail.iter_mut().zip(s_tail) {
@@ -46,9 +60,12 @@ pub(crate) fn scale<V: Lanes>(dst: &mut [f32], src: &[f32], scale: f32) {
 #[inline(always)]
 pub(crate) fn add<V: Lanes>(dst: &mut [f32], src: &[f32]) {
     debug_assert_eq!(dst.len(), src.len());
-    let (d_body, d_tail) = dst.as_chunks_mut::<LANES>();
-    let (s_body, s_tail) = src.as_chunks::<LANES>();
-    for (d, x) in d_body.iter_mut().zip(s_body) {
+    let (d_body, d_tail) = dst.split_at_mut(whole::<V>(dst.len()));
+    let (s_body, s_tail) = src.split_at(whole::<V>(src.len()));
+    for (d, x) in d_body
+        .chunks_exact_mut(V::WIDTH)
+        .zip(s_body.chunks_exact(V::WIDTH))
+    {
         V::load(d).add(V::load(x)).store(d);
     }
     for (d, x) in d_tail.iter_mut().zip(s_tail) {
@@ -63,9 +80,12 @@ pub(crate) fn add<V: Lanes>(dst: &mut [f32], src: &[f32]) {
 pub(crate) fn add_scaled<V: Lanes>(dst: &mut [f32], src: &[f32], scale: f32) {
     debug_assert_eq!(dst.len(), src.len());
     let s = V::splat(scale);
-    let (d_body, d_tail) = dst.as_chunks_mut::<LANES>();
-    let (s_body, s_tail) = src.as_chunks::<LANES>();
-    for (d, x) in d_body.iter_mut().zip(s_body) {
+    let (d_body, d_tail) = dst.split_at_mut(whole::<V>(dst.len()));
+    let (s_body, s_tail) = src.split_at(whole::<V>(src.len()));
+    for (d, x) in d_body
+        .chunks_exact_mut(V::WIDTH)
+        .zip(s_body.chunks_exact(V::WIDTH))
+    {
         V::load(d).add(V::load(x).mul(s)).store(d);
     }
     for (d, x) in d_tail.iter_mut().zip(s_tail) {
@@ -81,10 +101,13 @@ pub(crate) fn add_scaled<V: Lanes>(dst: &mut [f32], src: &[f32], scale: f32) {
 pub(crate) fn scale_add_rows<V: Lanes>(dst: &mut [f32], a: &[f32], scale: Option<f32>, b: &[f32]) {
     debug_assert_eq!(dst.len(), a.len());
     debug_assert_eq!(dst.len(), b.len());
-    let (d_body, d_tail) = dst.as_chunks_mut::<LANES>();
-    let (a_body, a_tail) = a.as_chunks::<LANES>();
-    let (b_body, b_tail) = b.as_chunks::<LANES>();
-    let body = d_body.iter_mut().zip(a_body).zip(b_body);
+    let (d_body, d_tail) = dst.split_at_mut(whole::<V>(dst.len()));
+    let (a_body, a_tail) = a.split_at(whole::<V>(a.len()));
+    let (b_body, b_tail) = b.split_at(whole::<V>(b.len()));
+    let body = d_body
+        .chunks_exact_mut(V::WIDTH)
+        .zip(a_body.chunks_exact(V::WIDTH))
+        .zip(b_body.chunks_exact(V::WIDTH));
     let tail = d_tail.iter_mut().zip(a_tail).zip(b_tail);
     match scale {
         Some(scale) => {
@@ -109,7 +132,7 @@ pub(crate) fn scale_add_rows<V: Lanes>(dst: &mut [f32], a: &[f32], scale: Option
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Body, Isa};
+    use super::super::{Body, Isa, MAX_LANES};
     use super::*;
 
     fn bits(v: &[f32]) -> Vec<u32> {
@@ -140,7 +163,7 @@ mod tests {
 
     #[test]
     fn every_tail_length_matches_scalar_arithmetic_on_every_isa() {
-        for len in 0..=2 * LANES + 1 {
+        for len in 0..=2 * MAX_LANES + 1 {
             let a: Vec<f32> = (0..len).map(|i| i as f32 * 0.37 - 3.0).collect();
             let b: Vec<f32> = (0..len).map(|i| 1.0 / (i as f32 + 0.5)).collect();
             let scaled: Vec<f32> = a.iter().map(|x| x * 1.7).collect();

@@ -225,7 +225,7 @@ impl<I: Index, T: RowFormat> Rows<'_, I, T> {
             let here = self.ids.slice(bag.clone());
             let next = self.ids.slice(bag.start + ahead..bag.end + ahead);
             for (p, (r, n)) in bag.clone().zip(here.rows().zip(next.rows())) {
-                table.prefetch_block::<N>(n, cols);
+                table.prefetch_block::<V, N>(n, cols);
                 f.visit(p, table, r, cols);
             }
             return bag.len();
@@ -250,7 +250,7 @@ impl<I: Index, T: RowFormat> Rows<'_, I, T> {
         match self.padding_idx {
             None => {
                 for p in bag.clone() {
-                    self.prefetch_block(p, last, cols);
+                    self.prefetch_block::<V, N>(p, last, cols);
                     f.visit(p, &self.table, self.ids.row(p), cols);
                 }
                 bag.len()
@@ -258,7 +258,7 @@ impl<I: Index, T: RowFormat> Rows<'_, I, T> {
             Some(padding) => {
                 let mut kept = 0;
                 for p in bag {
-                    self.prefetch_block(p, last, cols);
+                    self.prefetch_block::<V, N>(p, last, cols);
                     let r = self.ids.row(p);
                     if r != padding {
                         f.visit(p, &self.table, r, cols);
@@ -273,12 +273,12 @@ impl<I: Index, T: RowFormat> Rows<'_, I, T> {
     /// Prefetches block `cols` of the row `ahead` positions after `p` (at
     /// most position `last`); nothing when `ahead` is 0.
     #[inline(always)]
-    fn prefetch_block<const N: usize>(&self, p: usize, last: usize, cols: Cols<N>) {
+    fn prefetch_block<V: Lanes, const N: usize>(&self, p: usize, last: usize, cols: Cols<N>) {
         if self.ahead == 0 {
             return;
         }
         let r = self.ids.row((p + self.ahead).min(last));
-        self.table.prefetch_block::<N>(r, cols);
+        self.table.prefetch_block::<V, N>(r, cols);
     }
 }
 

@@ -6,7 +6,7 @@ use crate::index::Index;
 use crate::kernels::row_format::{
     each_block, value, Affine, BlockBody, Cols, RowFormat, Sink, Slot,
 };
-use crate::simd::{Lanes, LANES};
+use crate::simd::{Lanes, MAX_LANES};
 use core::ops::Range;
 
 /// `dst` = the column-wise max of bag `bag`'s kept rows and `args` the ids
@@ -54,7 +54,14 @@ impl<I: Index, T: RowFormat, S: Slot> BlockBody for Max<'_, '_, I, T, S> {
     /// greater value replaces (an ordered compare, so a NaN neither wins nor
     /// is replaced), and its position in the bag replaces the winner's,
     /// through the same mask.
-    #[inline(always)]
+    // Inlined into the wrapper that enables the lanes' instructions. Not in
+    // a debug build: there every inlined block keeps its own stack slots,
+    // and with sixteen-lane vectors one bag task's frame grew past a
+    // thread's 2 MiB stack; out of line, each block size has a frame of its
+    // own (and calls its intrinsics out of line, which is correct, only
+    // slower).
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    #[cfg_attr(debug_assertions, inline(never))]
     fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize {
         let (bag, start) = (self.bag.clone(), self.bag.start);
         let mut max = Running {
@@ -71,13 +78,13 @@ impl<I: Index, T: RowFormat, S: Slot> BlockBody for Max<'_, '_, I, T, S> {
             self.rows.table.in_column_order(&mut best);
             self.rows.table.in_column_order(&mut from);
             cols.store(best, self.dst);
-            let mut at = [[0.0f32; LANES]; N];
-            for (a, f) in at.iter_mut().zip(from) {
-                f.store(a);
-            }
             let winners = &mut self.args[cols.start..cols.start + cols.width];
-            for (arg, k) in winners.iter_mut().zip(at.as_flattened()) {
-                *arg = self.rows.ids.row(start + k.to_bits() as usize) as i64;
+            let mut at = [0.0f32; MAX_LANES];
+            for (args, f) in winners.chunks_mut(V::WIDTH).zip(from) {
+                f.store(&mut at);
+                for (arg, k) in args.iter_mut().zip(&at) {
+                    *arg = self.rows.ids.row(start + k.to_bits() as usize) as i64;
+                }
             }
         }
         kept

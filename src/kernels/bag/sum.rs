@@ -48,7 +48,14 @@ impl<I: Index, T: RowFormat, S: Slot> BlockBody for Sum<'_, '_, I, T, S> {
     /// before the one store. One copy of the loop per weighting, so the plain
     /// sum's loop holds the accumulators and nothing else (with one shared
     /// loop the compiler kept half of them on the stack).
-    #[inline(always)]
+    // Inlined into the wrapper that enables the lanes' instructions. Not in
+    // a debug build: there every inlined block keeps its own stack slots,
+    // and with sixteen-lane vectors one bag task's frame grew past a
+    // thread's 2 MiB stack; out of line, each block size has a frame of its
+    // own (and calls its intrinsics out of line, which is correct, only
+    // slower).
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    #[cfg_attr(debug_assertions, inline(never))]
     fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize {
         let bag = self.bag.clone();
         let (mut acc, kept) = match self.weights {
