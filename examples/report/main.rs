@@ -1028,13 +1028,13 @@ fn machine(pool_threads: usize, huge_pages: bool) -> Machine {
         (
             has!("avx"),
             avx2,
-            avx2 && has!("avx512f") && has!("avx512vl"),
+            avx2 && has!("avx512f"),
         )
     };
     #[cfg(not(target_arch = "x86_64"))]
     let (avx, avx2, avx512) = (false, false, false);
     let simd = if avx512 {
-        "256-bit AVX registers with AVX2, FMA and F16C, 32 of them (AVX-512VL), chosen at run time"
+        "512-bit AVX-512F registers (sixteen lanes), chosen at run time"
     } else if avx2 {
         "256-bit AVX registers with AVX2, FMA and F16C, chosen at run time"
     } else if avx {
