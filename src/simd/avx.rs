@@ -24,7 +24,7 @@
 #![cfg(target_arch = "x86_64")]
 #![allow(unsafe_code)]
 
-use super::{first_eight, Body, Lanes, EIGHT};
+use super::{first, Body, Lanes, EIGHT};
 use core::arch::x86_64::{
     __m128i, __m256, __m256i, __m512, _mm256_add_ps, _mm256_and_si256, _mm256_blendv_ps,
     _mm256_castsi256_ps, _mm256_cmp_ps, _mm256_cvtepi32_ps, _mm256_cvtepu16_epi32,
@@ -157,7 +157,7 @@ impl<const L: u8> Lanes for Avx256<L> {
 
     #[inline(always)]
     fn load(from: &[f32]) -> Self {
-        Avx256(bytemuck::cast(first_eight(from)))
+        Avx256(bytemuck::cast(first::<_, EIGHT>(from)))
     }
 
     #[inline(always)]
@@ -213,7 +213,7 @@ impl<const L: u8> Lanes for Avx256<L> {
     #[inline(always)]
     fn from_u8(bytes: &[u8]) -> Self {
         if L >= AVX2 {
-            let wide: __m128i = bytemuck::cast([first_eight(bytes), [0; 8]]);
+            let wide: __m128i = bytemuck::cast([first::<_, EIGHT>(bytes), [0; 8]]);
             // SAFETY: see above the impl (AVX2 at this level).
             Avx256(unsafe { _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(wide)) })
         } else {
@@ -242,7 +242,7 @@ impl<const L: u8> Lanes for Avx256<L> {
     #[inline(always)]
     fn from_nibble_pairs(bytes: &[u8]) -> (Self, Self) {
         if L >= AVX2 {
-            let wide: __m128i = bytemuck::cast([first_eight(bytes), [0; 8]]);
+            let wide: __m128i = bytemuck::cast([first::<_, EIGHT>(bytes), [0; 8]]);
             // SAFETY: see above the impl (AVX2 at this level).
             unsafe {
                 let codes = _mm256_cvtepu8_epi32(wide);
@@ -277,7 +277,7 @@ impl<const L: u8> Lanes for Avx256<L> {
     #[inline(always)]
     fn from_f16(halves: &[u16]) -> Self {
         if L >= AVX2 {
-            let halves: __m128i = bytemuck::cast(first_eight(halves));
+            let halves: __m128i = bytemuck::cast(first::<_, EIGHT>(halves));
             // SAFETY: see above the impl (F16C at this level).
             Avx256(unsafe { _mm256_cvtph_ps(halves) })
         } else {
@@ -288,7 +288,7 @@ impl<const L: u8> Lanes for Avx256<L> {
     #[inline(always)]
     fn from_bf16(halves: &[u16]) -> Self {
         if L >= AVX2 {
-            let halves: __m128i = bytemuck::cast(first_eight(halves));
+            let halves: __m128i = bytemuck::cast(first::<_, EIGHT>(halves));
             // SAFETY: see above the impl (AVX2 at this level).
             Avx256(unsafe {
                 _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(halves)))
@@ -314,14 +314,6 @@ struct Avx512(__m512);
 /// Lanes per [`Avx512`] vector.
 const SIXTEEN: usize = 16;
 
-/// The first sixteen values of `from`, as an array.
-#[inline(always)]
-fn first_sixteen<T: Copy>(from: &[T]) -> [T; SIXTEEN] {
-    let mut out = [from[0]; SIXTEEN];
-    out.copy_from_slice(&from[..SIXTEEN]);
-    out
-}
-
 // The SAFETY of every `unsafe` block below: the intrinsic needs AVX-512F,
 // or AVX, AVX2 or F16C, and an `Avx512` is only reachable through
 // `run_avx512`, which `run` calls only with an `Avx` proving
@@ -341,7 +333,7 @@ impl Lanes for Avx512 {
 
     #[inline(always)]
     fn load(from: &[f32]) -> Self {
-        Avx512(bytemuck::cast(first_sixteen(from)))
+        Avx512(bytemuck::cast(first::<_, SIXTEEN>(from)))
     }
 
     #[inline(always)]
@@ -397,7 +389,7 @@ impl Lanes for Avx512 {
 
     #[inline(always)]
     fn from_u8(bytes: &[u8]) -> Self {
-        let bytes: __m128i = bytemuck::cast(first_sixteen(bytes));
+        let bytes: __m128i = bytemuck::cast(first::<_, SIXTEEN>(bytes));
         // SAFETY: see above the impl.
         Avx512(unsafe { _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes)) })
     }
@@ -441,7 +433,7 @@ impl Lanes for Avx512 {
 
     #[inline(always)]
     fn from_nibble_pairs(bytes: &[u8]) -> (Self, Self) {
-        let bytes: __m128i = bytemuck::cast(first_sixteen(bytes));
+        let bytes: __m128i = bytemuck::cast(first::<_, SIXTEEN>(bytes));
         // SAFETY: see above the impl.
         unsafe {
             let codes = _mm512_cvtepu8_epi32(bytes);
@@ -471,14 +463,14 @@ impl Lanes for Avx512 {
 
     #[inline(always)]
     fn from_f16(halves: &[u16]) -> Self {
-        let halves: __m256i = bytemuck::cast(first_sixteen(halves));
+        let halves: __m256i = bytemuck::cast(first::<_, SIXTEEN>(halves));
         // SAFETY: see above the impl.
         Avx512(unsafe { _mm512_cvtph_ps(halves) })
     }
 
     #[inline(always)]
     fn from_bf16(halves: &[u16]) -> Self {
-        let halves: __m256i = bytemuck::cast(first_sixteen(halves));
+        let halves: __m256i = bytemuck::cast(first::<_, SIXTEEN>(halves));
         // SAFETY: see above the impl.
         Avx512(unsafe {
             _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(halves)))

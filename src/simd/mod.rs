@@ -113,11 +113,11 @@ pub(crate) trait Lanes: Copy + Send + Sync + 'static {
 /// helpers below serve.
 const EIGHT: usize = 8;
 
-/// The first eight values of `from`, as an array.
+/// The first `N` values of `from` (a vector's worth), as an array.
 #[inline(always)]
-fn first_eight<T: Copy>(from: &[T]) -> [T; EIGHT] {
-    let mut out = [from[0]; EIGHT];
-    out.copy_from_slice(&from[..EIGHT]);
+fn first<T: Copy, const N: usize>(from: &[T]) -> [T; N] {
+    let mut out = [from[0]; N];
+    out.copy_from_slice(&from[..N]);
     out
 }
 
@@ -131,7 +131,7 @@ fn fused_lanes(a: [f32; EIGHT], b: [f32; EIGHT], c: [f32; EIGHT]) -> [f32; EIGHT
 /// [`Lanes::from_u8`] a value at a time.
 #[inline(always)]
 fn widen_u8(bytes: &[u8]) -> [f32; EIGHT] {
-    first_eight(bytes).map(f32::from)
+    first::<_, EIGHT>(bytes).map(f32::from)
 }
 
 /// [`Lanes::from_packed`] a value at a time.
@@ -144,7 +144,7 @@ fn widen_packed<const BITS: u32>(word: u64) -> [f32; EIGHT] {
 /// [`Lanes::from_nibble_pairs`] a value at a time.
 #[inline(always)]
 fn widen_nibble_pairs(bytes: &[u8]) -> ([f32; EIGHT], [f32; EIGHT]) {
-    let bytes = first_eight(bytes);
+    let bytes = first::<_, EIGHT>(bytes);
     (
         bytes.map(|b| f32::from(b & 0xf)),
         bytes.map(|b| f32::from(b >> 4)),
@@ -165,14 +165,14 @@ fn interleave_lanes(even: [f32; EIGHT], odd: [f32; EIGHT]) -> ([f32; EIGHT], [f3
 /// [`Lanes::from_f16`] a value at a time.
 #[inline(always)]
 fn widen_f16(halves: &[u16]) -> [f32; EIGHT] {
-    first_eight(halves).map(|h| half::f16::from_bits(h).to_f32())
+    first::<_, EIGHT>(halves).map(|h| half::f16::from_bits(h).to_f32())
 }
 
 /// [`Lanes::from_bf16`] a value at a time: a `bf16` is the top half of an
 /// `f32`'s bits.
 #[inline(always)]
 fn widen_bf16(halves: &[u16]) -> [f32; EIGHT] {
-    first_eight(halves).map(|h| f32::from_bits(u32::from(h) << 16))
+    first::<_, EIGHT>(halves).map(|h| f32::from_bits(u32::from(h) << 16))
 }
 
 /// A kernel body that runs on any lane type: what [`Isa::run`] calls.

@@ -1,6 +1,6 @@
 //! [`Lanes`] for `wide::f32x8`: the instruction set the build targets.
 
-use super::{first_eight, Lanes, EIGHT};
+use super::{first, Lanes, EIGHT};
 use wide::f32x8;
 
 impl Lanes for f32x8 {
@@ -14,7 +14,7 @@ impl Lanes for f32x8 {
 
     #[inline(always)]
     fn load(from: &[f32]) -> Self {
-        f32x8::new(first_eight(from))
+        f32x8::new(first::<_, EIGHT>(from))
     }
 
     #[inline(always)]
