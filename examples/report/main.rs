@@ -1025,7 +1025,11 @@ fn machine(pool_threads: usize, huge_pages: bool) -> Machine {
     let (avx, avx2, avx512) = {
         use std::arch::is_x86_feature_detected as has;
         let avx2 = has!("avx2") && has!("fma") && has!("f16c");
-        (has!("avx"), avx2, avx2 && has!("avx512f"))
+        (
+            has!("avx"),
+            avx2,
+            avx2 && has!("avx512f") && has!("avx512vl"),
+        )
     };
     #[cfg(not(target_arch = "x86_64"))]
     let (avx, avx2, avx512) = (false, false, false);

@@ -8,7 +8,7 @@
 //! | `Level::Avx` | `avx` | 256-bit loads, adds, multiplies, compares |
 //! | `Level::Fma` | `avx,fma` | the fused multiply-add as one instruction |
 //! | `Level::Avx2` | `avx,avx2,fma,f16c` | packed tables decoded in registers: bytes widened (`vpmovzxbd`), nibbles shifted apart (`vpsrlvd`), `f16` converted (`vcvtph2ps`) |
-//! | `Level::Avx512` | `Avx2`'s and `avx512f` | sixteen lanes of a 512-bit register ([`Avx512`]): half the instructions a row, and 32 registers, so no accumulator is spilled beside a decode's temporaries |
+//! | `Level::Avx512` | `Avx2`'s and `avx512f,avx512vl` | sixteen lanes of a 512-bit register ([`Avx512`]): half the instructions a row, and 32 registers, so no accumulator is spilled beside a decode's temporaries |
 //!
 //! The first three levels share one lane type, [`Avx256`], eight lanes of a
 //! `__m256`. Below `Avx2` its decoders widen each value on its own, then
@@ -48,7 +48,8 @@ pub(crate) enum Level {
     Fma,
     /// AVX, AVX2, FMA and F16C (every x86-64 CPU with AVX2 so far).
     Avx2,
-    /// `Avx2`'s features and AVX-512F: sixteen lanes, 32 registers.
+    /// `Avx2`'s features, AVX-512F and AVX-512VL: sixteen lanes, 32
+    /// registers.
     Avx512,
 }
 
@@ -68,7 +69,7 @@ impl Avx {
             return None;
         }
         let avx2 = has!("avx2") && has!("fma") && has!("f16c");
-        let level = if avx2 && has!("avx512f") {
+        let level = if avx2 && has!("avx512f") && has!("avx512vl") {
             Level::Avx512
         } else if avx2 {
             Level::Avx2
@@ -123,8 +124,10 @@ fn run_avx2<B: Body>(body: B) -> B::Output {
     body.run::<Avx256<AVX2>>()
 }
 
-/// [`run_avx2`]'s features and AVX-512F, with sixteen lanes a vector.
-#[target_feature(enable = "avx,avx2,fma,f16c,avx512f")]
+/// [`run_avx2`]'s features, AVX-512F and AVX-512VL, with sixteen lanes a
+/// vector. The lanes need only AVX-512F; VL lets the compiler give the
+/// code around them (the id check's compares, say) 256-bit AVX-512 forms.
+#[target_feature(enable = "avx,avx2,fma,f16c,avx512f,avx512vl")]
 fn run_avx512<B: Body>(body: B) -> B::Output {
     body.run::<Avx512>()
 }
@@ -315,7 +318,7 @@ struct Avx512(__m512);
 const SIXTEEN: usize = 16;
 
 // The SAFETY of every `unsafe` block below: the intrinsic needs AVX-512F,
-// or AVX, AVX2 or F16C, and an `Avx512` is only reachable through
+// or AVX, AVX2 or F16C (all of which that level has, with AVX-512VL), and an `Avx512` is only reachable through
 // `run_avx512`, which `run` calls only with an `Avx` proving
 // `Level::Avx512`, that is all of them (the module notes); the intrinsics
 // touch no memory.
