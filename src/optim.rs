@@ -46,7 +46,8 @@ pub(crate) mod sealed {
 use crate::kernels::RowRule;
 
 /// An optimiser that [`Embedding`](crate::Embedding) can fuse into its sparse
-/// backward: [`Sgd`], [`Adagrad`] or [`RowWiseAdagrad`].
+/// backward: [`Sgd`], [`Adagrad`] (or [`AdagradOn`], over a state the caller
+/// holds) or [`RowWiseAdagrad`].
 pub trait SparseOptimizer: sealed::Sealed {}
 
 /// Fails unless `value` is finite and not negative.
@@ -298,6 +299,18 @@ impl RowRule for AdagradRule {
     }
 }
 
+impl AdagradRule {
+    /// The rule of step `step` (counted from 1), PyTorch's
+    /// `clr = lr / (1 + (step − 1) · lr_decay)`.
+    fn at_step(lr: f32, lr_decay: f32, weight_decay: f32, eps: f32, step: u64) -> AdagradRule {
+        AdagradRule {
+            clr: lr / (1.0 + (step - 1) as f32 * lr_decay),
+            weight_decay,
+            eps,
+        }
+    }
+}
+
 impl sealed::Sealed for Adagrad {
     type Rule = AdagradRule;
     fn check_step(&self, rows: usize, dim: usize) -> Result<(), EmbeddingError> {
@@ -312,16 +325,106 @@ impl sealed::Sealed for Adagrad {
         self.validate()?;
         state_for(&mut self.state, rows, dim, self.initial_accumulator_value)?;
         self.step += 1;
-        let clr = self.lr / (1.0 + (self.step - 1) as f32 * self.lr_decay);
-        let rule = AdagradRule {
-            clr,
-            weight_decay: self.weight_decay,
-            eps: self.eps,
-        };
+        let rule = AdagradRule::at_step(
+            self.lr,
+            self.lr_decay,
+            self.weight_decay,
+            self.eps,
+            self.step,
+        );
         Ok((rule, &mut self.state))
     }
 }
 impl SparseOptimizer for Adagrad {}
+
+/// [`Adagrad`] over accumulators the caller holds: a NumPy array, a
+/// framework's optimiser state (PyTorch's `state_sum`). The same rule and
+/// bits; the state is `num_embeddings × embedding_dim` values from the first
+/// step on (fill it with `initial_accumulator_value` before it), and the
+/// step count starts from the steps already taken.
+#[derive(Debug, PartialEq)]
+pub struct AdagradOn<'s> {
+    /// The learning rate.
+    pub lr: f32,
+    /// Learning-rate decay per step (default 0).
+    pub lr_decay: f32,
+    /// L2 penalty, applied to touched rows only (default 0).
+    pub weight_decay: f32,
+    /// Added to the root of the accumulator (default 1e-10).
+    pub eps: f32,
+    step: u64,
+    state: &'s mut [f32],
+}
+
+impl<'s> AdagradOn<'s> {
+    /// Adagrad with learning rate `lr` and PyTorch's other defaults, on
+    /// `state`, after `steps_taken` steps (0 for a new one; the next step is
+    /// step `steps_taken + 1`, PyTorch's `state["step"]` after it).
+    pub fn new(lr: f32, state: &'s mut [f32], steps_taken: u64) -> AdagradOn<'s> {
+        AdagradOn {
+            lr,
+            lr_decay: 0.0,
+            weight_decay: 0.0,
+            eps: 1e-10,
+            step: steps_taken,
+            state,
+        }
+    }
+
+    /// Checks the hyper-parameters (every step does too).
+    ///
+    /// # Errors
+    /// [`EmbeddingError::InvalidArgument`] naming the first bad one.
+    pub fn validate(&self) -> Result<(), EmbeddingError> {
+        non_negative("lr", self.lr)?;
+        non_negative("lr_decay", self.lr_decay)?;
+        non_negative("weight_decay", self.weight_decay)?;
+        non_negative("eps", self.eps)
+    }
+
+    /// How many steps were taken, those before [`new`](Self::new) included.
+    pub fn steps(&self) -> u64 {
+        self.step
+    }
+
+    /// Fails unless the state holds `rows × dim` values.
+    fn check(&self, rows: usize, dim: usize) -> Result<(), EmbeddingError> {
+        self.validate()?;
+        let len = check_state(&[], rows, dim)?;
+        if self.state.len() != len {
+            return Err(EmbeddingError::LengthMismatch {
+                operand: Operand::OptimizerState,
+                expected: len,
+                got: self.state.len(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl sealed::Sealed for AdagradOn<'_> {
+    type Rule = AdagradRule;
+    fn check_step(&self, rows: usize, dim: usize) -> Result<(), EmbeddingError> {
+        self.check(rows, dim)
+    }
+    fn begin_step(
+        &mut self,
+        rows: usize,
+        dim: usize,
+    ) -> Result<(AdagradRule, &mut [f32]), EmbeddingError> {
+        self.check(rows, dim)?;
+        self.step = self.step.saturating_add(1);
+        let rule = AdagradRule::at_step(
+            self.lr,
+            self.lr_decay,
+            self.weight_decay,
+            self.eps,
+            self.step,
+        );
+        Ok((rule, &mut *self.state))
+    }
+}
+impl SparseOptimizer for AdagradOn<'_> {}
 
 /// Row-wise Adagrad, as FBGEMM's `EXACT_ROWWISE_ADAGRAD`: one accumulator per
 /// row, fed the mean square of the row's gradient, so the state is

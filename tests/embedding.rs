@@ -1265,3 +1265,64 @@ fn apply_sparse_takes_the_gradient_as_given() {
         assert_eq!(emb.weight()[0].to_bits(), 0.0f32.to_bits(), "{par:?}");
     }
 }
+
+/// Adagrad over a state the caller holds (`AdagradOn`, what the Python
+/// package passes a NumPy array to) takes the same steps as `Adagrad`
+/// holding its own, bit for bit, with `lr_decay`, `weight_decay`, padding
+/// and counts; a state of the wrong length is refused with nothing changed.
+#[test]
+fn adagrad_on_a_callers_state_equals_adagrad() {
+    let (rows, dim) = (7, 5);
+    let ids: Vec<i64> = vec![3, 1, 3, 6, 0, 3, 2];
+    let grad = SplitMix(41).values(ids.len() * dim);
+    let start = SplitMix(42).values(rows * dim);
+    let mut own = Adagrad::new(0.07);
+    own.lr_decay = 0.1;
+    own.weight_decay = 0.01;
+    own.initial_accumulator_value = 0.25;
+    let (mut a, mut b) = (start.clone(), start.clone());
+    let mut state = vec![0.25f32; rows * dim];
+    for step in 0..3u64 {
+        let mut on = embedding_kernels::AdagradOn::new(0.07, &mut state, step);
+        on.lr_decay = 0.1;
+        on.weight_decay = 0.01;
+        for par in [Parallelism::Serial, Parallelism::Rayon] {
+            // Both sides step once per `step`: the serial and the split run
+            // take turns.
+            if (step % 2 == 0) == (par == Parallelism::Serial) {
+                sparse_step_with(par, &mut a, dim, &grad, &ids, Some(2), true, &mut own).unwrap();
+                sparse_step_with(par, &mut b, dim, &grad, &ids, Some(2), true, &mut on).unwrap();
+            }
+        }
+        assert_eq!(on.steps(), step + 1);
+        assert_eq!(bits(&a), bits(&b), "weights after step {}", step + 1);
+        assert_eq!(
+            bits(own.state()),
+            bits(&state),
+            "state after step {}",
+            step + 1
+        );
+    }
+    assert_ne!(bits(&a), bits(&start), "the steps changed the table");
+
+    let mut short = vec![0.0f32; rows * dim - 1];
+    let mut on = embedding_kernels::AdagradOn::new(0.07, &mut short, 0);
+    let before = b.clone();
+    let err = sparse_step_with(
+        Parallelism::Serial,
+        &mut b,
+        dim,
+        &grad,
+        &ids,
+        None,
+        false,
+        &mut on,
+    )
+    .unwrap_err();
+    assert_eq!(
+        err,
+        mismatch(Operand::OptimizerState, rows * dim, rows * dim - 1)
+    );
+    assert_eq!(on.steps(), 0);
+    assert_eq!(bits(&b), bits(&before));
+}
