@@ -4,7 +4,9 @@ use crate::convert::{
     error, grad_output, invalid, output, padding, slice, table_in_place, with_ids, writable, Ids,
     Table,
 };
-use embedding_kernels::{dense_backward, gather, sparse_backward, sparse_step, Sgd, SparseGrad};
+use embedding_kernels::{
+    dense_backward, gather, sparse_backward, sparse_step, AdagradOn, Sgd, SparseGrad,
+};
 use numpy::{PyArray1, PyArrayDyn, PyArrayMethods};
 use pyo3::prelude::*;
 
@@ -165,6 +167,81 @@ pub(crate) fn embedding_sparse_sgd_step<'py>(
             pad,
             scale_grad_by_freq,
             &mut sgd
+        ))
+    })
+    .map_err(error)
+}
+
+/// One Adagrad step of the lookup's gradient, fused, as
+/// `torch.optim.Adagrad` takes it on a sparse gradient: on each row `r`
+/// that `ids` touch (less `padding_idx`), with `g` the row's summed gradient
+/// (see [`embedding_sparse_sgd_step`]) plus `weight_decay * w`,
+/// `state_sum[r] += g * g` and
+/// `weight[r] -= clr * g / (sqrt(state_sum[r]) + eps)`, where
+/// `clr = lr / (1 + (step - 1) * lr_decay)`. `weight` and `state_sum`
+/// (float32, both `[num_embeddings, embedding_dim]`) are updated in place;
+/// `step` is this step's number, counted from 1 (PyTorch's `state["step"]`
+/// after the step). Untouched rows are not read.
+///
+/// Raises `IndexError` for an id out of range, `ValueError` for anything
+/// else (a `state_sum` of another shape than `weight`, a `step` of 0, a
+/// negative or NaN hyper-parameter, an array read-only or passed twice);
+/// then `weight` and `state_sum` are unchanged.
+#[pyfunction]
+#[pyo3(signature = (weight, state_sum, ids, grad_out, lr, step, lr_decay=0.0, weight_decay=0.0, eps=1e-10, padding_idx=None, scale_grad_by_freq=false))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn embedding_sparse_adagrad_step<'py>(
+    py: Python<'py>,
+    weight: &Bound<'py, PyAny>,
+    state_sum: &Bound<'py, PyAny>,
+    ids: &Bound<'py, PyAny>,
+    grad_out: &Bound<'py, PyAny>,
+    lr: f32,
+    step: u64,
+    lr_decay: f32,
+    weight_decay: f32,
+    eps: f32,
+    padding_idx: Option<i64>,
+    scale_grad_by_freq: bool,
+) -> PyResult<()> {
+    let (table, rows, dim) = table_in_place(weight, "weight")?;
+    let (state, state_rows, state_dim) = table_in_place(state_sum, "state_sum")?;
+    if (state_rows, state_dim) != (rows, dim) {
+        return Err(invalid(format!(
+            "state_sum has shape [{state_rows}, {state_dim}], weight has [{rows}, {dim}]"
+        )));
+    }
+    let Some(steps_taken) = step.checked_sub(1) else {
+        return Err(invalid("step counts from 1; got 0".to_string()));
+    };
+    let ids = Ids::extract(ids, "ids")?;
+    let (grad, grad_dim) = grad_output(grad_out, ids.shape())?;
+    if grad_dim != dim {
+        return Err(invalid(format!(
+            "grad_out has embedding_dim {grad_dim}, weight has {dim}"
+        )));
+    }
+    let pad = padding(padding_idx, rows)?;
+    let mut guard = writable(&table, "weight")?;
+    let mut state_guard = writable(&state, "state_sum")?;
+    let w = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
+    let s = state_guard
+        .as_slice_mut()
+        .map_err(|e| invalid(e.to_string()))?;
+    let mut adagrad = AdagradOn::new(lr, s, steps_taken);
+    adagrad.lr_decay = lr_decay;
+    adagrad.weight_decay = weight_decay;
+    adagrad.eps = eps;
+    let (g, ids) = (slice(&grad), ids.slice());
+    py.detach(|| {
+        with_ids!(ids, |i| sparse_step(
+            w,
+            dim,
+            g,
+            i,
+            pad,
+            scale_grad_by_freq,
+            &mut adagrad
         ))
     })
     .map_err(error)

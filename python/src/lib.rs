@@ -33,6 +33,10 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(embedding::embedding_dense_backward, m)?)?;
     m.add_function(wrap_pyfunction!(embedding::embedding_sparse_backward, m)?)?;
     m.add_function(wrap_pyfunction!(embedding::embedding_sparse_sgd_step, m)?)?;
+    m.add_function(wrap_pyfunction!(
+        embedding::embedding_sparse_adagrad_step,
+        m
+    )?)?;
     m.add_function(wrap_pyfunction!(bag::embedding_bag, m)?)?;
     m.add_function(wrap_pyfunction!(bag::embedding_bag_backward, m)?)?;
     m.add_function(wrap_pyfunction!(bag::embedding_bag_sparse_backward, m)?)?;

@@ -3,7 +3,8 @@
 The NumPy level, from the Rust crate ``embedding-kernels``:
 
 * :func:`embedding`, :func:`embedding_dense_backward`, :func:`embedding_sparse_backward`
-* :func:`embedding_sparse_sgd_step`: the backward and an SGD update fused, on a table in place
+* :func:`embedding_sparse_sgd_step`, :func:`embedding_sparse_adagrad_step`: the backward and an
+  SGD or Adagrad update fused, on a table (and Adagrad's ``state_sum``) in place
 * :func:`embedding_bag`, :func:`embedding_bag_backward`, :func:`embedding_bag_sparse_backward`
 * reduced-precision tables: :func:`prepack` and :func:`dequantize` (PyTorch's row-wise
   packed int8 / int4 / int2 bytes), :func:`table_embedding` and :func:`table_embedding_bag`
@@ -26,6 +27,7 @@ from ._native import (
     embedding_dense_backward,
     embedding_sparse_backward,
     embedding_sparse_sgd_step,
+    embedding_sparse_adagrad_step,
     prepack,
     dequantize,
     table_embedding,
@@ -40,6 +42,7 @@ __all__ = [
     "embedding_dense_backward",
     "embedding_sparse_backward",
     "embedding_sparse_sgd_step",
+    "embedding_sparse_adagrad_step",
     "prepack",
     "dequantize",
     "table_embedding",
