@@ -181,12 +181,15 @@ pub(crate) fn embedding_sparse_sgd_step<'py>(
 /// `clr = lr / (1 + (step - 1) * lr_decay)`. `weight` and `state_sum`
 /// (float32, both `[num_embeddings, embedding_dim]`) are updated in place;
 /// `step` is this step's number, counted from 1 (PyTorch's `state["step"]`
-/// after the step). Untouched rows are not read.
+/// after the step, as a Python int: `int(state["step"])`). Untouched rows
+/// are not read.
 ///
 /// Raises `IndexError` for an id out of range, `ValueError` for anything
 /// else (a `state_sum` of another shape than `weight`, a `step` of 0, a
-/// negative or NaN hyper-parameter, an array read-only or passed twice);
-/// then `weight` and `state_sum` are unchanged.
+/// negative or NaN hyper-parameter, an array read-only, or `weight` and
+/// `state_sum` over the same memory); then `weight` and `state_sum` are
+/// unchanged. (`step` must be an int: a negative one raises
+/// `OverflowError`, another type `TypeError`.)
 #[pyfunction]
 #[pyo3(signature = (weight, state_sum, ids, grad_out, lr, step, lr_decay=0.0, weight_decay=0.0, eps=1e-10, padding_idx=None, scale_grad_by_freq=false))]
 #[allow(clippy::too_many_arguments)]
@@ -228,6 +231,14 @@ pub(crate) fn embedding_sparse_adagrad_step<'py>(
     let s = state_guard
         .as_slice_mut()
         .map_err(|e| invalid(e.to_string()))?;
+    // Two arrays over the same buffer with different NumPy bases pass the
+    // borrow check above; the two updates must never write the same floats.
+    let (wr, sr) = (w.as_ptr_range(), s.as_ptr_range());
+    if wr.start < sr.end && sr.start < wr.end {
+        return Err(invalid(
+            "weight and state_sum share memory: state_sum must be an array of its own".to_string(),
+        ));
+    }
     let mut adagrad = AdagradOn::new(lr, s, steps_taken);
     adagrad.lr_decay = lr_decay;
     adagrad.weight_decay = weight_decay;

@@ -107,6 +107,17 @@ def test_bad_arguments_raise_and_write_nothing(change, error, message):
     assert np.array_equal(np.asarray(s), before_s)
 
 
+def test_state_over_the_weights_memory_is_refused():
+    """Two arrays over one buffer with different bases: refused, nothing written."""
+    weight, ids, grads = case(13)
+    before = weight.copy()
+    state = np.ndarray(weight.shape, np.float32, buffer=memoryview(weight))
+    assert np.shares_memory(state, weight) and state.flags.writeable
+    with pytest.raises(ValueError, match="share memory|cannot be written"):
+        ek.embedding_sparse_adagrad_step(weight, state, ids, grads[0], 0.1, 1)
+    assert np.array_equal(weight, before)
+
+
 @pytest.mark.parametrize("name, value", [("lr", -0.1), ("lr_decay", float("nan")),
                                          ("weight_decay", -1.0), ("eps", -1e-3)])
 def test_bad_hyper_parameters_raise_and_write_nothing(name, value):

@@ -204,11 +204,11 @@ impl Slot for MaybeUninit<f32> {
 }
 
 impl Cols<1> {
-    /// The last `width` (fewer than a vector's) columns of a row, from
-    /// `start`.
+    /// The last `width` (fewer than a vector of `V`'s) columns of a row,
+    /// from `start`.
     #[inline(always)]
-    pub(crate) fn tail(start: usize, width: usize) -> Self {
-        debug_assert!(width < MAX_LANES);
+    pub(crate) fn tail<V: Lanes>(start: usize, width: usize) -> Self {
+        debug_assert!(width < V::WIDTH);
         Cols {
             start,
             width,
@@ -257,7 +257,7 @@ pub(crate) fn each_block<V: Lanes, B: BlockBody>(dim: usize, widest: usize, body
         c += w;
     }
     if c < dim {
-        kept = body.block::<V, 1>(Cols::tail(c, dim - c));
+        kept = body.block::<V, 1>(Cols::tail::<V>(c, dim - c));
     }
     kept
 }

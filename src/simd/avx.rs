@@ -317,11 +317,11 @@ struct Avx512(__m512);
 /// Lanes per [`Avx512`] vector.
 const SIXTEEN: usize = 16;
 
-// The SAFETY of every `unsafe` block below: the intrinsic needs AVX-512F,
-// or AVX, AVX2 or F16C (all of which that level has, with AVX-512VL), and an `Avx512` is only reachable through
-// `run_avx512`, which `run` calls only with an `Avx` proving
-// `Level::Avx512`, that is all of them (the module notes); the intrinsics
-// touch no memory.
+// The SAFETY of every `unsafe` block below: the intrinsic needs AVX-512F or
+// AVX, and an `Avx512` is only reachable through `run_avx512`, which `run`
+// calls only with an `Avx` proving `Level::Avx512` (AVX, AVX2, FMA, F16C,
+// AVX-512F and AVX-512VL; the module notes); the intrinsics touch no
+// memory.
 impl Lanes for Avx512 {
     const WIDTH: usize = SIXTEEN;
     // Sixteen vectors a block, as with eight lanes: 256 columns, the half of

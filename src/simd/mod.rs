@@ -80,7 +80,8 @@ pub(crate) trait Lanes: Copy + Send + Sync + 'static {
     /// All ones where `self > other` (ordered: false if either is NaN),
     /// zeros elsewhere.
     fn greater(self, other: Self) -> Self;
-    /// `if_true` where `self` (a mask of [`Lanes::greater`]) is set,
+    /// `if_true` where `self` (a mask of [`Lanes::greater`], whose lanes
+    /// are all ones or all zeros: no other lanes are allowed) is set,
     /// `if_false` elsewhere, bit for bit.
     fn select(self, if_true: Self, if_false: Self) -> Self;
     /// The first `WIDTH` bytes of `bytes` as lanes (`0.0..=255.0`), the
@@ -190,7 +191,8 @@ pub(crate) trait Body {
 pub(crate) enum Isa {
     /// `wide::f32x8`, whatever the build targets.
     Portable,
-    /// 256-bit AVX registers; holds the proof that the CPU has AVX.
+    /// AVX registers (256-bit, or 512-bit at the AVX-512 level); holds the
+    /// proof that the CPU has the level's features.
     #[cfg(target_arch = "x86_64")]
     Avx(avx::Avx),
 }

@@ -53,7 +53,7 @@ impl<I: Index, T: RowFormat, S: Slot> BlockBody for Sum<'_, '_, I, T, S> {
     // and with sixteen-lane vectors one bag task's frame grew past a
     // thread's 2 MiB stack; out of line, each block size has a frame of its
     // own (and calls its intrinsics out of line, which is correct, only
-    // slower).
+    // slower; so does an optimised build with debug assertions on).
     #[cfg_attr(not(debug_assertions), inline(always))]
     #[cfg_attr(debug_assertions, inline(never))]
     fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize {
