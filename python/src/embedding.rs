@@ -6,8 +6,9 @@ use crate::convert::{
 };
 use embedding_kernels::{
     dense_backward, gather, sparse_backward, sparse_step, AdagradOn, Sgd, SparseGrad,
+    SparseOptimizer,
 };
-use numpy::{PyArray1, PyArrayDyn, PyArrayMethods};
+use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn};
 use pyo3::prelude::*;
 
 /// `out[..., :] = weight[ids[...], :]`: the rows of `weight` (float32,
@@ -145,31 +146,75 @@ pub(crate) fn embedding_sparse_sgd_step<'py>(
     padding_idx: Option<i64>,
     scale_grad_by_freq: bool,
 ) -> PyResult<()> {
-    let (table, rows, dim) = table_in_place(weight, "weight")?;
-    let ids = Ids::extract(ids, "ids")?;
-    let (grad, grad_dim) = grad_output(grad_out, ids.shape())?;
-    if grad_dim != dim {
-        return Err(invalid(format!(
-            "grad_out has embedding_dim {grad_dim}, weight has {dim}"
-        )));
-    }
-    let pad = padding(padding_idx, rows)?;
+    let args = StepArgs::extract(weight, ids, grad_out, padding_idx)?;
     let mut sgd = Sgd::new(lr).with_weight_decay(weight_decay);
-    let mut guard = writable(&table, "weight")?;
+    let mut guard = writable(&args.table, "weight")?;
     let w = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
-    let (g, ids) = (slice(&grad), ids.slice());
-    py.detach(|| {
-        with_ids!(ids, |i| sparse_step(
-            w,
+    args.step(py, w, scale_grad_by_freq, &mut sgd)
+}
+
+/// What both fused steps take and check alike: the table to update in
+/// place, the ids, a gradient as wide as the table, and `padding_idx`.
+struct StepArgs<'py> {
+    table: Bound<'py, PyArrayDyn<f32>>,
+    rows: usize,
+    dim: usize,
+    ids: Ids<'py>,
+    grad: PyReadonlyArrayDyn<'py, f32>,
+    pad: Option<usize>,
+}
+
+impl<'py> StepArgs<'py> {
+    /// Checks the arguments in the order of the errors' documentation,
+    /// writing nothing.
+    fn extract(
+        weight: &Bound<'py, PyAny>,
+        ids: &Bound<'py, PyAny>,
+        grad_out: &Bound<'py, PyAny>,
+        padding_idx: Option<i64>,
+    ) -> PyResult<Self> {
+        let (table, rows, dim) = table_in_place(weight, "weight")?;
+        let ids = Ids::extract(ids, "ids")?;
+        let (grad, grad_dim) = grad_output(grad_out, ids.shape())?;
+        if grad_dim != dim {
+            return Err(invalid(format!(
+                "grad_out has embedding_dim {grad_dim}, weight has {dim}"
+            )));
+        }
+        let pad = padding(padding_idx, rows)?;
+        Ok(StepArgs {
+            table,
+            rows,
             dim,
-            g,
-            i,
+            ids,
+            grad,
             pad,
-            scale_grad_by_freq,
-            &mut sgd
-        ))
-    })
-    .map_err(error)
+        })
+    }
+
+    /// The crate's fused step of `optimizer` on `w` (the table's values),
+    /// with the GIL released.
+    fn step<O: SparseOptimizer + Send>(
+        &self,
+        py: Python<'py>,
+        w: &mut [f32],
+        scale_grad_by_freq: bool,
+        optimizer: &mut O,
+    ) -> PyResult<()> {
+        let (g, ids, dim, pad) = (slice(&self.grad), self.ids.slice(), self.dim, self.pad);
+        py.detach(|| {
+            with_ids!(ids, |i| sparse_step(
+                w,
+                dim,
+                g,
+                i,
+                pad,
+                scale_grad_by_freq,
+                optimizer
+            ))
+        })
+        .map_err(error)
+    }
 }
 
 /// One Adagrad step of the lookup's gradient, fused, as
@@ -207,7 +252,8 @@ pub(crate) fn embedding_sparse_adagrad_step<'py>(
     padding_idx: Option<i64>,
     scale_grad_by_freq: bool,
 ) -> PyResult<()> {
-    let (table, rows, dim) = table_in_place(weight, "weight")?;
+    let args = StepArgs::extract(weight, ids, grad_out, padding_idx)?;
+    let (rows, dim) = (args.rows, args.dim);
     let (state, state_rows, state_dim) = table_in_place(state_sum, "state_sum")?;
     if (state_rows, state_dim) != (rows, dim) {
         return Err(invalid(format!(
@@ -217,15 +263,7 @@ pub(crate) fn embedding_sparse_adagrad_step<'py>(
     let Some(steps_taken) = step.checked_sub(1) else {
         return Err(invalid("step counts from 1; got 0".to_string()));
     };
-    let ids = Ids::extract(ids, "ids")?;
-    let (grad, grad_dim) = grad_output(grad_out, ids.shape())?;
-    if grad_dim != dim {
-        return Err(invalid(format!(
-            "grad_out has embedding_dim {grad_dim}, weight has {dim}"
-        )));
-    }
-    let pad = padding(padding_idx, rows)?;
-    let mut guard = writable(&table, "weight")?;
+    let mut guard = writable(&args.table, "weight")?;
     let mut state_guard = writable(&state, "state_sum")?;
     let w = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
     let s = state_guard
@@ -243,19 +281,7 @@ pub(crate) fn embedding_sparse_adagrad_step<'py>(
     adagrad.lr_decay = lr_decay;
     adagrad.weight_decay = weight_decay;
     adagrad.eps = eps;
-    let (g, ids) = (slice(&grad), ids.slice());
-    py.detach(|| {
-        with_ids!(ids, |i| sparse_step(
-            w,
-            dim,
-            g,
-            i,
-            pad,
-            scale_grad_by_freq,
-            &mut adagrad
-        ))
-    })
-    .map_err(error)
+    args.step(py, w, scale_grad_by_freq, &mut adagrad)
 }
 
 /// A sparse gradient as Python gets it: int64 rows and float32 values.
