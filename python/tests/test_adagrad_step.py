@@ -1,4 +1,4 @@
-"""The fused sparse Adagrad step: `embedding_sparse_adagrad_step`."""
+"""The fused sparse Adagrad step: `embedding_sparse_adagrad_step` and `Embedding.adagrad_in_backward`."""
 
 import ctypes
 
@@ -8,7 +8,9 @@ import torch
 from torch import nn
 
 import embedding_kernels as ek
+import embedding_kernels.torch as ekt
 from helpers import assert_bitwise
+from test_training import BATCH, CLASSES, DIM, SEQ, STEPS, VOCAB, Model
 
 
 def expected_step(weight, state, ids, grad_out, lr, step, lr_decay=0.0, weight_decay=0.0,
@@ -134,3 +136,141 @@ def test_bad_hyper_parameters_raise_and_write_nothing(name, value):
                                          args["lr_decay"], args["weight_decay"], args["eps"])
     assert np.array_equal(weight, before_w)
     assert np.array_equal(state, before_s)
+
+
+@pytest.mark.parametrize("padding_idx", [None, 2])
+@pytest.mark.parametrize("scale", [False, True])
+@pytest.mark.parametrize("lr_decay, weight_decay, initial", [(0.0, 0.0, 0.0), (0.1, 0.01, 0.3)])
+def test_module_backward_is_the_step_bitwise(padding_idx, scale, lr_decay, weight_decay, initial):
+    """Three backwards of `adagrad_in_backward` are three calls of the NumPy step, steps
+    counted 1, 2, 3, on the module's own accumulators."""
+    weight, ids, grads = case(21, shape=(6, 7))
+    want_w, want_s = weight.copy(), np.full_like(weight, initial)
+    emb = ekt.Embedding.from_pretrained(
+        torch.from_numpy(weight.copy()), freeze=False, padding_idx=padding_idx, scale_grad_by_freq=scale
+    )
+    assert emb.adagrad_state() is None
+    assert emb.adagrad_in_backward(0.05, lr_decay, weight_decay, initial) is emb
+    for step, grad_out in enumerate(grads, start=1):
+        want_w, want_s = expected_step(want_w, want_s, ids, grad_out, 0.05, step, lr_decay,
+                                       weight_decay, padding_idx=padding_idx, scale=scale)
+        (emb(torch.from_numpy(ids)) * torch.from_numpy(grad_out)).sum().backward()
+        assert emb.weight.grad is None
+        state = emb.adagrad_state()
+        assert int(state["step"]) == step
+        assert_bitwise(emb.weight.detach(), torch.from_numpy(want_w))
+        assert_bitwise(state["sum"], torch.from_numpy(want_s))
+    # Undone: a gradient again, the table and the state left alone.
+    emb.adagrad_in_backward(None)
+    assert emb.adagrad_state() is None
+    stepped = emb.weight.detach().clone()
+    emb(torch.from_numpy(ids)).sum().backward()
+    assert emb.weight.grad is not None
+    assert_bitwise(emb.weight.detach(), stepped)
+
+
+def test_module_goes_on_from_pytorchs_adagrad_state():
+    """Two steps of `torch.optim.Adagrad`, then its state handed to the module for a
+    third: the same as PyTorch's third step to a few roundings, with PyTorch's `sum`
+    tensor updated in place; and the module's state handed back to PyTorch for a fourth."""
+    weight, ids, grads = case(23, shape=(200,))
+    grads.append(grads[0] * 0.5)
+    theirs = nn.Embedding.from_pretrained(torch.from_numpy(weight.copy()), freeze=False, sparse=True)
+    opt = torch.optim.Adagrad(theirs.parameters(), lr=0.1, lr_decay=0.05)
+
+    def their_step(grad_out):
+        opt.zero_grad()
+        (theirs(torch.from_numpy(ids)) * torch.from_numpy(grad_out)).sum().backward()
+        opt.step()
+
+    their_step(grads[0])
+    their_step(grads[1])
+    ours = ekt.Embedding.from_pretrained(theirs.weight.detach().clone(), freeze=False)
+    handed = {"step": opt.state[theirs.weight]["step"].clone(),
+              "sum": opt.state[theirs.weight]["sum"].clone()}
+    ours.adagrad_in_backward(0.1, lr_decay=0.05, state=handed)
+    their_step(grads[2])
+    (ours(torch.from_numpy(ids)) * torch.from_numpy(grads[2])).sum().backward()
+    state = ours.adagrad_state()
+    assert state["sum"] is handed["sum"] and int(state["step"]) == 3
+    assert torch.allclose(state["sum"], opt.state[theirs.weight]["sum"], rtol=1e-5, atol=1e-6)
+    assert torch.allclose(ours.weight.detach(), theirs.weight.detach(), rtol=0, atol=1e-5)
+    # Back to PyTorch: its optimiser over our table and state gives its fourth step.
+    back = nn.Embedding.from_pretrained(ours.weight.detach().clone(), freeze=False, sparse=True)
+    back_opt = torch.optim.Adagrad(back.parameters(), lr=0.1, lr_decay=0.05)
+    back_opt.state[back.weight] = {"step": state["step"], "sum": state["sum"].clone()}
+    their_step(grads[3])
+    back_opt.zero_grad()
+    (back(torch.from_numpy(ids)) * torch.from_numpy(grads[3])).sum().backward()
+    back_opt.step()
+    assert torch.allclose(back.weight.detach(), theirs.weight.detach(), rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"lr": -0.1}, "lr"),
+        ({"lr_decay": float("nan")}, "lr_decay"),
+        ({"weight_decay": -1.0}, "weight_decay"),
+        ({"initial_accumulator_value": float("inf")}, "initial_accumulator_value"),
+        ({"eps": -1e-3}, "eps"),
+        ({"state": {"step": 0, "sum": torch.zeros(10, 3)}}, "shape"),
+        ({"state": {"step": 0, "sum": torch.zeros(10, 4, dtype=torch.float64)}}, "float32"),
+        ({"state": {"step": 0, "sum": torch.zeros(4, 10).t()}}, "contiguous"),
+        ({"state": {"step": -1, "sum": torch.zeros(10, 4)}}, "step"),
+    ],
+)
+def test_module_rejects_bad_arguments(kwargs, message):
+    emb = ekt.Embedding(10, 4).sgd_in_backward(0.1)
+    before = emb._step_in_backward
+    with pytest.raises(ValueError, match=message):
+        emb.adagrad_in_backward(**kwargs)
+    assert emb._step_in_backward is before
+
+
+def test_module_refused_step_changes_nothing():
+    """A state that shares the table's memory passes the module's checks but is refused
+    by the step in the backward: table, state and step count unchanged."""
+    weight = torch.randn(10, 4)
+    emb = ekt.Embedding.from_pretrained(weight, freeze=False)
+    emb.adagrad_in_backward(0.1, state={"step": 2, "sum": weight})
+    before = weight.clone()
+    with pytest.raises(ValueError, match="share memory"):
+        emb(torch.tensor([1, 2, 2])).sum().backward()
+    assert_bitwise(weight, before)
+    assert int(emb.adagrad_state()["step"]) == 2
+
+
+def test_training_with_adagrad_in_backward_follows_pytorch():
+    """`test_training`'s model: nn.Embedding(sparse=True) with Adagrad on the table, and
+    ours with the step in its backward (the linear layer on Adagrad in both)."""
+
+    def run(ours: bool):
+        torch.manual_seed(0)
+        if ours:
+            table = ekt.Embedding(VOCAB, DIM, padding_idx=0).adagrad_in_backward(0.1)
+        else:
+            table = nn.Embedding(VOCAB, DIM, padding_idx=0, sparse=True)
+        model = Model(table, False)
+        opts = [torch.optim.Adagrad(model.linear.parameters(), lr=0.1)]
+        if not ours:
+            opts.append(torch.optim.Adagrad(table.parameters(), lr=0.1))
+        g = torch.Generator().manual_seed(1)
+        losses = []
+        for _ in range(STEPS):
+            labels = torch.randint(0, CLASSES, (BATCH,), generator=g)
+            ids = labels[:, None] + CLASSES * torch.randint(0, VOCAB // CLASSES, (BATCH, SEQ), generator=g)
+            loss = nn.functional.cross_entropy(model(ids), labels)
+            for opt in opts:
+                opt.zero_grad()
+            loss.backward()
+            for opt in opts:
+                opt.step()
+            losses.append(loss.item())
+        return torch.tensor(losses)
+
+    theirs, ours = run(False), run(True)
+    assert theirs[-1] < 0.5 * theirs[0]
+    diff = (ours - theirs).abs().max().item()
+    print(f"adagrad_in_backward: max |loss difference| {diff:.3g}")
+    assert diff <= 1e-5

@@ -139,7 +139,7 @@ def test_module_rejects_bad_hyper_parameters():
     for lr, wd in [(-1.0, 0.0), (float("nan"), 0.0), (float("inf"), 0.0), (0.1, -0.5)]:
         with pytest.raises(ValueError):
             emb.sgd_in_backward(lr, wd)
-    assert emb._sgd_in_backward is None
+    assert emb._step_in_backward is None
 
 
 def test_module_bad_id_raises_in_the_forward():

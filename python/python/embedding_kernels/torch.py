@@ -196,43 +196,80 @@ class _EmbeddingFunction(torch.autograd.Function):
         return grad, None, None, None, None
 
 
-class _SgdInBackward(torch.autograd.Function):
-    """The lookup whose backward is an SGD step on the table, fused by the crate.
+class _Sgd:
+    """The fused SGD step of `Embedding.sgd_in_backward`."""
+
+    def __init__(self, lr: float, weight_decay: float) -> None:
+        self.lr, self.weight_decay = lr, weight_decay
+
+    def run(self, table, ids, grad_out, padding_idx, scale_grad_by_freq) -> None:
+        _native.embedding_sparse_sgd_step(
+            table, ids, grad_out, self.lr, self.weight_decay, padding_idx, scale_grad_by_freq
+        )
+
+
+class _Adagrad:
+    """The fused Adagrad step of `Embedding.adagrad_in_backward`, and its state: the
+    accumulators (``sum``) and the number of steps taken (``step``), as
+    ``torch.optim.Adagrad`` keeps them for a parameter."""
+
+    def __init__(self, lr, lr_decay, weight_decay, eps, state_sum: Tensor, step: int) -> None:
+        self.lr, self.lr_decay, self.weight_decay, self.eps = lr, lr_decay, weight_decay, eps
+        self.sum, self.step = state_sum, step
+
+    def run(self, table, ids, grad_out, padding_idx, scale_grad_by_freq) -> None:
+        _native.embedding_sparse_adagrad_step(
+            table,
+            self.sum.detach().numpy(),
+            ids,
+            grad_out,
+            self.lr,
+            self.step + 1,
+            self.lr_decay,
+            self.weight_decay,
+            self.eps,
+            padding_idx,
+            scale_grad_by_freq,
+        )
+        # Counted only once the step is taken: a refused step changes nothing.
+        self.step += 1
+
+
+class _StepInBackward(torch.autograd.Function):
+    """The lookup whose backward is an optimiser step on the table, fused by the crate.
 
     The backward updates ``weight`` in place (the touched rows, each by its
     summed gradient) and returns no gradient for it, so ``weight.grad`` stays
     ``None`` and no optimiser is needed for it."""
 
     @staticmethod
-    def forward(ctx, weight, ids, padding_idx, scale_grad_by_freq, lr, weight_decay):
+    def forward(ctx, weight, ids, padding_idx, scale_grad_by_freq, step):
         out = _lookup(weight, ids, padding_idx)
         ctx.save_for_backward(ids)
         # The table itself, not a copy: the step writes into it.
         ctx.table = weight
-        ctx.options = (padding_idx, scale_grad_by_freq, lr, weight_decay)
+        ctx.options = (padding_idx, scale_grad_by_freq, step)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         (ids,) = ctx.saved_tensors
-        padding_idx, scale_grad_by_freq, lr, weight_decay = ctx.options
+        padding_idx, scale_grad_by_freq, step = ctx.options
         _check_table(grad_out, "grad_output")
         # The table's own memory, never a copy: a non-contiguous table is refused
         # by the step (ValueError) rather than updated in a copy thrown away.
         table = ctx.table.detach().numpy()
-        _native.embedding_sparse_sgd_step(
-            table,
-            _array(ids),
-            _array(grad_out),
-            lr,
-            weight_decay,
-            padding_idx,
-            scale_grad_by_freq,
-        )
+        step.run(table, _array(ids), _array(grad_out), padding_idx, scale_grad_by_freq)
         # Written behind autograd's back: bump the version, so that a graph that
         # saved the table elsewhere (a tied layer) raises instead of using new values.
         torch.autograd.graph.increment_version(ctx.table)
-        return None, None, None, None, None, None
+        return None, None, None, None, None
+
+
+def _check_rates(**values: float) -> None:
+    for name, value in values.items():
+        if not value >= 0.0 or value == float("inf"):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value}")
 
 
 class Embedding(_Table):
@@ -280,8 +317,8 @@ class Embedding(_Table):
         self.scale_grad_by_freq = scale_grad_by_freq
         self.sparse = sparse
         self.weight = _parameter(num_embeddings, embedding_dim, _weight, not _freeze)
-        # (lr, weight_decay) when the backward is an SGD step (`sgd_in_backward`).
-        self._sgd_in_backward: Optional[tuple] = None
+        # The optimiser step run as the backward (`sgd_in_backward`, `adagrad_in_backward`).
+        self._step_in_backward: Optional[object] = None
         if _weight is None:
             self.reset_parameters()
 
@@ -302,15 +339,79 @@ class Embedding(_Table):
         elsewhere (a tied output layer) must not use it: the step bumps the
         table's autograd version, so such a graph raises in its backward. The
         table must be contiguous (``ValueError`` in the backward otherwise).
-        Returns the module."""
+        Replaces an Adagrad step set before. Returns the module."""
         if lr is None:
-            self._sgd_in_backward = None
+            self._step_in_backward = None
             return self
-        for name, value in (("lr", lr), ("weight_decay", weight_decay)):
-            if not value >= 0.0 or value == float("inf"):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
-        self._sgd_in_backward = (float(lr), float(weight_decay))
+        _check_rates(lr=lr, weight_decay=weight_decay)
+        self._step_in_backward = _Sgd(float(lr), float(weight_decay))
         return self
+
+    def adagrad_in_backward(
+        self,
+        lr: Optional[float] = 1e-2,
+        lr_decay: float = 0.0,
+        weight_decay: float = 0.0,
+        initial_accumulator_value: float = 0.0,
+        eps: float = 1e-10,
+        state: Optional[dict] = None,
+    ) -> "Embedding":
+        """Makes the backward an Adagrad step on ``weight``, fused by the crate; ``lr=None`` undoes it.
+
+        ``torch.optim.Adagrad``'s arguments and rule, on the rows the forward
+        looked up: with ``g`` the row's summed gradient (as for
+        :meth:`sgd_in_backward`) plus ``weight_decay * w``, ``sum += g * g`` and
+        ``w -= clr * g / (sqrt(sum) + eps)``, ``clr = lr / (1 + (step - 1) * lr_decay)``
+        for the ``step``-th backward; untouched rows keep their accumulators, as
+        PyTorch's Adagrad does on a sparse gradient (with weight decay, which
+        PyTorch refuses on a sparse gradient, the touched rows decay only).
+
+        The accumulators start at ``initial_accumulator_value``, or come from
+        ``state``: a dict as ``torch.optim.Adagrad`` keeps for a parameter
+        (``{"step": ..., "sum": ...}``, e.g. ``opt.state[weight]``), whose
+        ``sum`` tensor is then updated in place. :meth:`adagrad_state` returns
+        that dict for a checkpoint or to go on with PyTorch's optimiser. Like
+        :meth:`sgd_in_backward`, ``weight.grad`` stays ``None`` and each
+        backward steps at once. Replaces an SGD step set before. Returns the
+        module."""
+        if lr is None:
+            self._step_in_backward = None
+            return self
+        _check_rates(
+            lr=lr,
+            lr_decay=lr_decay,
+            weight_decay=weight_decay,
+            initial_accumulator_value=initial_accumulator_value,
+            eps=eps,
+        )
+        shape = tuple(self.weight.shape)
+        if state is None:
+            state_sum = torch.full(shape, float(initial_accumulator_value), dtype=torch.float32)
+            step = 0
+        else:
+            state_sum, step = state["sum"], int(state["step"])
+            if not isinstance(state_sum, Tensor) or state_sum.dtype != torch.float32:
+                raise ValueError("state['sum'] must be a float32 tensor")
+            if tuple(state_sum.shape) != shape or not state_sum.is_contiguous():
+                raise ValueError(
+                    f"state['sum'] must be a contiguous tensor of weight's shape {list(shape)}, "
+                    f"got {list(state_sum.shape)}"
+                )
+            if state_sum.device.type != "cpu" or step < 0:
+                raise ValueError("state['sum'] must be on the CPU and state['step'] >= 0")
+        self._step_in_backward = _Adagrad(
+            float(lr), float(lr_decay), float(weight_decay), float(eps), state_sum, step
+        )
+        return self
+
+    def adagrad_state(self) -> Optional[dict]:
+        """The Adagrad step's state, ``{"step": tensor, "sum": tensor}`` as
+        ``torch.optim.Adagrad`` keeps it (the ``sum`` tensor itself, not a copy);
+        ``None`` unless :meth:`adagrad_in_backward` is on."""
+        step = self._step_in_backward
+        if not isinstance(step, _Adagrad):
+            return None
+        return {"step": torch.tensor(float(step.step)), "sum": step.sum}
 
     def forward(self, input: Tensor) -> Tensor:
         _check_table(self.weight)
@@ -322,10 +423,9 @@ class Embedding(_Table):
                 torch.embedding_renorm_(self.weight, input, self.max_norm, self.norm_type)
         if not _needs_graph(self.weight):
             return _lookup(self.weight, input, self.padding_idx)
-        if self._sgd_in_backward is not None:
-            lr, weight_decay = self._sgd_in_backward
-            return _SgdInBackward.apply(
-                self.weight, input, self.padding_idx, self.scale_grad_by_freq, lr, weight_decay
+        if self._step_in_backward is not None:
+            return _StepInBackward.apply(
+                self.weight, input, self.padding_idx, self.scale_grad_by_freq, self._step_in_backward
             )
         return _EmbeddingFunction.apply(
             self.weight, input, self.padding_idx, self.scale_grad_by_freq, self.sparse
