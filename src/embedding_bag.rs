@@ -30,9 +30,8 @@ use crate::embedding::{Embedding, EmbeddingOptions, Gradient};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::kernels::{
-    bag_backward_valid, bag_max_backward, bag_sparse_backward_with, check_backward_rows,
-    check_forward_rows, check_forward_unallocated, forward_valid, forward_valid_fresh, BagUpdate,
-    Target,
+    bag_backward_valid, bag_max_backward, bag_sparse_backward_with, bag_step, check_backward_rows,
+    check_forward_rows, check_forward_unallocated, forward_valid, forward_valid_fresh,
 };
 use crate::optim::SparseOptimizer;
 use crate::parallel::{in_pool, Parallelism};
@@ -462,24 +461,19 @@ impl EmbeddingBag {
         let dim = self.embedding_dim();
         let pooling = self.pooling(per_sample_weights);
         let rows = self.table.num_embeddings();
-        let ids = check_backward_rows(rows, dim, ids, bags, &pooling, grad_output)?;
-        if self.mode == Mode::Max {
-            return Err(EmbeddingError::MaxNeedsIndices);
-        }
-        optimizer.check_step(rows, dim)?;
-        if self.table.is_frozen() {
-            return Ok(());
-        }
-        let update = BagUpdate::new(grad_output, dim, ids, bags, &pooling)?;
-        let (rule, state) = optimizer.begin_step(rows, dim)?;
         let par = self.table.parallelism();
-        let target = Target {
-            weight: self.table.weight_mut(),
+        let table = (!self.table.is_frozen()).then(|| self.table.weight_mut());
+        bag_step(
+            par,
+            rows,
             dim,
-            state,
-        };
-        update.apply(par, target, &rule);
-        Ok(())
+            table,
+            grad_output,
+            ids,
+            bags,
+            &pooling,
+            optimizer,
+        )
     }
 
     /// Every check of a backward call but `grad_weight`'s, in the order of

@@ -5,13 +5,13 @@
 mod common;
 
 use common::{
-    assert_error, assert_gradient, bad_id, bits, central_differences, invalid, mismatch, pools,
-    row, run_table, weighted_sum, Row, SplitMix,
+    assert_error, assert_gradient, bad_id, bits, central_differences, invalid, mismatch,
+    not_whole_rows, pools, row, run_table, weighted_sum, Row, SplitMix,
 };
 use embedding_kernels::Pooling;
 use embedding_kernels::{
-    reference, Bags, EmbeddingBag, EmbeddingBagOptions, EmbeddingError, Gradient, Mode, Operand,
-    Parallelism, RowWiseAdagrad, Sgd,
+    bag_sparse_step_with, reference, Bags, EmbeddingBag, EmbeddingBagOptions, EmbeddingError,
+    Gradient, Mode, Operand, Parallelism, RowWiseAdagrad, Sgd,
 };
 
 const ROWS: usize = 40;
@@ -253,8 +253,9 @@ fn sum_mean_and_weighted_backward_match_finite_differences() {
 }
 
 /// The fused backward + row-wise Adagrad step equals the sparse gradient
-/// applied by hand with FBGEMM's rule, bit for bit, on every pool; the
-/// padding row and untouched rows keep their bits.
+/// applied by hand with FBGEMM's rule, bit for bit, on every pool, through
+/// the layer and through the free step on a plain table; the padding row
+/// and untouched rows keep their bits.
 #[test]
 fn fused_rowwise_adagrad_step_equals_the_rule_on_the_sparse_gradient() {
     let (ids, offsets) = batch();
@@ -280,6 +281,21 @@ fn fused_rowwise_adagrad_step_equals_the_rule_on_the_sparse_gradient() {
                 *w -= step * x;
             }
         }
+        let pooling = Pooling {
+            mode,
+            per_sample_weights: None,
+            padding_idx: Some(12),
+            scale_grad_by_freq: false,
+        };
+        let free = |par: Parallelism| {
+            let (mut plain, mut opt) = (table(1), RowWiseAdagrad::new(0.1));
+            bag_sparse_step_with(par, &mut plain, DIM, &g, &ids, &bags, &pooling, &mut opt)
+                .unwrap();
+            (plain, opt)
+        };
+        let (plain, opt) = free(Parallelism::Serial);
+        assert_eq!(bits(&plain), bits(&want), "{mode} free, serial");
+        assert_eq!(bits(opt.state()), bits(&state));
         for pool in pools() {
             let mut bag = layer(mode, options.clone()).with_parallelism(Parallelism::Rayon);
             let mut opt = RowWiseAdagrad::new(0.1);
@@ -287,12 +303,52 @@ fn fused_rowwise_adagrad_step_equals_the_rule_on_the_sparse_gradient() {
                 .unwrap();
             assert_eq!(bits(bag.table().weight()), bits(&want), "{mode}");
             assert_eq!(bits(opt.state()), bits(&state));
+            let (plain, opt) = pool.install(|| free(Parallelism::Rayon));
+            assert_eq!(bits(&plain), bits(&want), "{mode} free");
+            assert_eq!(bits(opt.state()), bits(&state));
         }
         assert_eq!(
             bits(&want[12 * DIM..13 * DIM]),
             bits(&table(1)[12 * DIM..13 * DIM])
         );
     }
+}
+
+/// The free bag step refuses a bad table, a bad id and max mode, with the
+/// table and the optimiser as they were.
+#[test]
+fn free_bag_step_errors_change_nothing() {
+    let (mut ids, offsets) = batch();
+    let g = SplitMix(14).values(5 * DIM);
+    let bags = layer(Mode::Sum, EmbeddingBagOptions::default())
+        .offsets(&offsets, ids.len())
+        .unwrap();
+    let pooling = |mode| Pooling {
+        mode,
+        per_sample_weights: None,
+        padding_idx: None,
+        scale_grad_by_freq: false,
+    };
+    let mut opt = RowWiseAdagrad::new(0.1);
+    let step = |t: &mut [f32], ids: &[i64], mode, opt: &mut RowWiseAdagrad| {
+        let par = Parallelism::Serial;
+        bag_sparse_step_with(par, t, DIM, &g, ids, &bags, &pooling(mode), opt)
+    };
+    let mut short = table(1)[1..].to_vec();
+    let got = step(&mut short, &ids, Mode::Sum, &mut opt);
+    assert_error(
+        "table",
+        got,
+        &not_whole_rows(Operand::Table, ROWS * DIM - 1, DIM),
+    );
+    let mut plain = table(1);
+    let got = step(&mut plain, &ids, Mode::Max, &mut opt);
+    assert_error("max", got, &EmbeddingError::MaxNeedsIndices);
+    ids[9] = ROWS as i64;
+    let got = step(&mut plain, &ids, Mode::Sum, &mut opt);
+    assert_error("id", got, &bad_id(9, ROWS as i128, ROWS));
+    assert_eq!(bits(&plain), bits(&table(1)));
+    assert!(opt.state().is_empty());
 }
 
 /// One bad call of the bag layer, one variant per entry point. The layer

@@ -22,8 +22,8 @@ pub(crate) mod tuning;
 
 pub use bag::{
     bag_backward, bag_backward_with, bag_forward, bag_forward_with, bag_max_backward,
-    bag_max_backward_with, bag_sparse_backward, bag_sparse_backward_with, table_bag_forward,
-    table_bag_forward_with,
+    bag_max_backward_with, bag_sparse_backward, bag_sparse_backward_with, bag_sparse_step,
+    bag_sparse_step_with, table_bag_forward, table_bag_forward_with,
 };
 pub use gather::{gather, gather_scaled, gather_scaled_with, gather_with};
 pub use grouped::{
@@ -38,8 +38,8 @@ pub use token_position::{
 };
 
 pub(crate) use bag::{
-    bag_backward_valid, check_backward_rows, check_forward_rows, check_forward_unallocated,
-    forward_fresh, forward_valid, forward_valid_fresh, BagUpdate,
+    bag_backward_valid, bag_step, check_backward_rows, check_forward_rows,
+    check_forward_unallocated, forward_fresh, forward_valid, forward_valid_fresh,
 };
 pub(crate) use gather::{check as check_gather, gather_fresh, gather_valid};
 pub(crate) use grouped::{

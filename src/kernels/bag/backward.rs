@@ -9,6 +9,7 @@ use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::kernels::grouped::{self, Groups, RowRule, Source, Target};
 use crate::kernels::spare;
+use crate::optim::SparseOptimizer;
 use crate::parallel::Parallelism;
 use crate::pooling::{Mode, Pooling};
 use crate::shape::{check_len, rows_len, table_rows};
@@ -220,6 +221,93 @@ pub fn bag_sparse_backward_with<I: Index>(
     let keep = |p, r| source.keeps(p, r);
     let divide = pooling.scale_grad_by_freq;
     grouped::coalesce(par, ids, keep, &source, dim, divide)
+}
+
+/// Backward and an optimiser step of a sum or mean bag batch in one pass over
+/// the touched rows, on a table the caller owns (`table.len() / dim` rows):
+/// the step of [`EmbeddingBag::sparse_step`](crate::EmbeddingBag::sparse_step),
+/// with its bits on every thread count. Each touched row (less
+/// `pooling.padding_idx`) gets the optimiser's update with the row that
+/// [`bag_sparse_backward`] would give it; no gradient is stored and untouched
+/// rows are not read.
+///
+/// # Errors
+/// In this order: [`EmbeddingError::ZeroDimWithData`] or
+/// [`EmbeddingError::NotMultipleOfDim`] for the table, the errors of
+/// [`bag_backward`](crate::bag_backward) but `grad_table`'s,
+/// [`EmbeddingError::MaxNeedsIndices`] in max mode, the optimiser's own
+/// errors, then [`EmbeddingError::AllocationFailed`] for the workspace or a
+/// first step's state. On any error the table and the optimiser are as they
+/// were.
+#[allow(clippy::too_many_arguments)]
+pub fn bag_sparse_step_with<I: Index, O: SparseOptimizer>(
+    par: Parallelism,
+    table: &mut [f32],
+    dim: usize,
+    grad_bags: &[f32],
+    ids: &[I],
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    optimizer: &mut O,
+) -> Result<(), EmbeddingError> {
+    let rows = table_rows(table.len(), dim, Operand::Table)?;
+    bag_step(
+        par,
+        rows,
+        dim,
+        Some(table),
+        grad_bags,
+        ids,
+        bags,
+        pooling,
+        optimizer,
+    )
+}
+
+/// [`bag_sparse_step_with`] with [`Parallelism::Auto`].
+///
+/// # Errors
+/// As [`bag_sparse_step_with`].
+pub fn bag_sparse_step<I: Index, O: SparseOptimizer>(
+    table: &mut [f32],
+    dim: usize,
+    grad_bags: &[f32],
+    ids: &[I],
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    optimizer: &mut O,
+) -> Result<(), EmbeddingError> {
+    let par = Parallelism::Auto;
+    bag_sparse_step_with(par, table, dim, grad_bags, ids, bags, pooling, optimizer)
+}
+
+/// The checks and the step of a bag batch on a table of `rows × dim`
+/// values; `table: None` (a frozen table) makes every check, then changes
+/// nothing, the optimiser included.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn bag_step<I: Index, O: SparseOptimizer>(
+    par: Parallelism,
+    rows: usize,
+    dim: usize,
+    table: Option<&mut [f32]>,
+    grad_bags: &[f32],
+    ids: &[I],
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    optimizer: &mut O,
+) -> Result<(), EmbeddingError> {
+    let ids = check_backward_rows(rows, dim, ids, bags, pooling, grad_bags)?;
+    if pooling.mode == Mode::Max {
+        return Err(EmbeddingError::MaxNeedsIndices);
+    }
+    optimizer.check_step(rows, dim)?;
+    let Some(weight) = table else {
+        return Ok(());
+    };
+    let update = BagUpdate::new(grad_bags, dim, ids, bags, pooling)?;
+    let (rule, state) = optimizer.begin_step(rows, dim)?;
+    update.apply(par, Target { weight, dim, state }, &rule);
+    Ok(())
 }
 
 /// The fused backward + update of a sum or mean bag batch, after

@@ -67,10 +67,10 @@ mod sum;
 mod tests;
 
 pub(crate) use backward::bag_backward_valid;
-pub(crate) use backward::BagUpdate;
+pub(crate) use backward::bag_step;
 pub use backward::{
     bag_backward, bag_backward_with, bag_max_backward, bag_max_backward_with, bag_sparse_backward,
-    bag_sparse_backward_with,
+    bag_sparse_backward_with, bag_sparse_step, bag_sparse_step_with,
 };
 pub(crate) use forward::forward_valid;
 
