@@ -11,9 +11,10 @@
 //! | --- | --- |
 //! | `embedding` | `gather` |
 //! | `embedding_dense_backward`, `embedding_sparse_backward` | `dense_backward`, `sparse_backward` |
-//! | `embedding_sparse_sgd_step` (updates `weight` in place) | `sparse_step` with `Sgd` |
+//! | `embedding_sparse_sgd_step`, `embedding_sparse_adagrad_step` (update `weight` in place) | `sparse_step` with `Sgd`, `AdagradOn` |
 //! | `embedding_bag` | `bag_forward` |
 //! | `embedding_bag_backward`, `embedding_bag_sparse_backward` | `bag_backward` or `bag_max_backward`, `bag_sparse_backward` |
+//! | `embedding_bag_sparse_sgd_step`, `embedding_bag_sparse_adagrad_step` | `bag_sparse_step` with `Sgd`, `AdagradOn` |
 //! | `prepack`, `dequantize` | `RowWise::prepack`, `RowWise::dequantize` |
 //! | `table_embedding`, `table_embedding_bag` | `table_gather`, `table_bag_forward` (f32, f16, bf16, int8, int4, int2 tables) |
 //!
@@ -23,6 +24,7 @@ mod bag;
 mod convert;
 mod embedding;
 mod formats;
+mod step;
 
 use pyo3::prelude::*;
 
@@ -32,14 +34,16 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(embedding::embedding, m)?)?;
     m.add_function(wrap_pyfunction!(embedding::embedding_dense_backward, m)?)?;
     m.add_function(wrap_pyfunction!(embedding::embedding_sparse_backward, m)?)?;
-    m.add_function(wrap_pyfunction!(embedding::embedding_sparse_sgd_step, m)?)?;
-    m.add_function(wrap_pyfunction!(
-        embedding::embedding_sparse_adagrad_step,
-        m
-    )?)?;
+    m.add_function(wrap_pyfunction!(step::embedding_sparse_sgd_step, m)?)?;
+    m.add_function(wrap_pyfunction!(step::embedding_sparse_adagrad_step, m)?)?;
     m.add_function(wrap_pyfunction!(bag::embedding_bag, m)?)?;
     m.add_function(wrap_pyfunction!(bag::embedding_bag_backward, m)?)?;
     m.add_function(wrap_pyfunction!(bag::embedding_bag_sparse_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(step::embedding_bag_sparse_sgd_step, m)?)?;
+    m.add_function(wrap_pyfunction!(
+        step::embedding_bag_sparse_adagrad_step,
+        m
+    )?)?;
     m.add_function(wrap_pyfunction!(formats::prepack, m)?)?;
     m.add_function(wrap_pyfunction!(formats::dequantize, m)?)?;
     m.add_function(wrap_pyfunction!(formats::table_embedding, m)?)?;

@@ -6,6 +6,8 @@ The NumPy level, from the Rust crate ``embedding-kernels``:
 * :func:`embedding_sparse_sgd_step`, :func:`embedding_sparse_adagrad_step`: the backward and an
   SGD or Adagrad update fused, on a table (and Adagrad's ``state_sum``) in place
 * :func:`embedding_bag`, :func:`embedding_bag_backward`, :func:`embedding_bag_sparse_backward`
+* :func:`embedding_bag_sparse_sgd_step`, :func:`embedding_bag_sparse_adagrad_step`: the same
+  fused steps for a bag forward's gradient (sum and mean)
 * reduced-precision tables: :func:`prepack` and :func:`dequantize` (PyTorch's row-wise
   packed int8 / int4 / int2 bytes), :func:`table_embedding` and :func:`table_embedding_bag`
   (the lookup and the bags over f32, f16, bf16, int8, int4 or int2 tables, float32 out)
@@ -24,6 +26,8 @@ from ._native import (
     embedding_bag,
     embedding_bag_backward,
     embedding_bag_sparse_backward,
+    embedding_bag_sparse_sgd_step,
+    embedding_bag_sparse_adagrad_step,
     embedding_dense_backward,
     embedding_sparse_backward,
     embedding_sparse_sgd_step,
@@ -39,6 +43,8 @@ __all__ = [
     "embedding_bag",
     "embedding_bag_backward",
     "embedding_bag_sparse_backward",
+    "embedding_bag_sparse_sgd_step",
+    "embedding_bag_sparse_adagrad_step",
     "embedding_dense_backward",
     "embedding_sparse_backward",
     "embedding_sparse_sgd_step",

@@ -146,10 +146,13 @@ def _parameter(
 
 
 class _Table(nn.Module):
-    """What both modules share: the `weight` table and its padding row."""
+    """What both modules share: the `weight` table, its padding row, and the
+    optimiser steps fused into the backward."""
 
     weight: nn.Parameter
     padding_idx: Optional[int]
+    # The optimiser step run as the backward (`sgd_in_backward`, `adagrad_in_backward`).
+    _step_in_backward: Optional[object] = None
 
     def reset_parameters(self) -> None:
         """Draws the table from N(0, 1) and zeroes the padding row, as PyTorch does."""
@@ -160,6 +163,104 @@ class _Table(nn.Module):
         if self.padding_idx is not None:
             with torch.no_grad():
                 self.weight[self.padding_idx].fill_(0)
+
+    def _check_fused(self) -> None:
+        """Raises if this layer's backward cannot be a fused step."""
+
+    def sgd_in_backward(self, lr: Optional[float], weight_decay: float = 0.0):
+        """Makes the backward an SGD step on ``weight``, fused by the crate; ``lr=None`` undoes it.
+
+        From then on ``loss.backward()`` updates the rows of ``weight`` that the
+        forward read, ``w -= lr * (g + weight_decay * w)`` with ``g`` the row's
+        summed gradient (less ``padding_idx``, scaled by ``scale_grad_by_freq``;
+        for a bag layer, each bag's gradient times the row's per-sample weight or
+        ``1/len`` of a mean bag), and leaves ``weight.grad`` at ``None``: no
+        gradient is made, stored or read by an optimiser, so leave ``weight`` out
+        of the optimiser of the other parameters. Without weight decay the update
+        is what ``sparse=True`` with ``torch.optim.SGD(lr)`` gives, in one pass
+        instead of three; weight decay applies to the touched rows only, as
+        FBGEMM's fused SGD does (PyTorch's SGD refuses weight decay with a sparse
+        gradient). Each backward steps at once: a forward called twice before one
+        ``backward`` steps twice (the same sum for SGD without weight decay), and
+        a table that the graph also reads elsewhere (a tied output layer) must not
+        use it: the step bumps the table's autograd version, so such a graph
+        raises in its backward. The table must be contiguous (``ValueError`` in
+        the backward otherwise). A bag layer must pool with ``"sum"`` or
+        ``"mean"``. Replaces an Adagrad step set before. Returns the module."""
+        if lr is None:
+            self._step_in_backward = None
+            return self
+        self._check_fused()
+        _check_rates(lr=lr, weight_decay=weight_decay)
+        self._step_in_backward = _Sgd(float(lr), float(weight_decay))
+        return self
+
+    def adagrad_in_backward(
+        self,
+        lr: Optional[float] = 1e-2,
+        lr_decay: float = 0.0,
+        weight_decay: float = 0.0,
+        initial_accumulator_value: float = 0.0,
+        eps: float = 1e-10,
+        state: Optional[dict] = None,
+    ):
+        """Makes the backward an Adagrad step on ``weight``, fused by the crate; ``lr=None`` undoes it.
+
+        ``torch.optim.Adagrad``'s arguments and rule, on the rows the forward
+        read: with ``g`` the row's summed gradient (as for
+        :meth:`sgd_in_backward`) plus ``weight_decay * w``, ``sum += g * g`` and
+        ``w -= clr * g / (sqrt(sum) + eps)``, ``clr = lr / (1 + (step - 1) * lr_decay)``
+        for the ``step``-th backward; untouched rows keep their accumulators, as
+        PyTorch's Adagrad does on a sparse gradient (with weight decay, which
+        PyTorch refuses on a sparse gradient, the touched rows decay only).
+
+        The accumulators start at ``initial_accumulator_value``, or come from
+        ``state``: a dict as ``torch.optim.Adagrad`` keeps for a parameter
+        (``{"step": ..., "sum": ...}``, e.g. ``opt.state[weight]``), whose
+        ``sum`` tensor is then updated in place. :meth:`adagrad_state` returns
+        that dict for a checkpoint or to go on with PyTorch's optimiser. As with
+        :meth:`sgd_in_backward`, ``weight.grad`` stays ``None`` and each
+        backward steps at once. Replaces an SGD step set before. Returns the
+        module."""
+        if lr is None:
+            self._step_in_backward = None
+            return self
+        self._check_fused()
+        _check_rates(
+            lr=lr,
+            lr_decay=lr_decay,
+            weight_decay=weight_decay,
+            initial_accumulator_value=initial_accumulator_value,
+            eps=eps,
+        )
+        shape = tuple(self.weight.shape)
+        if state is None:
+            state_sum = torch.full(shape, float(initial_accumulator_value), dtype=torch.float32)
+            step = 0
+        else:
+            state_sum, step = state["sum"], int(state["step"])
+            if not isinstance(state_sum, Tensor) or state_sum.dtype != torch.float32:
+                raise ValueError("state['sum'] must be a float32 tensor")
+            if tuple(state_sum.shape) != shape or not state_sum.is_contiguous():
+                raise ValueError(
+                    f"state['sum'] must be a contiguous tensor of weight's shape {list(shape)}, "
+                    f"got {list(state_sum.shape)}"
+                )
+            if state_sum.device.type != "cpu" or step < 0:
+                raise ValueError("state['sum'] must be on the CPU and state['step'] >= 0")
+        self._step_in_backward = _Adagrad(
+            float(lr), float(lr_decay), float(weight_decay), float(eps), state_sum, step
+        )
+        return self
+
+    def adagrad_state(self) -> Optional[dict]:
+        """The Adagrad step's state, ``{"step": tensor, "sum": tensor}`` as
+        ``torch.optim.Adagrad`` keeps it (the ``sum`` tensor itself, not a copy);
+        ``None`` unless :meth:`adagrad_in_backward` is on."""
+        step = self._step_in_backward
+        if not isinstance(step, _Adagrad):
+            return None
+        return {"step": torch.tensor(float(step.step)), "sum": step.sum}
 
 
 class _EmbeddingFunction(torch.autograd.Function):
@@ -196,20 +297,37 @@ class _EmbeddingFunction(torch.autograd.Function):
         return grad, None, None, None, None
 
 
+class _Batch:
+    """What a fused step needs of a batch, as NumPy arrays: the ids, the
+    output gradient, and for a bag layer (``bag`` not ``None``) its offsets,
+    mode, per-sample weights and ``include_last_offset``."""
+
+    def __init__(self, ids, grad_out, padding_idx, scale_grad_by_freq, bag=None) -> None:
+        self.ids, self.grad_out, self.bag = ids, grad_out, bag
+        self.options = {"padding_idx": padding_idx, "scale_grad_by_freq": scale_grad_by_freq}
+
+
 class _Sgd:
-    """The fused SGD step of `Embedding.sgd_in_backward`."""
+    """The fused SGD step of `sgd_in_backward`."""
 
     def __init__(self, lr: float, weight_decay: float) -> None:
         self.lr, self.weight_decay = lr, weight_decay
 
-    def run(self, table, ids, grad_out, padding_idx, scale_grad_by_freq) -> None:
-        _native.embedding_sparse_sgd_step(
-            table, ids, grad_out, self.lr, self.weight_decay, padding_idx, scale_grad_by_freq
-        )
+    def run(self, table, batch: _Batch) -> None:
+        if batch.bag is None:
+            _native.embedding_sparse_sgd_step(
+                table, batch.ids, batch.grad_out, self.lr, self.weight_decay, **batch.options
+            )
+        else:
+            offsets, options = batch.bag
+            _native.embedding_bag_sparse_sgd_step(
+                table, batch.ids, offsets, batch.grad_out, self.lr, self.weight_decay,
+                **options, **batch.options,
+            )
 
 
 class _Adagrad:
-    """The fused Adagrad step of `Embedding.adagrad_in_backward`, and its state: the
+    """The fused Adagrad step of `adagrad_in_backward`, and its state: the
     accumulators (``sum``) and the number of steps taken (``step``), as
     ``torch.optim.Adagrad`` keeps them for a parameter."""
 
@@ -217,22 +335,32 @@ class _Adagrad:
         self.lr, self.lr_decay, self.weight_decay, self.eps = lr, lr_decay, weight_decay, eps
         self.sum, self.step = state_sum, step
 
-    def run(self, table, ids, grad_out, padding_idx, scale_grad_by_freq) -> None:
-        _native.embedding_sparse_adagrad_step(
-            table,
-            self.sum.detach().numpy(),
-            ids,
-            grad_out,
-            self.lr,
-            self.step + 1,
-            self.lr_decay,
-            self.weight_decay,
-            self.eps,
-            padding_idx,
-            scale_grad_by_freq,
-        )
+    def run(self, table, batch: _Batch) -> None:
+        rule = {"lr_decay": self.lr_decay, "weight_decay": self.weight_decay, "eps": self.eps}
+        state = self.sum.detach().numpy()
+        if batch.bag is None:
+            _native.embedding_sparse_adagrad_step(
+                table, state, batch.ids, batch.grad_out, self.lr, self.step + 1,
+                **rule, **batch.options,
+            )
+        else:
+            offsets, options = batch.bag
+            _native.embedding_bag_sparse_adagrad_step(
+                table, state, batch.ids, offsets, batch.grad_out, self.lr, self.step + 1,
+                **rule, **options, **batch.options,
+            )
         # Counted only once the step is taken: a refused step changes nothing.
         self.step += 1
+
+
+def _step_table(step, table: Tensor, batch: _Batch) -> None:
+    """Runs `step` on `table`'s own memory (never a copy: a non-contiguous
+    table is refused by the step, ValueError, rather than updated in a copy
+    thrown away), then bumps its autograd version: written behind autograd's
+    back, so that a graph that saved the table elsewhere (a tied layer)
+    raises instead of using new values."""
+    step.run(table.detach().numpy(), batch)
+    torch.autograd.graph.increment_version(table)
 
 
 class _StepInBackward(torch.autograd.Function):
@@ -256,13 +384,8 @@ class _StepInBackward(torch.autograd.Function):
         (ids,) = ctx.saved_tensors
         padding_idx, scale_grad_by_freq, step = ctx.options
         _check_table(grad_out, "grad_output")
-        # The table's own memory, never a copy: a non-contiguous table is refused
-        # by the step (ValueError) rather than updated in a copy thrown away.
-        table = ctx.table.detach().numpy()
-        step.run(table, _array(ids), _array(grad_out), padding_idx, scale_grad_by_freq)
-        # Written behind autograd's back: bump the version, so that a graph that
-        # saved the table elsewhere (a tied layer) raises instead of using new values.
-        torch.autograd.graph.increment_version(ctx.table)
+        batch = _Batch(_array(ids), _array(grad_out), padding_idx, scale_grad_by_freq)
+        _step_table(step, ctx.table, batch)
         return None, None, None, None, None
 
 
@@ -317,101 +440,8 @@ class Embedding(_Table):
         self.scale_grad_by_freq = scale_grad_by_freq
         self.sparse = sparse
         self.weight = _parameter(num_embeddings, embedding_dim, _weight, not _freeze)
-        # The optimiser step run as the backward (`sgd_in_backward`, `adagrad_in_backward`).
-        self._step_in_backward: Optional[object] = None
         if _weight is None:
             self.reset_parameters()
-
-    def sgd_in_backward(self, lr: Optional[float], weight_decay: float = 0.0) -> "Embedding":
-        """Makes the backward an SGD step on ``weight``, fused by the crate; ``lr=None`` undoes it.
-
-        From then on ``loss.backward()`` updates the rows of ``weight`` that the
-        forward looked up, ``w -= lr * (g + weight_decay * w)`` with ``g`` the row's
-        summed gradient (less ``padding_idx``, scaled by ``scale_grad_by_freq``),
-        and leaves ``weight.grad`` at ``None``: no gradient is made, stored or read
-        by an optimiser, so leave ``weight`` out of the optimiser of the other
-        parameters. Without weight decay the update is what ``sparse=True`` with
-        ``torch.optim.SGD(lr)`` gives, in one pass instead of three; weight decay
-        applies to the touched rows only, as FBGEMM's fused SGD does (PyTorch's
-        SGD refuses weight decay with a sparse gradient). Each backward steps at
-        once: a forward called twice before one ``backward`` steps twice (the same
-        sum for SGD without weight decay), and a table that the graph also reads
-        elsewhere (a tied output layer) must not use it: the step bumps the
-        table's autograd version, so such a graph raises in its backward. The
-        table must be contiguous (``ValueError`` in the backward otherwise).
-        Replaces an Adagrad step set before. Returns the module."""
-        if lr is None:
-            self._step_in_backward = None
-            return self
-        _check_rates(lr=lr, weight_decay=weight_decay)
-        self._step_in_backward = _Sgd(float(lr), float(weight_decay))
-        return self
-
-    def adagrad_in_backward(
-        self,
-        lr: Optional[float] = 1e-2,
-        lr_decay: float = 0.0,
-        weight_decay: float = 0.0,
-        initial_accumulator_value: float = 0.0,
-        eps: float = 1e-10,
-        state: Optional[dict] = None,
-    ) -> "Embedding":
-        """Makes the backward an Adagrad step on ``weight``, fused by the crate; ``lr=None`` undoes it.
-
-        ``torch.optim.Adagrad``'s arguments and rule, on the rows the forward
-        looked up: with ``g`` the row's summed gradient (as for
-        :meth:`sgd_in_backward`) plus ``weight_decay * w``, ``sum += g * g`` and
-        ``w -= clr * g / (sqrt(sum) + eps)``, ``clr = lr / (1 + (step - 1) * lr_decay)``
-        for the ``step``-th backward; untouched rows keep their accumulators, as
-        PyTorch's Adagrad does on a sparse gradient (with weight decay, which
-        PyTorch refuses on a sparse gradient, the touched rows decay only).
-
-        The accumulators start at ``initial_accumulator_value``, or come from
-        ``state``: a dict as ``torch.optim.Adagrad`` keeps for a parameter
-        (``{"step": ..., "sum": ...}``, e.g. ``opt.state[weight]``), whose
-        ``sum`` tensor is then updated in place. :meth:`adagrad_state` returns
-        that dict for a checkpoint or to go on with PyTorch's optimiser. Like
-        :meth:`sgd_in_backward`, ``weight.grad`` stays ``None`` and each
-        backward steps at once. Replaces an SGD step set before. Returns the
-        module."""
-        if lr is None:
-            self._step_in_backward = None
-            return self
-        _check_rates(
-            lr=lr,
-            lr_decay=lr_decay,
-            weight_decay=weight_decay,
-            initial_accumulator_value=initial_accumulator_value,
-            eps=eps,
-        )
-        shape = tuple(self.weight.shape)
-        if state is None:
-            state_sum = torch.full(shape, float(initial_accumulator_value), dtype=torch.float32)
-            step = 0
-        else:
-            state_sum, step = state["sum"], int(state["step"])
-            if not isinstance(state_sum, Tensor) or state_sum.dtype != torch.float32:
-                raise ValueError("state['sum'] must be a float32 tensor")
-            if tuple(state_sum.shape) != shape or not state_sum.is_contiguous():
-                raise ValueError(
-                    f"state['sum'] must be a contiguous tensor of weight's shape {list(shape)}, "
-                    f"got {list(state_sum.shape)}"
-                )
-            if state_sum.device.type != "cpu" or step < 0:
-                raise ValueError("state['sum'] must be on the CPU and state['step'] >= 0")
-        self._step_in_backward = _Adagrad(
-            float(lr), float(lr_decay), float(weight_decay), float(eps), state_sum, step
-        )
-        return self
-
-    def adagrad_state(self) -> Optional[dict]:
-        """The Adagrad step's state, ``{"step": tensor, "sum": tensor}`` as
-        ``torch.optim.Adagrad`` keeps it (the ``sum`` tensor itself, not a copy);
-        ``None`` unless :meth:`adagrad_in_backward` is on."""
-        step = self._step_in_backward
-        if not isinstance(step, _Adagrad):
-            return None
-        return {"step": torch.tensor(float(step.step)), "sum": step.sum}
 
     def forward(self, input: Tensor) -> Tensor:
         _check_table(self.weight)
@@ -520,6 +550,43 @@ class _BagFunction(torch.autograd.Function):
                 grad_out, weight, ids, offsets, include_last_offset, padding_idx
             )
         return grad_weight, grad_weights, None, None, None
+
+
+class _BagStepInBackward(torch.autograd.Function):
+    """The bag forward whose backward is an optimiser step on the table, fused
+    by the crate (see `_StepInBackward`); ``per_sample_weights`` still gets
+    its gradient, from the rows as the forward read them."""
+
+    @staticmethod
+    def forward(ctx, weight, per_sample_weights, ids, offsets, options, step):
+        out, _ = _bag_forward(weight, per_sample_weights, ids, offsets, options)
+        ctx.save_for_backward(per_sample_weights, ids, offsets)
+        ctx.table = weight
+        ctx.options = (options, step)
+        return torch.from_numpy(out)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        per_sample_weights, ids, offsets = ctx.saved_tensors
+        (mode, include_last_offset, padding_idx, scale_grad_by_freq, _), step = ctx.options
+        _check_table(grad_out, "grad_output")
+        grad_weights = None
+        if ctx.needs_input_grad[1]:
+            # Before the step changes the rows.
+            grad_weights = _sample_weights_grad(
+                grad_out, ctx.table, ids, offsets, include_last_offset, padding_idx
+            )
+        bag = {
+            "mode": mode,
+            "per_sample_weights": None if per_sample_weights is None else _array(per_sample_weights),
+            "include_last_offset": include_last_offset,
+        }
+        offsets_array = None if offsets is None else _array(offsets)
+        batch = _Batch(
+            _array(ids), _array(grad_out), padding_idx, scale_grad_by_freq, (offsets_array, bag)
+        )
+        _step_table(step, ctx.table, batch)
+        return None, grad_weights, None, None, None, None
 
 
 def _bag_forward(weight, per_sample_weights, ids, offsets, options):
@@ -641,7 +708,15 @@ class EmbeddingBag(_Table):
         if not _needs_graph(self.weight, per_sample_weights):
             out, _ = _bag_forward(self.weight, per_sample_weights, input, offsets, options)
             return torch.from_numpy(out)
+        if self._step_in_backward is not None and self.weight.requires_grad:
+            return _BagStepInBackward.apply(
+                self.weight, per_sample_weights, input, offsets, options, self._step_in_backward
+            )
         return _BagFunction.apply(self.weight, per_sample_weights, input, offsets, options)
+
+    def _check_fused(self) -> None:
+        if self.mode == "max":
+            raise ValueError('a fused step needs mode "sum" or "mean": max\'s gradient is not fused')
 
     def extra_repr(self) -> str:
         s = f"{self.num_embeddings}, {self.embedding_dim}"
