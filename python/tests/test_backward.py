@@ -157,3 +157,57 @@ def test_frozen_table_gets_no_gradient():
     ours = ekt.Embedding.from_pretrained(torch.randn(5, 3))
     out = ours(torch.tensor([1, 2]))
     assert not out.requires_grad and ours.weight.grad is None
+
+
+# Gradients that repeat rows, as autograd makes them: a loss of `out.sum()` broadcasts one
+# value to every element, a sum over the sequence (`out.sum(1)`) each sequence's row over
+# its positions (stride 0 in those dimensions). The module reads the distinct rows instead
+# of copying the whole gradient out (`_lookup_batch`); the result must have the bits of the
+# same gradient made contiguous.
+REPEATS = [
+    ("sum", (6, 50), lambda out, g: out.sum()),
+    ("sum(1)", (6, 50), lambda out, g: (out.sum(1) * g[:, 0]).sum()),
+    ("3-D sum(2)", (3, 4, 25), lambda out, g: (out.sum(2) * g[:, :, 0]).sum()),
+    ("3-D sum((1, 2))", (3, 4, 25), lambda out, g: (out.sum((1, 2)) * g[:, 0, 0]).sum()),
+    ("size-1 dimension", (5, 1, 30), lambda out, g: (out.sum(2) * g[:, :, 0]).sum()),
+    ("1-D sum", (200,), lambda out, g: out.sum()),
+]
+
+
+@pytest.mark.parametrize("name, shape, loss", REPEATS, ids=[r[0] for r in REPEATS])
+@pytest.mark.parametrize("way", ["dense", "sparse", "sgd", "adagrad"])
+@pytest.mark.parametrize("padding_idx, scale", [(None, False), (3, True)])
+def test_repeated_gradient_rows_give_the_contiguous_bits(name, shape, loss, way, padding_idx, scale):
+    g = torch.Generator().manual_seed(len(shape) * 11 + len(name))
+    table = torch.randn(40, 9, generator=g)
+    ids = torch.randint(0, 40, shape, generator=g)
+    ids.view(-1)[::3] = 3  # rows that sum many terms, the padding row among them
+    factors = torch.randn(shape + (9,), generator=g)
+
+    def module():
+        m = ekt.Embedding.from_pretrained(table.clone(), freeze=False, padding_idx=padding_idx,
+                                          scale_grad_by_freq=scale, sparse=way == "sparse")
+        if way == "sgd":
+            m.sgd_in_backward(0.1, weight_decay=0.01)
+        elif way == "adagrad":
+            m.adagrad_in_backward(0.1, lr_decay=0.1)
+        return m
+
+    # The gradient the loss hands the lookup, as autograd lays it out: with repeated rows.
+    out = torch.zeros(shape + (9,), requires_grad=True)
+    handed = []
+    out.register_hook(lambda grad: handed.append(grad))
+    loss(out, factors).backward()
+    assert 0 in handed[0].stride()
+    ours, reference = module(), module()
+    loss(ours(ids), factors).backward()
+    (reference(ids) * handed[0].contiguous()).sum().backward()
+    if way in ("dense", "sparse"):
+        got, want = ours.weight.grad, reference.weight.grad
+        if way == "sparse":
+            got, want = got.to_dense(), want.to_dense()
+        assert_bitwise(got, want)
+    else:
+        assert_bitwise(ours.weight.detach(), reference.weight.detach())
+        if way == "adagrad":
+            assert_bitwise(ours.adagrad_state()["sum"], reference.adagrad_state()["sum"])

@@ -234,5 +234,6 @@ def test_fresh_outputs_are_written_whole(monkeypatch):
     assert_bitwise(ours.weight.grad, theirs.weight.grad)
     with torch.no_grad():
         assert_bitwise(ours(ids[:, :3]), theirs(ids[:, :3]))
-    # The lookup, the gradient, the copy of `sum()`'s expanded output gradient, the lookup.
-    assert shapes == [(7, 90, 40), (300, 40), (7, 90, 40), (7, 3, 40)]
+    # The lookup, the one row of `sum()`'s broadcast output gradient (every element the
+    # same value: copied out as one row, not as the whole output), the gradient, the lookup.
+    assert shapes == [(7, 90, 40), (40,), (300, 40), (7, 3, 40)]

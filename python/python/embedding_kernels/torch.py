@@ -19,6 +19,7 @@ with PyTorch's own ``torch.embedding_renorm_`` (the crate renormalises only
 tables it owns, not a borrowed one), after the crate has checked every id.
 """
 
+import math
 from typing import Optional
 
 import numpy as np
@@ -282,29 +283,78 @@ class _EmbeddingFunction(torch.autograd.Function):
         padding_idx, scale_grad_by_freq, sparse = ctx.options
         num_embeddings, embedding_dim = ctx.shape
         _check_table(grad_out, "grad_output")
+        batch = _lookup_batch(ids, grad_out, padding_idx, scale_grad_by_freq)
         if sparse:
-            rows, values = _native.embedding_sparse_backward(
-                _array(grad_out), _array(ids), num_embeddings, padding_idx, scale_grad_by_freq
-            )
+            rows, values = batch.sparse_backward(num_embeddings)
             grad = _sparse(rows, values, num_embeddings, embedding_dim)
         else:
             # Every row is written (untouched ones with zeros): no need to zero it first.
             grad = _fresh((num_embeddings, embedding_dim))
-            _native.embedding_dense_backward(
-                _array(grad_out), _array(ids), num_embeddings, padding_idx, scale_grad_by_freq, grad
-            )
+            batch.dense_backward(num_embeddings, grad)
             grad = torch.from_numpy(grad)
         return grad, None, None, None, None
 
 
 class _Batch:
-    """What a fused step needs of a batch, as NumPy arrays: the ids, the
-    output gradient, and for a bag layer (``bag`` not ``None``) its offsets,
-    mode, per-sample weights and ``include_last_offset``."""
+    """What a backward or a fused step needs of a batch, as NumPy arrays: the
+    ids, the output gradient, and for bags (``bag`` not ``None``) their
+    offsets and ``mode``, ``per_sample_weights`` and ``include_last_offset``."""
 
     def __init__(self, ids, grad_out, padding_idx, scale_grad_by_freq, bag=None) -> None:
         self.ids, self.grad_out, self.bag = ids, grad_out, bag
         self.options = {"padding_idx": padding_idx, "scale_grad_by_freq": scale_grad_by_freq}
+
+    def sparse_backward(self, num_embeddings: int):
+        if self.bag is None:
+            return _native.embedding_sparse_backward(
+                self.grad_out, self.ids, num_embeddings, **self.options
+            )
+        offsets, options = self.bag
+        return _native.embedding_bag_sparse_backward(
+            self.grad_out, self.ids, num_embeddings, offsets, **options, **self.options
+        )
+
+    def dense_backward(self, num_embeddings: int, out) -> None:
+        if self.bag is None:
+            _native.embedding_dense_backward(
+                self.grad_out, self.ids, num_embeddings, **self.options, out=out
+            )
+        else:
+            offsets, options = self.bag
+            _native.embedding_bag_backward(
+                self.grad_out, self.ids, num_embeddings, offsets, **options, **self.options, out=out
+            )
+
+
+def _lookup_batch(ids: Tensor, grad_out: Tensor, padding_idx, scale_grad_by_freq) -> _Batch:
+    """The lookup's batch for its backward or fused step.
+
+    Autograd often hands the lookup a gradient that repeats rows: ``out.sum()``
+    gives one value broadcast to every element, ``out.mean(1)`` each
+    sequence's row broadcast over its positions (stride 0 along the repeated
+    dimensions). Copied out, such a gradient is as large as the output (50 MB
+    for 16 384 ids of 768 values). Instead the distinct rows are taken, ``M``
+    of them each repeated over ``T`` consecutive positions, and the ids read
+    as ``M`` bags of ``T``: a sum bag's gradient hands each position its bag's
+    row, summed per table row in the same order, so the result has the same
+    bits (tests/test_backward.py checks it) without the copy."""
+    shape, strides = grad_out.shape[:-1], grad_out.stride()[:-1]
+    k = len(shape)
+    while k > 0 and (strides[k - 1] == 0 or shape[k - 1] == 1):
+        k -= 1
+    repeats = math.prod(shape[k:])
+    if repeats <= 1 or grad_out.numel() == 0:
+        return _Batch(_array(ids), _array(grad_out), padding_idx, scale_grad_by_freq)
+    sequences = math.prod(shape[:k])
+    rows = _array(grad_out[(slice(None),) * k + (0,) * (len(shape) - k)])
+    bags = (None, {"mode": "sum", "per_sample_weights": None, "include_last_offset": False})
+    return _Batch(
+        _array(ids).reshape(sequences, repeats),
+        rows.reshape(sequences, grad_out.shape[-1]),
+        padding_idx,
+        scale_grad_by_freq,
+        bags,
+    )
 
 
 class _Sgd:
@@ -384,7 +434,7 @@ class _StepInBackward(torch.autograd.Function):
         (ids,) = ctx.saved_tensors
         padding_idx, scale_grad_by_freq, step = ctx.options
         _check_table(grad_out, "grad_output")
-        batch = _Batch(_array(ids), _array(grad_out), padding_idx, scale_grad_by_freq)
+        batch = _lookup_batch(ids, grad_out, padding_idx, scale_grad_by_freq)
         _step_table(step, ctx.table, batch)
         return None, None, None, None, None
 
