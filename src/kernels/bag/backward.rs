@@ -41,7 +41,12 @@ impl Source for PerBag<'_> {
     }
 
     fn bytes(&self) -> usize {
-        core::mem::size_of_val(self.grad_bags)
+        // Every position reads a row, however few bags share them: one bag
+        // of 65 536 ids is as much work as 65 536 bags of one. (Saturating:
+        // positions times a huge `dim` may not fit, and only the size's
+        // order matters here.)
+        let floats = self.bag_of.len().saturating_mul(self.dim);
+        floats.saturating_mul(core::mem::size_of::<f32>())
     }
 }
 

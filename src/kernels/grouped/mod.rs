@@ -85,8 +85,10 @@ pub(crate) trait Source: Sync {
     fn row(&self, p: usize, cols: Range<usize>) -> &[f32];
     /// The factor for position `p`, or `None` to add the row as it is.
     fn scale(&self, p: usize) -> Option<f32>;
-    /// The size of all the gradient rows, in bytes: what decides whether a
-    /// sparse or fused call is worth splitting across threads.
+    /// The size of the gradient rows handed out, one per position, in bytes
+    /// (a row that many positions share counts once for each): the work
+    /// that decides whether a sparse or fused call is worth splitting
+    /// across threads.
     fn bytes(&self) -> usize;
 }
 
