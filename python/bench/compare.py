@@ -28,6 +28,9 @@ The ops, each run by ``torch.nn``'s module and by ours with the same table
   ``sparse_sgd``; ours ``emb(ids).sum().backward()`` on a module made with
   ``sgd_in_backward(lr=0.01)``, whose backward is the crate's fused sparse
   SGD step (no gradient, no optimiser).
+* ``fused_adagrad``: as ``fused_sgd`` with Adagrad: PyTorch's side
+  ``sparse=True`` and ``torch.optim.Adagrad(lr=0.01)``, ours
+  ``adagrad_in_backward(lr=0.01)``. The issue sets no goal for it.
 
 Timing: warm loops. Each side first runs ``--warmup-s`` seconds of calls
 (0.2); then the two sides take turns in bursts of back-to-back calls (at
@@ -77,9 +80,9 @@ WORKLOADS = {
     "recsys": (1_000_000, 128, 65_536),
 }
 BAG_SIZE = 16
-# The learning rate of the SGD steps.
+# The learning rate of the optimiser steps (SGD and Adagrad).
 LR = 0.01
-OPS = ["forward", "dense_backward", "bag_sum", "bag_max", "sparse_sgd", "fused_sgd"]
+OPS = ["forward", "dense_backward", "bag_sum", "bag_max", "sparse_sgd", "fused_sgd", "fused_adagrad"]
 # The issue's goals, as PyTorch's median over ours (above 1: ours faster),
 # on the workloads it names. It sets none for tiny, where the overhead rows
 # carry its goal (under 10 µs above the call of the kernel), nor one of its
@@ -149,12 +152,14 @@ def data(name):
 def pair(op, weight, ids, offsets):
     """The two sides' calls for ``op``, and a check that they agree."""
     rows, dim = weight.shape
-    if op in ("forward", "dense_backward", "sparse_sgd", "fused_sgd"):
-        sparse = op in ("sparse_sgd", "fused_sgd")
+    if op in ("forward", "dense_backward", "sparse_sgd", "fused_sgd", "fused_adagrad"):
+        sparse = op in ("sparse_sgd", "fused_sgd", "fused_adagrad")
         theirs = nn.Embedding.from_pretrained(weight.clone(), freeze=False, sparse=sparse)
         ours = ekt.Embedding.from_pretrained(weight.clone(), freeze=False, sparse=sparse)
         if op == "fused_sgd":
             ours.sgd_in_backward(LR)
+        elif op == "fused_adagrad":
+            ours.adagrad_in_backward(LR)
     else:
         mode = op.removeprefix("bag_")
         theirs = nn.EmbeddingBag.from_pretrained(weight.clone(), freeze=False, mode=mode)
@@ -190,12 +195,13 @@ def pair(op, weight, ids, offsets):
             calls["ours"]()
             assert torch.equal(theirs.weight.grad, ours.weight.grad), "gradients differ"
 
-    elif op in ("sparse_sgd", "fused_sgd"):
+    elif op in ("sparse_sgd", "fused_sgd", "fused_adagrad"):
 
         def make(module):
-            if module is ours and op == "fused_sgd":
+            if module is ours and op != "sparse_sgd":
                 return lambda: module(ids).sum().backward()
-            opt = torch.optim.SGD(module.parameters(), lr=LR)
+            optimizer = torch.optim.Adagrad if op == "fused_adagrad" else torch.optim.SGD
+            opt = optimizer(module.parameters(), lr=LR)
 
             def call():
                 opt.zero_grad(set_to_none=True)
