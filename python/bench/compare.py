@@ -62,6 +62,7 @@ import json
 import os
 import platform
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -69,6 +70,9 @@ from torch import nn
 
 import embedding_kernels as ek
 import embedding_kernels.torch as ekt
+
+# PyTorch's Adagrad warns on every sparse step that it skips its invariant checks.
+warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
 
 THREADS_DEFAULT = 2
 
