@@ -163,6 +163,14 @@ struct Args {
     #[arg(long, default_value_t = 3)]
     rounds: usize,
 
+    /// `--loop` with rayon's default global pool, whose threads take each
+    /// call while the calling thread waits, instead of a global pool that
+    /// counts the calling thread as one of its threads
+    /// (`ThreadPoolBuilder::use_current_thread`, as the README advises for
+    /// a loop on one thread).
+    #[arg(long)]
+    caller_waits: bool,
+
     /// The Python that runs PyTorch's side of `--loop`.
     #[arg(long, default_value = "python3")]
     python: String,
@@ -1081,7 +1089,11 @@ fn run_loop(args: &Args, workloads: &[Workload]) -> Result<(), Box<dyn Error>> {
         "{:5} {:8} {:12} {:>10} {:>10} {:>7}",
         "round", "workload", "op", "torch ms", "ours ms", "ratio"
     );
-    let report = warm_loop::run(workloads, &ops, args.rounds, &args.python, threads, |c| {
+    let pool = warm_loop::Pool {
+        threads,
+        caller_works: !args.caller_waits,
+    };
+    let report = warm_loop::run(workloads, &ops, args.rounds, &args.python, pool, |c| {
         eprintln!(
             "{:5} {:8} {:12} {:10.4} {:10.4} {:7.2}",
             c.round, c.workload, c.op, c.torch.ms, c.ours.ms, c.ratio
@@ -1089,9 +1101,14 @@ fn run_loop(args: &Args, workloads: &[Workload]) -> Result<(), Box<dyn Error>> {
     })?;
     let p = &report.peer;
     let head = format!(
-        "Warm loop, {}, `{command}`: {cpu}, {} threads; PyTorch {} ({} threads, {}).\n\n",
+        "Warm loop, {}, `{command}`: {cpu}, {} threads ({}); PyTorch {} ({} threads, {}).\n\n",
         markdown::utc_now(),
         report.threads,
+        if args.caller_waits {
+            "rayon's default global pool: the calling thread waits"
+        } else {
+            "the calling thread one of them"
+        },
         p.torch,
         p.threads,
         p.capability

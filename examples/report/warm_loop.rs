@@ -20,8 +20,12 @@
 //! | `bag_sum_f16`, `bag_sum_bf16` | `F.embedding_bag(…, mode="sum")` over `weight.half()` / `.bfloat16()` | `QuantizedEmbeddingBag::forward` over an `f16` / `bf16` table (allocating) |
 //! | `bag_sum_int8`, `bag_sum_int4` | `torch.ops.quantized.embedding_bag_byte_rowwise_offsets` / `_4bit_` over the prepacked table | `QuantizedEmbeddingBag::forward` over the same bytes (`from_float`) |
 //!
-//! Both sides use every core by default (PyTorch's own default, rayon's
-//! global pool); `--threads N` sets both. The layers are made by their
+//! Both sides use every core by default; `--threads N` sets both. Ours is
+//! called from the main thread, and rayon's global pool is built with
+//! `use_current_thread()` so that the main thread works on each call as
+//! PyTorch's does (its OpenMP master thread is one of its threads);
+//! `--caller-waits` keeps rayon's default, where the pool's threads take
+//! the call and the main thread waits. The layers are made by their
 //! public constructors (`from_pretrained`, which copies the table into
 //! huge pages); `gather` reads the table as a caller holds it.
 
@@ -277,19 +281,31 @@ pub struct LoopReport {
 
 /// Runs the comparison: `rounds` rounds over `workloads` × [`OPS`].
 /// `progress` is told of every finished cell.
+/// The global rayon pool of `--loop`.
+pub struct Pool {
+    /// Its threads; `None` for rayon's default (every core).
+    pub threads: Option<usize>,
+    /// Whether the calling (main) thread is one of them.
+    pub caller_works: bool,
+}
+
 pub fn run(
     workloads: &[Workload],
     ops: &[&'static str],
     rounds: usize,
     python: &str,
-    threads: Option<usize>,
+    pool: Pool,
     mut progress: impl FnMut(&Cell),
 ) -> Result<LoopReport, Box<dyn Error>> {
-    if let Some(n) = threads {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global()?;
+    let mut builder = rayon::ThreadPoolBuilder::new();
+    if let Some(n) = pool.threads {
+        builder = builder.num_threads(n);
     }
+    if pool.caller_works {
+        builder = builder.use_current_thread();
+    }
+    builder.build_global()?;
+    let threads = pool.threads;
     let (mut torch, peer) = Torch::start(python, threads)?;
     let mut cells = Vec::new();
     for round in 1..=rounds {
