@@ -10,7 +10,7 @@ from torch import nn
 import embedding_kernels as ek
 import embedding_kernels.torch as ekt
 from helpers import assert_bitwise
-from test_training import BATCH, CLASSES, DIM, SEQ, STEPS, VOCAB, Model
+from test_training import DIM, VOCAB, Model, train
 
 
 def expected_step(weight, state, ids, grad_out, lr, step, lr_decay=0.0, weight_decay=0.0,
@@ -241,6 +241,10 @@ def test_module_refused_step_changes_nothing():
     assert int(emb.adagrad_state()["step"]) == 2
 
 
+def adagrad(params):
+    return torch.optim.Adagrad(params, lr=0.1)
+
+
 def test_training_with_adagrad_in_backward_follows_pytorch():
     """`test_training`'s model: nn.Embedding(sparse=True) with Adagrad on the table, and
     ours with the step in its backward (the linear layer on Adagrad in both)."""
@@ -251,23 +255,7 @@ def test_training_with_adagrad_in_backward_follows_pytorch():
             table = ekt.Embedding(VOCAB, DIM, padding_idx=0).adagrad_in_backward(0.1)
         else:
             table = nn.Embedding(VOCAB, DIM, padding_idx=0, sparse=True)
-        model = Model(table, False)
-        opts = [torch.optim.Adagrad(model.linear.parameters(), lr=0.1)]
-        if not ours:
-            opts.append(torch.optim.Adagrad(table.parameters(), lr=0.1))
-        g = torch.Generator().manual_seed(1)
-        losses = []
-        for _ in range(STEPS):
-            labels = torch.randint(0, CLASSES, (BATCH,), generator=g)
-            ids = labels[:, None] + CLASSES * torch.randint(0, VOCAB // CLASSES, (BATCH, SEQ), generator=g)
-            loss = nn.functional.cross_entropy(model(ids), labels)
-            for opt in opts:
-                opt.zero_grad()
-            loss.backward()
-            for opt in opts:
-                opt.step()
-            losses.append(loss.item())
-        return torch.tensor(losses)
+        return train(Model(table, False), True, adagrad, table_in_backward=ours)
 
     theirs, ours = run(False), run(True)
     assert theirs[-1] < 0.5 * theirs[0]

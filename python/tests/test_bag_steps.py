@@ -9,7 +9,8 @@ from torch import nn
 import embedding_kernels as ek
 import embedding_kernels.torch as ekt
 from helpers import assert_bitwise
-from test_training import BATCH, CLASSES, DIM, SEQ, STEPS, VOCAB, Model
+from test_adagrad_step import adagrad
+from test_training import DIM, VOCAB, Model, sgd, train
 
 ROWS, WIDTH = 50, 13
 
@@ -198,23 +199,8 @@ def test_training_a_bag_with_the_step_in_backward_follows_pytorch(fused):
             table = table.sgd_in_backward(0.5) if fused == "sgd" else table.adagrad_in_backward(0.1)
         else:
             table = nn.EmbeddingBag(VOCAB, DIM, mode="mean", sparse=True)
-        model = Model(table, True)
-        make = (lambda p: torch.optim.SGD(p, lr=0.5)) if fused == "sgd" else (
-            lambda p: torch.optim.Adagrad(p, lr=0.1))
-        opts = [make(model.linear.parameters())] + ([] if ours else [make(table.parameters())])
-        g = torch.Generator().manual_seed(1)
-        losses = []
-        for _ in range(STEPS):
-            labels = torch.randint(0, CLASSES, (BATCH,), generator=g)
-            ids = labels[:, None] + CLASSES * torch.randint(0, VOCAB // CLASSES, (BATCH, SEQ), generator=g)
-            loss = nn.functional.cross_entropy(model(ids), labels)
-            for opt in opts:
-                opt.zero_grad()
-            loss.backward()
-            for opt in opts:
-                opt.step()
-            losses.append(loss.item())
-        return torch.tensor(losses)
+        optimizer = sgd if fused == "sgd" else adagrad
+        return train(Model(table, True), True, optimizer, table_in_backward=ours)
 
     theirs, ours = run(False), run(True)
     assert theirs[-1] < 0.5 * theirs[0]

@@ -8,7 +8,7 @@ from torch import nn
 import embedding_kernels as ek
 import embedding_kernels.torch as ekt
 from helpers import assert_bitwise
-from test_training import BATCH, CLASSES, DIM, SEQ, STEPS, VOCAB, Model, train
+from test_training import DIM, VOCAB, Model, train
 
 
 def expected_step(weight, ids, grad_out, lr, weight_decay=0.0, padding_idx=None, scale=False):
@@ -194,19 +194,7 @@ def train_in_backward(lr=0.5):
     """`test_training.train`'s model and batches, the table stepped in its backward."""
     torch.manual_seed(0)
     table = ekt.Embedding(VOCAB, DIM, padding_idx=0).sgd_in_backward(lr)
-    model = Model(table, False)
-    g = torch.Generator().manual_seed(1)
-    opt = torch.optim.SGD(model.linear.parameters(), lr=lr)
-    losses = []
-    for _ in range(STEPS):
-        labels = torch.randint(0, CLASSES, (BATCH,), generator=g)
-        ids = labels[:, None] + CLASSES * torch.randint(0, VOCAB // CLASSES, (BATCH, SEQ), generator=g)
-        loss = nn.functional.cross_entropy(model(ids), labels)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return torch.tensor(losses)
+    return train(Model(table, False), False, table_in_backward=True)
 
 
 def test_training_with_the_step_in_backward_follows_pytorch():

@@ -34,11 +34,20 @@ def make(kind: str, ours: bool, sparse: bool) -> Model:
     return Model(table, kind == "bag")
 
 
-def train(model: Model, sparse: bool):
-    """STEPS steps of SGD on a fixed stream of batches; the loss after each."""
+def sgd(params):
+    return torch.optim.SGD(params, lr=0.5)
+
+
+def train(model: Model, sparse: bool, optimizer=sgd, table_in_backward: bool = False):
+    """STEPS steps on a fixed stream of batches; the loss after each. ``optimizer`` makes
+    each optimiser from its parameters (SGD, lr 0.5, by default); with
+    ``table_in_backward`` the table steps itself in its backward and only the linear
+    layer gets one."""
     g = torch.Generator().manual_seed(1)
-    # Sparse gradients go to the table, dense ones to the linear layer: two SGDs, as usual.
-    opts = [torch.optim.SGD(model.table.parameters(), lr=0.5), torch.optim.SGD(model.linear.parameters(), lr=0.5)]
+    # Sparse gradients go to the table, dense ones to the linear layer: two optimisers, as usual.
+    opts = [optimizer(model.linear.parameters())]
+    if not table_in_backward:
+        opts.insert(0, optimizer(model.table.parameters()))
     losses = []
     for _ in range(STEPS):
         # Every id of a sequence is of its label's class (id % CLASSES): learnable from the mean.
