@@ -237,3 +237,28 @@ def test_fresh_outputs_are_written_whole(monkeypatch):
     # The lookup, the one row of `sum()`'s broadcast output gradient (every element the
     # same value: copied out as one row, not as the whole output), the gradient, the lookup.
     assert shapes == [(7, 90, 40), (40,), (300, 40), (7, 3, 40)]
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_fresh_bag_gradients_are_written_whole(monkeypatch, mode):
+    """The bags' dense gradient also goes into an unzeroed array: NaN-filled, it must
+    come out with the bits of the same backward into zeros (untouched rows zero)."""
+    g = torch.Generator().manual_seed(2)
+    ids, offsets = random_bags(g, 300, 60, 9, False, torch.int64)
+    grad_out = torch.randn(9, 24, generator=g)
+
+    def gradient():
+        _, ours = pair_bag(300, 24, 5, mode=mode)
+        (ours(ids, offsets) * grad_out).sum().backward()
+        return ours.weight.grad
+
+    want = gradient()
+    shapes = []
+
+    def nan_filled(shape):
+        shapes.append(tuple(shape))
+        return np.full(shape, np.nan, dtype=np.float32)
+
+    monkeypatch.setattr(ekt, "_fresh", nan_filled)
+    assert_bitwise(gradient(), want)
+    assert (300, 24) in shapes

@@ -314,7 +314,8 @@ class _Batch:
             self.grad_out, self.ids, num_embeddings, offsets, **options, **self.options
         )
 
-    def dense_backward(self, num_embeddings: int, out) -> None:
+    def dense_backward(self, num_embeddings: int, out, max_indices=None) -> None:
+        """Into ``out``; a max bag takes the forward's ``max_indices``."""
         if self.bag is None:
             _native.embedding_dense_backward(
                 self.grad_out, self.ids, num_embeddings, **self.options, out=out
@@ -322,8 +323,21 @@ class _Batch:
         else:
             offsets, options = self.bag
             _native.embedding_bag_backward(
-                self.grad_out, self.ids, num_embeddings, offsets, **options, **self.options, out=out
+                self.grad_out, self.ids, num_embeddings, offsets, **options, **self.options,
+                max_indices=max_indices, out=out,
             )
+
+
+def _bag_batch(ids, offsets, grad_out, per_sample_weights, options) -> _Batch:
+    """A bag layer's batch (``options`` as `EmbeddingBag.forward` packs them)."""
+    mode, include_last_offset, padding_idx, scale_grad_by_freq, _ = options
+    bag = {
+        "mode": mode,
+        "per_sample_weights": None if per_sample_weights is None else _array(per_sample_weights),
+        "include_last_offset": include_last_offset,
+    }
+    offsets = None if offsets is None else _array(offsets)
+    return _Batch(_array(ids), _array(grad_out), padding_idx, scale_grad_by_freq, (offsets, bag))
 
 
 def _lookup_batch(ids: Tensor, grad_out: Tensor, padding_idx, scale_grad_by_freq) -> _Batch:
@@ -572,29 +586,20 @@ class _BagFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         weight, per_sample_weights, ids, offsets, max_indices = ctx.saved_tensors
-        mode, include_last_offset, padding_idx, scale_grad_by_freq, sparse = ctx.options
+        _, include_last_offset, padding_idx, _, sparse = ctx.options
         num_embeddings, embedding_dim = weight.shape
         _check_table(grad_out, "grad_output")
-        grad = _array(grad_out)
-        ids_array = _array(ids)
-        offsets_array = None if offsets is None else _array(offsets)
-        weights = None if per_sample_weights is None else _array(per_sample_weights)
+        batch = _bag_batch(ids, offsets, grad_out, per_sample_weights, ctx.options)
         grad_weight = grad_weights = None
         if ctx.needs_input_grad[0]:
             if sparse:
-                rows, values = _native.embedding_bag_sparse_backward(
-                    grad, ids_array, num_embeddings, offsets_array, mode, weights,
-                    include_last_offset, padding_idx, scale_grad_by_freq,
-                )
+                rows, values = batch.sparse_backward(num_embeddings)
                 grad_weight = _sparse(rows, values, num_embeddings, embedding_dim)
             else:
-                grad_weight = torch.from_numpy(
-                    _native.embedding_bag_backward(
-                        grad, ids_array, num_embeddings, offsets_array, mode, weights,
-                        include_last_offset, padding_idx, scale_grad_by_freq,
-                        None if max_indices is None else _array(max_indices),
-                    )
-                )
+                grad_weight = _fresh((num_embeddings, embedding_dim))
+                indices = None if max_indices is None else _array(max_indices)
+                batch.dense_backward(num_embeddings, grad_weight, indices)
+                grad_weight = torch.from_numpy(grad_weight)
         if ctx.needs_input_grad[1]:
             grad_weights = _sample_weights_grad(
                 grad_out, weight, ids, offsets, include_last_offset, padding_idx
@@ -618,7 +623,8 @@ class _BagStepInBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         per_sample_weights, ids, offsets = ctx.saved_tensors
-        (mode, include_last_offset, padding_idx, scale_grad_by_freq, _), step = ctx.options
+        options, step = ctx.options
+        _, include_last_offset, padding_idx, _, _ = options
         _check_table(grad_out, "grad_output")
         grad_weights = None
         if ctx.needs_input_grad[1]:
@@ -626,15 +632,7 @@ class _BagStepInBackward(torch.autograd.Function):
             grad_weights = _sample_weights_grad(
                 grad_out, ctx.table, ids, offsets, include_last_offset, padding_idx
             )
-        bag = {
-            "mode": mode,
-            "per_sample_weights": None if per_sample_weights is None else _array(per_sample_weights),
-            "include_last_offset": include_last_offset,
-        }
-        offsets_array = None if offsets is None else _array(offsets)
-        batch = _Batch(
-            _array(ids), _array(grad_out), padding_idx, scale_grad_by_freq, (offsets_array, bag)
-        )
+        batch = _bag_batch(ids, offsets, grad_out, per_sample_weights, options)
         _step_table(step, ctx.table, batch)
         return None, grad_weights, None, None, None, None
 
