@@ -19,7 +19,7 @@
 
 use super::gather::{for_each_row_block, gather_valid};
 use super::row_format::{
-    dispatch, each_block, value, Affine, BlockBody, Cols, OnRows, RowFormat, Sink,
+    dispatch, each_block, value, Affine, BlockBody, Cols, OnRows, RowFormat, RowSpan, Sink,
 };
 use super::tuning::{prefetch_ahead, PREFETCH_MIN_TABLE_BYTES};
 use crate::error::{EmbeddingError, Operand};
@@ -130,15 +130,15 @@ impl<I: Index, T: RowFormat> Body for LookupTask<'_, '_, I, T> {
             prefetch_ahead(table.row_bytes().div_ceil(4))
         };
         for i in 0..ahead.min(ids.len()) {
-            table.prefetch_row(ids.row(i));
+            table.prefetch_row(table.row(ids.row(i)));
         }
         for (i, dst) in out.chunks_exact_mut(dim).enumerate() {
             if ahead > 0 && i + ahead < ids.len() {
-                table.prefetch_row(ids.row(i + ahead));
+                table.prefetch_row(table.row(ids.row(i + ahead)));
             }
             let mut row = DecodeRow {
                 table,
-                r: ids.row(i),
+                row: table.row(ids.row(i)),
                 dst,
             };
             each_block::<V, _>(dim, V::REGISTERS, &mut row);
@@ -149,24 +149,25 @@ impl<I: Index, T: RowFormat> Body for LookupTask<'_, '_, I, T> {
 /// One row of the lookup: each column block decoded and written.
 struct DecodeRow<'a, T> {
     table: T,
-    r: usize,
+    row: RowSpan,
     dst: &'a mut [f32],
 }
 
 impl<T: RowFormat> BlockBody for DecodeRow<'_, T> {
     #[inline(always)]
     fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize {
-        let affine = Affine::<V>::of(self.table.affine::<V>(self.r));
+        let affine = Affine::<V>::of(self.table.affine::<V>(self.row));
         if cols.is_whole() {
             let out = &mut self.dst[cols.start..cols.start + N * V::WIDTH];
-            self.table.decode(self.r, cols, &mut Store { out, affine });
+            self.table
+                .decode(self.row, cols, &mut Store { out, affine });
         } else {
             let mut buf = [0.0f32; MAX_LANES];
             let mut sink = Store {
                 out: &mut buf,
                 affine,
             };
-            self.table.decode(self.r, cols, &mut sink);
+            self.table.decode(self.row, cols, &mut sink);
             let dst = &mut self.dst[cols.start..cols.start + cols.width];
             dst.copy_from_slice(&buf[..cols.width]);
         }

@@ -49,24 +49,62 @@ pub(crate) trait RowFormat: Copy + Sync {
     fn row_bytes(&self) -> usize;
     /// Bytes of the whole table (what decides the split).
     fn bytes(&self) -> usize;
-    /// Row `r`'s scale and bias for a packed table, `None` for the others
-    /// (whose lanes are values). `r` is a row of the table (the ids were
-    /// checked).
-    fn affine<V: Lanes>(&self, r: usize) -> Option<(f32, f32)>;
-    /// Hands `sink` the `N` vectors of block `cols` of row `r`, in order:
-    /// its values, or for a packed table its levels. One vector at a time,
-    /// so a sink that adds each to an accumulator needs no registers for
-    /// the block beyond the one vector.
-    fn decode<V: Lanes, const N: usize, S: Sink<V>>(&self, r: usize, cols: Cols<N>, sink: &mut S);
+    /// The storage a row of `dim` values takes, in the units of
+    /// [`RowSpan`]: `dim` values, or a packed row's bytes. A constant where
+    /// `dim` is one, which is how a loop over rows of one column block
+    /// (`Rows::blocks` in the bags) reads them with a constant stride.
+    fn row_len(dim: usize) -> usize;
+    /// Where row `r` lies in the table's storage. `r` is a row of the
+    /// table (the ids were checked).
+    #[inline(always)]
+    fn row(&self, r: usize) -> RowSpan {
+        RowSpan::of(r, Self::row_len(self.dim()))
+    }
+    /// The row's scale and bias for a packed table, `None` for the others
+    /// (whose lanes are values).
+    fn affine<V: Lanes>(&self, row: RowSpan) -> Option<(f32, f32)>;
+    /// Hands `sink` the `N` vectors of block `cols` of `row`, in order: its
+    /// values, or for a packed table its levels. One vector at a time, so a
+    /// sink that adds each to an accumulator needs no registers for the
+    /// block beyond the one vector.
+    fn decode<V: Lanes, const N: usize, S: Sink<V>>(
+        &self,
+        row: RowSpan,
+        cols: Cols<N>,
+        sink: &mut S,
+    );
     /// Puts vectors that [`decode`](Self::decode) handed a sink as pairs
     /// ([`Sink::take_pair`]) back in column order, for a whole block of `N`
     /// vectors: nothing, but for 4-bit rows.
     #[inline(always)]
     fn in_column_order<V: Lanes, const N: usize>(&self, _lanes: &mut [V; N]) {}
-    /// Hints for block `cols` of row `r`, `N` vectors of `V`.
-    fn prefetch_block<V: Lanes, const N: usize>(&self, r: usize, cols: Cols<N>);
-    /// Hints for all of row `r`.
-    fn prefetch_row(&self, r: usize);
+    /// Hints for block `cols` of `row`, `N` vectors of `V`.
+    fn prefetch_block<V: Lanes, const N: usize>(&self, row: RowSpan, cols: Cols<N>);
+    /// Hints for all of `row`.
+    fn prefetch_row(&self, row: RowSpan);
+}
+
+/// Where a row lies in its table's storage: `len` units from `start`, in
+/// values (`f32` and half tables) or bytes (packed tables). Rows are laid
+/// end to end, so `len` is also the stride from one row to the next. The
+/// formats read every offset of a row from here rather than from the
+/// table's fields, so that where `len` is a constant of the code (a row of
+/// one column block), so is every offset.
+#[derive(Clone, Copy)]
+pub(crate) struct RowSpan {
+    start: usize,
+    len: usize,
+}
+
+impl RowSpan {
+    /// Row `r` of rows of `len` units.
+    #[inline(always)]
+    pub(crate) fn of(r: usize, len: usize) -> Self {
+        RowSpan {
+            start: r * len,
+            len,
+        }
+    }
 }
 
 /// What [`RowFormat::decode`] hands each vector of a block to.
@@ -316,13 +354,23 @@ impl<E: Element> RowFormat for PlainRows<'_, E> {
     }
 
     #[inline(always)]
-    fn affine<V: Lanes>(&self, _r: usize) -> Option<(f32, f32)> {
+    fn row_len(dim: usize) -> usize {
+        dim
+    }
+
+    #[inline(always)]
+    fn affine<V: Lanes>(&self, _row: RowSpan) -> Option<(f32, f32)> {
         None
     }
 
     #[inline(always)]
-    fn decode<V: Lanes, const N: usize, S: Sink<V>>(&self, r: usize, cols: Cols<N>, sink: &mut S) {
-        let at = r * self.dim + cols.start;
+    fn decode<V: Lanes, const N: usize, S: Sink<V>>(
+        &self,
+        row: RowSpan,
+        cols: Cols<N>,
+        sink: &mut S,
+    ) {
+        let at = row.start + cols.start;
         if cols.is_whole() {
             let block = &self.table[at..at + N * V::WIDTH];
             for (j, x) in block.chunks_exact(V::WIDTH).enumerate() {
@@ -336,18 +384,18 @@ impl<E: Element> RowFormat for PlainRows<'_, E> {
     }
 
     #[inline(always)]
-    fn prefetch_block<V: Lanes, const N: usize>(&self, r: usize, cols: Cols<N>) {
+    fn prefetch_block<V: Lanes, const N: usize>(&self, row: RowSpan, cols: Cols<N>) {
         let size = core::mem::size_of::<E>();
-        let at = (r * self.dim + cols.start) * size;
+        let at = (row.start + cols.start) * size;
         let base = self.table.as_ptr().cast();
-        prefetch::bag_block(base, at, N * V::WIDTH * size, self.dim * size);
+        prefetch::bag_block(base, at, N * V::WIDTH * size, row.len * size);
     }
 
     #[inline(always)]
-    fn prefetch_row(&self, r: usize) {
+    fn prefetch_row(&self, row: RowSpan) {
         let size = core::mem::size_of::<E>();
-        let at = r * self.dim * size;
-        prefetch::span::<L2>(self.table.as_ptr().cast(), at, at + self.dim * size);
+        let at = row.start * size;
+        prefetch::span::<L2>(self.table.as_ptr().cast(), at, at + row.len * size);
     }
 }
 
@@ -358,9 +406,6 @@ impl<E: Element> RowFormat for PlainRows<'_, E> {
 pub(crate) struct Packed<'a, const BITS: u32> {
     bytes: &'a [u8],
     dim: usize,
-    row_bytes: usize,
-    /// Bytes of codes at the start of each row.
-    code_bytes: usize,
 }
 
 impl<'a, const BITS: u32> Packed<'a, BITS> {
@@ -374,11 +419,10 @@ impl<'a, const BITS: u32> Packed<'a, BITS> {
     /// table's format to `BITS`).
     pub(crate) fn new(table: &PackedTable<'a>) -> Self {
         debug_assert_eq!(table.format().bits(), BITS);
+        debug_assert_eq!(table.row_bytes(), Self::row_len(table.dim()));
         Packed {
             bytes: table.bytes(),
             dim: table.dim(),
-            row_bytes: table.row_bytes(),
-            code_bytes: table.dim().div_ceil(Self::PER_BYTE),
         }
     }
 
@@ -440,25 +484,35 @@ impl<const BITS: u32> RowFormat for Packed<'_, BITS> {
     }
 
     fn row_bytes(&self) -> usize {
-        self.row_bytes
+        Self::row_len(self.dim)
     }
 
     fn bytes(&self) -> usize {
         self.bytes.len()
     }
 
+    /// The codes, then the scale and the bias.
     #[inline(always)]
-    fn affine<V: Lanes>(&self, r: usize) -> Option<(f32, f32)> {
-        let at = r * self.row_bytes;
+    fn row_len(dim: usize) -> usize {
+        dim.div_ceil(Self::PER_BYTE) + Self::AFFINE_BYTES
+    }
+
+    #[inline(always)]
+    fn affine<V: Lanes>(&self, row: RowSpan) -> Option<(f32, f32)> {
+        let end = row.start + row.len;
         Some(Self::scale_bias::<V>(
-            &self.bytes[at + self.code_bytes..at + self.row_bytes],
+            &self.bytes[end - Self::AFFINE_BYTES..end],
         ))
     }
 
     #[inline(always)]
-    fn decode<V: Lanes, const N: usize, S: Sink<V>>(&self, r: usize, cols: Cols<N>, sink: &mut S) {
-        let at = r * self.row_bytes;
-        let codes = &self.bytes[at..at + self.code_bytes];
+    fn decode<V: Lanes, const N: usize, S: Sink<V>>(
+        &self,
+        row: RowSpan,
+        cols: Cols<N>,
+        sink: &mut S,
+    ) {
+        let codes = &self.bytes[row.start..row.start + row.len - Self::AFFINE_BYTES];
         // Blocks start at multiples of 8 columns, so at whole bytes.
         let first = cols.start / Self::PER_BYTE;
         if cols.is_whole() {
@@ -509,22 +563,21 @@ impl<const BITS: u32> RowFormat for Packed<'_, BITS> {
     }
 
     #[inline(always)]
-    fn prefetch_block<V: Lanes, const N: usize>(&self, r: usize, cols: Cols<N>) {
+    fn prefetch_block<V: Lanes, const N: usize>(&self, row: RowSpan, cols: Cols<N>) {
         // The block's codes (a whole block's worth, even for a row's last
         // few columns: a hint past them is only a wasted fetch), then the
         // scale and bias at the row's end; both counted at compile time.
-        let at = r * self.row_bytes;
         let base = self.bytes.as_ptr();
-        let codes = at + cols.start / Self::PER_BYTE;
-        let row = self.row_bytes;
-        prefetch::bag_block(base, codes, N * Self::vector_bytes::<V>(), row);
-        prefetch::bag_block(base, at + self.code_bytes, Self::AFFINE_BYTES, row);
+        let codes = row.start + cols.start / Self::PER_BYTE;
+        let affine = row.start + row.len - Self::AFFINE_BYTES;
+        prefetch::bag_block(base, codes, N * Self::vector_bytes::<V>(), row.len);
+        prefetch::bag_block(base, affine, Self::AFFINE_BYTES, row.len);
     }
 
     #[inline(always)]
-    fn prefetch_row(&self, r: usize) {
-        let at = r * self.row_bytes;
-        prefetch::span::<L2>(self.bytes.as_ptr(), at, at + self.row_bytes);
+    fn prefetch_row(&self, row: RowSpan) {
+        let at = row.start;
+        prefetch::span::<L2>(self.bytes.as_ptr(), at, at + row.len);
     }
 }
 

@@ -6,7 +6,7 @@ use super::{max, sum};
 use crate::bags::Bags;
 use crate::error::EmbeddingError;
 use crate::index::{Index, ValidIds};
-use crate::kernels::row_format::{Cols, F32Rows, OnRows, RowFormat, Slot};
+use crate::kernels::row_format::{Cols, F32Rows, OnRows, RowFormat, RowSpan, Slot};
 use crate::kernels::tuning::{
     BAG_AHEAD_ROWS, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES, TASK_BYTES,
 };
@@ -209,9 +209,14 @@ impl<I: Index, T: RowFormat> Rows<'_, I, T> {
     /// bag's ids and the ids `ahead` on as two slices, so a position costs
     /// two id loads, a hint and the block: no clamp, no index check, no
     /// test. Fewer instructions a row let more rows' loads be in flight at
-    /// once, which is what a bag of narrow rows waits on. The other bags
-    /// (near the task's end, with a padding row, or without hints) take the
-    /// general loop.
+    /// once, which is what a bag of narrow rows waits on. Where the row is
+    /// this one block (`dim == N·V::WIDTH`: 16 columns on AVX-512, 128, …)
+    /// the loop is compiled with the row's length a constant, so a row's
+    /// offset is a shift and every bound a constant away from it (narrow's
+    /// bag sum, 16 columns: a fifth less time; docs/benchmarks.md,
+    /// "Rows of one block"). The other
+    /// bags (near the task's end, with a padding row, or without hints)
+    /// take the general loop.
     #[inline(always)]
     pub(super) fn blocks<V: Lanes, const N: usize, F: Visit<V, N>>(
         &self,
@@ -220,17 +225,37 @@ impl<I: Index, T: RowFormat> Rows<'_, I, T> {
         cols: Cols<N>,
         f: &mut F,
     ) -> usize {
-        let (ahead, table) = (self.ahead, &self.table);
-        if self.padding_idx.is_none() && ahead > 0 && bag.end + ahead <= limit {
-            let here = self.ids.slice(bag.clone());
-            let next = self.ids.slice(bag.start + ahead..bag.end + ahead);
-            for (p, (r, n)) in bag.clone().zip(here.rows().zip(next.rows())) {
-                table.prefetch_block::<V, N>(n, cols);
-                f.visit(p, table, r, cols);
+        if self.padding_idx.is_none() && self.ahead > 0 && bag.end + self.ahead <= limit {
+            let width = N * V::WIDTH;
+            if cols.is_whole() && cols.start == 0 && self.dim == width {
+                self.fast_blocks(bag, T::row_len(width), cols, f)
+            } else {
+                self.fast_blocks(bag, T::row_len(self.dim), cols, f)
             }
-            return bag.len();
+        } else {
+            self.blocks_general(bag, limit, cols, f)
         }
-        self.blocks_general(bag, limit, cols, f)
+    }
+
+    /// The fast loop of [`blocks`](Self::blocks), its rows `row_len` units
+    /// long (a constant when the caller passes one). The caller checked that
+    /// the rows read ahead lie in the ids (`bag.end + ahead <= limit`).
+    #[inline(always)]
+    fn fast_blocks<V: Lanes, const N: usize, F: Visit<V, N>>(
+        &self,
+        bag: Range<usize>,
+        row_len: usize,
+        cols: Cols<N>,
+        f: &mut F,
+    ) -> usize {
+        let (ahead, table) = (self.ahead, &self.table);
+        let here = self.ids.slice(bag.clone());
+        let next = self.ids.slice(bag.start + ahead..bag.end + ahead);
+        for (p, (r, n)) in bag.clone().zip(here.rows().zip(next.rows())) {
+            table.prefetch_block::<V, N>(RowSpan::of(n, row_len), cols);
+            f.visit(p, table, RowSpan::of(r, row_len), cols);
+        }
+        bag.len()
     }
 
     /// [`blocks`](Self::blocks) for any bag: the row read ahead is clamped
@@ -251,7 +276,7 @@ impl<I: Index, T: RowFormat> Rows<'_, I, T> {
             None => {
                 for p in bag.clone() {
                     self.prefetch_block::<V, N>(p, last, cols);
-                    f.visit(p, &self.table, self.ids.row(p), cols);
+                    f.visit(p, &self.table, self.table.row(self.ids.row(p)), cols);
                 }
                 bag.len()
             }
@@ -261,7 +286,7 @@ impl<I: Index, T: RowFormat> Rows<'_, I, T> {
                     self.prefetch_block::<V, N>(p, last, cols);
                     let r = self.ids.row(p);
                     if r != padding {
-                        f.visit(p, &self.table, r, cols);
+                        f.visit(p, &self.table, self.table.row(r), cols);
                         kept += 1;
                     }
                 }
@@ -278,7 +303,7 @@ impl<I: Index, T: RowFormat> Rows<'_, I, T> {
             return;
         }
         let r = self.ids.row((p + self.ahead).min(last));
-        self.table.prefetch_block::<V, N>(r, cols);
+        self.table.prefetch_block::<V, N>(self.table.row(r), cols);
     }
 }
 
@@ -287,9 +312,9 @@ impl<I: Index, T: RowFormat> Rows<'_, I, T> {
 /// closure: a closure is compiled as a function of its own, without the AVX
 /// of [`Isa::run`]'s wrapper, and calls each instruction it holds.
 pub(super) trait Visit<V: Lanes, const N: usize> {
-    /// Takes block `cols` of row `r` of `table`, the row at position `p`,
+    /// Takes block `cols` of `row` of `table`, the row at position `p`,
     /// decoding it with [`RowFormat::decode`] into a sink of its own.
-    fn visit<T: RowFormat>(&mut self, p: usize, table: &T, r: usize, cols: Cols<N>);
+    fn visit<T: RowFormat>(&mut self, p: usize, table: &T, row: RowSpan, cols: Cols<N>);
 }
 
 /// One task of the forward: the bags from `first_bag` whose rows `out` (and
@@ -322,7 +347,7 @@ impl<I: Index, T: RowFormat, S: Slot> Body for BagTask<'_, '_, I, T, S> {
         let limit = bags.starts()[first_bag + count];
         // Warm the first rows: a task starts cold.
         for p in first..limit.min(first + rows.ahead) {
-            rows.table.prefetch_row(rows.ids.row(p));
+            rows.table.prefetch_row(rows.table.row(rows.ids.row(p)));
         }
         for (k, dst) in out.chunks_exact_mut(dim).enumerate() {
             let bag = bags.range(first_bag + k);

@@ -4,7 +4,7 @@
 use super::forward::{Rows, Visit};
 use crate::index::Index;
 use crate::kernels::row_format::{
-    each_block, value, Affine, BlockBody, Cols, RowFormat, Sink, Slot,
+    each_block, value, Affine, BlockBody, Cols, RowFormat, RowSpan, Sink, Slot,
 };
 use crate::simd::{Lanes, MAX_LANES};
 use core::ops::Range;
@@ -102,20 +102,20 @@ struct Running<V, const N: usize> {
 
 impl<V: Lanes, const N: usize> Visit<V, N> for Running<V, N> {
     #[inline(always)]
-    fn visit<T: RowFormat>(&mut self, p: usize, table: &T, r: usize, cols: Cols<N>) {
+    fn visit<T: RowFormat>(&mut self, p: usize, table: &T, row: RowSpan, cols: Cols<N>) {
         // The position's bits as a lane: only ever selected and stored.
         let here = V::splat(f32::from_bits((p - self.start) as u32));
         let mut sink = Keep {
             best: &mut self.best,
             from: &mut self.from,
             here,
-            affine: Affine::of(table.affine::<V>(r)),
+            affine: Affine::of(table.affine::<V>(row)),
         };
         if self.first {
-            table.decode(r, cols, &mut TakeAll(sink));
+            table.decode(row, cols, &mut TakeAll(sink));
             self.first = false;
         } else {
-            table.decode(r, cols, &mut sink);
+            table.decode(row, cols, &mut sink);
         }
     }
 }

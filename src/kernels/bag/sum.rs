@@ -2,7 +2,9 @@
 
 use super::forward::{Rows, Visit};
 use crate::index::Index;
-use crate::kernels::row_format::{each_block, Affine, BlockBody, Cols, RowFormat, Sink, Slot};
+use crate::kernels::row_format::{
+    each_block, Affine, BlockBody, Cols, RowFormat, RowSpan, Sink, Slot,
+};
 use crate::simd::Lanes;
 use core::ops::Range;
 
@@ -94,11 +96,11 @@ struct Plain<V, const N: usize>([V; N]);
 
 impl<V: Lanes, const N: usize> Visit<V, N> for Plain<V, N> {
     #[inline(always)]
-    fn visit<T: RowFormat>(&mut self, _p: usize, table: &T, r: usize, cols: Cols<N>) {
-        match Affine::of(table.affine::<V>(r)) {
-            None => table.decode(r, cols, &mut AddValues(&mut self.0)),
+    fn visit<T: RowFormat>(&mut self, _p: usize, table: &T, row: RowSpan, cols: Cols<N>) {
+        match Affine::of(table.affine::<V>(row)) {
+            None => table.decode(row, cols, &mut AddValues(&mut self.0)),
             Some(a) => table.decode(
-                r,
+                row,
                 cols,
                 &mut AddLevels {
                     acc: &mut self.0,
@@ -118,15 +120,15 @@ struct Weighted<'w, V, const N: usize> {
 
 impl<V: Lanes, const N: usize> Visit<V, N> for Weighted<'_, V, N> {
     #[inline(always)]
-    fn visit<T: RowFormat>(&mut self, p: usize, table: &T, r: usize, cols: Cols<N>) {
+    fn visit<T: RowFormat>(&mut self, p: usize, table: &T, row: RowSpan, cols: Cols<N>) {
         let w = self.weights[p];
-        match table.affine::<V>(r) {
+        match table.affine::<V>(row) {
             None => {
                 let mut sink = AddScaled {
                     acc: &mut self.acc,
                     w: V::splat(w),
                 };
-                table.decode(r, cols, &mut sink);
+                table.decode(row, cols, &mut sink);
             }
             Some((scale, bias)) => {
                 let a = Affine {
@@ -134,7 +136,7 @@ impl<V: Lanes, const N: usize> Visit<V, N> for Weighted<'_, V, N> {
                     bias: V::splat(w * bias),
                 };
                 table.decode(
-                    r,
+                    row,
                     cols,
                     &mut AddLevels {
                         acc: &mut self.acc,

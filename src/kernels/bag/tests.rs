@@ -251,3 +251,187 @@ fn every_isa_gives_the_reference_bits() {
         }
     }
 }
+
+/// A bag case over a table just past the hint threshold for rows of
+/// `row_bytes`: the table's values, its ids, bags of 16 with a few shorter
+/// ones (0 among them, so that some bags end near their task's end and take
+/// the general loop), and weights.
+struct HintedCase {
+    rows: usize,
+    table: Vec<f32>,
+    ids: Vec<usize>,
+    bags: Bags,
+    weights: Vec<f32>,
+}
+
+impl HintedCase {
+    fn new(dim: usize, row_bytes: usize, seed: &mut u64) -> HintedCase {
+        let rows = crate::kernels::tuning::PREFETCH_MIN_TABLE_BYTES / row_bytes + 3;
+        let table = (0..rows * dim)
+            .map(|_| (mix(seed) % 2001) as f32 / 1000.0 - 1.0)
+            .collect();
+        let mut offsets = vec![0];
+        for b in 0..100 {
+            offsets.push(offsets[b] + if b % 7 == 3 { b % 5 } else { 16 });
+        }
+        let n = offsets.pop().unwrap();
+        let weights = (0..n)
+            .map(|_| [-1.5, -1.0, 0.25, 1.0, 3.0][mix(seed) as usize % 5])
+            .collect();
+        HintedCase {
+            rows,
+            table,
+            ids: (0..n).map(|_| mix(seed) as usize % rows).collect(),
+            bags: Bags::from_offsets(&offsets, n, false).unwrap(),
+            weights,
+        }
+    }
+
+    /// The bag-matrix reference over `values` (this case's table, or the
+    /// same rounded to a half type).
+    fn reference(&self, values: &[f32], dim: usize, pooling: &Pooling<'_>) -> (Vec<f32>, Vec<i64>) {
+        let size = self.bags.len() * dim;
+        let at_len = if pooling.mode == Mode::Max { size } else { 0 };
+        let (mut want, mut at) = (vec![f32::NAN; size], vec![-2; at_len]);
+        let (ids, bags) = (&self.ids, &self.bags);
+        crate::reference::bag_forward(values, dim, ids, bags, pooling, &mut want, &mut at).unwrap();
+        (want, at)
+    }
+}
+
+/// The index and the two values of the first output whose bits differ.
+fn first_difference(out: &[f32], want: &[f32]) -> Option<(usize, f32, f32)> {
+    let k = out
+        .iter()
+        .zip(want)
+        .position(|(a, b)| a.to_bits() != b.to_bits())?;
+    Some((k, out[k], want[k]))
+}
+
+/// Tables of 512 KiB or more are read with hints, and their bags take the
+/// fast loop of `Rows::blocks`: with the row's length a constant where the
+/// row is one column block (8, 16, 32, 64, 128, 256 columns, as the lanes
+/// make it), a variable one otherwise. Both give the reference's bits on
+/// every instruction set and thread count, for every format: `f32` sums
+/// (plain and weighted) and maxima against the bag-matrix reference, a half
+/// table's sums against the same over its values as `f32`s (exact), a
+/// packed table's against FBGEMM's rule.
+#[test]
+fn tables_read_with_hints_give_the_reference_bits() {
+    use crate::formats::{to_bf16, to_f16, PackedTable, RowWise};
+    use crate::kernels::row_format::{Packed, PlainRows};
+    let mut seed = 11;
+    for dim in [8usize, 16, 24, 32, 64, 128, 256, 384] {
+        let pars = [Parallelism::Serial, Parallelism::Rayon];
+        let c = HintedCase::new(dim, dim * 4, &mut seed);
+        let valid = ValidIds::new(&c.ids, c.rows).unwrap();
+        for (mode, weighted) in [(Mode::Sum, false), (Mode::Sum, true), (Mode::Max, false)] {
+            let pooling = Pooling {
+                mode,
+                per_sample_weights: weighted.then_some(&c.weights[..]),
+                ..Pooling::default()
+            };
+            let (want, want_at) = c.reference(&c.table, dim, &pooling);
+            let table = F32Rows {
+                table: &c.table,
+                dim,
+            };
+            for isa in Isa::all() {
+                for par in pars {
+                    let what =
+                        format!("f32 dim {dim} {mode:?} weighted {weighted} {isa:?} {par:?}");
+                    let (mut out, mut at) = (vec![f32::NAN; want.len()], vec![-2; want_at.len()]);
+                    forward_both(isa, par, table, valid, &c.bags, &pooling, &mut out, &mut at);
+                    assert_eq!(first_difference(&out, &want), None, "{what}");
+                    assert_eq!(at, want_at, "{what}");
+                }
+            }
+        }
+        let c = HintedCase::new(dim, dim * 2, &mut seed);
+        let valid = ValidIds::new(&c.ids, c.rows).unwrap();
+        let pooling = Pooling {
+            mode: Mode::Sum,
+            ..Pooling::default()
+        };
+        let (f16s, bf16s) = (to_f16(&c.table).unwrap(), to_bf16(&c.table).unwrap());
+        let (want_f16, _) = c.reference(
+            &f16s.iter().map(|h| h.to_f32()).collect::<Vec<_>>(),
+            dim,
+            &pooling,
+        );
+        let (want_bf16, _) = c.reference(
+            &bf16s.iter().map(|h| h.to_f32()).collect::<Vec<_>>(),
+            dim,
+            &pooling,
+        );
+        for isa in Isa::all() {
+            for par in pars {
+                let what = format!("dim {dim} {isa:?} {par:?}");
+                let mut out = vec![f32::NAN; want_f16.len()];
+                let f16_rows = PlainRows { table: &f16s, dim };
+                forward_on(
+                    isa,
+                    par,
+                    f16_rows,
+                    valid,
+                    &c.bags,
+                    &pooling,
+                    &mut out,
+                    &mut [],
+                );
+                assert_eq!(first_difference(&out, &want_f16), None, "f16 {what}");
+                let bf16_rows = PlainRows { table: &bf16s, dim };
+                forward_on(
+                    isa,
+                    par,
+                    bf16_rows,
+                    valid,
+                    &c.bags,
+                    &pooling,
+                    &mut out,
+                    &mut [],
+                );
+                assert_eq!(first_difference(&out, &want_bf16), None, "bf16 {what}");
+            }
+        }
+        for format in [RowWise::Int8, RowWise::Int4, RowWise::Int2] {
+            let c = HintedCase::new(dim, format.row_bytes(dim).unwrap(), &mut seed);
+            let valid = ValidIds::new(&c.ids, c.rows).unwrap();
+            let bytes = format.prepack(&c.table, dim).unwrap();
+            let packed = PackedTable::new(format, dim, &bytes).unwrap();
+            for weighted in [false, true] {
+                let w = weighted.then_some(&c.weights[..]);
+                let want = crate::reference::packed_bag_sum(&packed, &c.ids, &c.bags, w).unwrap();
+                let pooling = Pooling {
+                    mode: Mode::Sum,
+                    per_sample_weights: w,
+                    ..Pooling::default()
+                };
+                let (ids, bags, pooling) = (valid, &c.bags, &pooling);
+                for isa in Isa::all() {
+                    for par in pars {
+                        let mut out = vec![f32::NAN; want.len()];
+                        let o = &mut out[..];
+                        match format {
+                            RowWise::Int8 => {
+                                let rows = Packed::<8>::new(&packed);
+                                forward_on(isa, par, rows, ids, bags, pooling, o, &mut [])
+                            }
+                            RowWise::Int4 => {
+                                let rows = Packed::<4>::new(&packed);
+                                forward_on(isa, par, rows, ids, bags, pooling, o, &mut [])
+                            }
+                            RowWise::Int2 => {
+                                let rows = Packed::<2>::new(&packed);
+                                forward_on(isa, par, rows, ids, bags, pooling, o, &mut [])
+                            }
+                        }
+                        let what =
+                            format!("{format:?} dim {dim} weighted {weighted} {isa:?} {par:?}");
+                        assert_eq!(first_difference(&out, &want), None, "{what}");
+                    }
+                }
+            }
+        }
+    }
+}
