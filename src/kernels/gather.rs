@@ -371,7 +371,6 @@ impl<I: Index, Op: RowOp> Body for GatherBlock<'_, '_, I, Op> {
             out,
             mut op,
         } = self;
-        let n = ids.len();
         if core::mem::size_of_val(table) < PREFETCH_MIN_TABLE_BYTES {
             // A table this small sits in the caches: hints would only
             // cost instructions.
@@ -382,20 +381,72 @@ impl<I: Index, Op: RowOp> Body for GatherBlock<'_, '_, I, Op> {
             op.finish();
             return;
         }
-        let ahead = prefetch_ahead(dim);
-        // Warm the first rows too: a parallel block starts cold.
-        for i in 0..ahead.min(n) {
-            let start = ids.row(i) * dim;
-            prefetch::row::<L2>(&table[start..start + dim]);
-        }
-        for (i, dst) in out.chunks_exact_mut(dim).enumerate() {
-            if i + ahead < n {
-                let next = ids.row(i + ahead) * dim;
-                prefetch::row::<L2>(&table[next..next + dim]);
+        // Rows of one or two vectors go through a loop of their own, their
+        // width a constant: a row's offset is a shift, its copy one or two
+        // moves, its hints a fixed count, and the ids walked as two slices
+        // with no test a row, where the general loop's multiply, tail test
+        // and hint count cost as much as the copy (narrow, 16 columns: a
+        // third less time; docs/benchmarks.md, "Rows of one block"). Wider
+        // rows keep the general loop, which measured faster on recsys and
+        // gpt2 than this one (their tasks are a few rows, all hinted ahead).
+        if dim == V::WIDTH {
+            narrow_rows::<V, I, Op>(table, V::WIDTH, ids, out, &mut op);
+        } else if dim == 2 * V::WIDTH {
+            narrow_rows::<V, I, Op>(table, 2 * V::WIDTH, ids, out, &mut op);
+        } else {
+            let n = ids.len();
+            let ahead = prefetch_ahead(dim);
+            // Warm the first rows too: a parallel block starts cold.
+            for i in 0..ahead.min(n) {
+                let start = ids.row(i) * dim;
+                prefetch::row::<L2>(&table[start..start + dim]);
             }
-            let start = ids.row(i) * dim;
-            op.write::<V>(dst, &table[start..start + dim]);
+            for (i, dst) in out.chunks_exact_mut(dim).enumerate() {
+                if i + ahead < n {
+                    let next = ids.row(i + ahead) * dim;
+                    prefetch::row::<L2>(&table[next..next + dim]);
+                }
+                let start = ids.row(i) * dim;
+                op.write::<V>(dst, &table[start..start + dim]);
+            }
         }
         op.finish();
+    }
+}
+
+/// The rows of `ids` into `out` through `op`, each row hinted
+/// [`prefetch_ahead`] rows before it is read, for rows of one or two
+/// vectors: `dim` is a constant of the caller. The rows that have a row to
+/// hint walk the ids and the ids `ahead` on as two slices (no test a row),
+/// the last `ahead` rows follow unhinted.
+#[inline(always)]
+fn narrow_rows<V: Lanes, I: Index, Op: RowOp>(
+    table: &[f32],
+    dim: usize,
+    ids: ValidIds<'_, I>,
+    out: &mut [Op::Out],
+    op: &mut Op,
+) {
+    let n = ids.len();
+    let ahead = prefetch_ahead(dim).min(n);
+    let base = table.as_ptr().cast::<u8>();
+    // Warm the first rows too: a parallel block starts cold.
+    for r in ids.slice(0..ahead).rows() {
+        prefetch::bytes::<L2>(base, r * dim * 4, dim * 4);
+    }
+    let (hinted, last) = out.split_at_mut((n - ahead) * dim);
+    let (here, next) = (ids.slice(0..n - ahead), ids.slice(ahead..n));
+    for (dst, (r, q)) in hinted
+        .chunks_exact_mut(dim)
+        .zip(here.rows().zip(next.rows()))
+    {
+        prefetch::bytes::<L2>(base, q * dim * 4, dim * 4);
+        op.write::<V>(dst, &table[r * dim..r * dim + dim]);
+    }
+    for (dst, r) in last
+        .chunks_exact_mut(dim)
+        .zip(ids.slice(n - ahead..n).rows())
+    {
+        op.write::<V>(dst, &table[r * dim..r * dim + dim]);
     }
 }

@@ -219,3 +219,47 @@ fn every_format_agrees_on_every_isa() {
         }
     }
 }
+
+/// Gathers from tables of 512 KiB or more (read with hints; rows of one or
+/// two vectors through their own loop with the width a constant) equal the
+/// plain loop of `reference::loops`, on each instruction set (one thread,
+/// where the forced set holds) and on the pool, for the copy, the scaled
+/// copy and the fresh output of the allocating lookup.
+#[test]
+fn gathers_past_the_hint_threshold_equal_the_plain_loop() {
+    use crate::index::ValidIds;
+    use crate::kernels::tuning::PREFETCH_MIN_TABLE_BYTES;
+    for (k, dim) in [1usize, 8, 16, 24, 32, 48, 64, 128].into_iter().enumerate() {
+        let rows = PREFETCH_MIN_TABLE_BYTES / (dim * 4) + 5;
+        let table = values(rows * dim, 900 + k as u64);
+        let ids = ids(3_000, rows, 31 + k as u64);
+        let mut want = vec![f32::NAN; ids.len() * dim];
+        crate::reference::loops::gather(&table, dim, &ids, &mut want).unwrap();
+        let mut want_scaled = vec![f32::NAN; ids.len() * dim];
+        crate::reference::loops::gather_scaled(&table, dim, &ids, 0.3, &mut want_scaled).unwrap();
+        let valid = ValidIds::new(&ids, rows).unwrap();
+        let runs = Isa::all()
+            .into_iter()
+            .map(|isa| (Some(isa), Parallelism::Serial))
+            .chain([(None, Parallelism::Rayon)]);
+        for (isa, par) in runs {
+            let what = format!("dim {dim} {isa:?} {par:?}");
+            let run = || {
+                let mut out = vec![f32::NAN; ids.len() * dim];
+                crate::gather_with(par, &table, dim, &ids, &mut out).unwrap();
+                let mut scaled = vec![f32::NAN; ids.len() * dim];
+                crate::gather_scaled_with(par, &table, dim, &ids, 0.3, &mut scaled).unwrap();
+                let mut fresh = Vec::new();
+                super::gather::gather_fresh(par, &table, dim, valid, &mut fresh).unwrap();
+                (out, scaled, fresh)
+            };
+            let (out, scaled, fresh) = match isa {
+                Some(isa) => isa.force(run),
+                None => run(),
+            };
+            assert_eq!(bits(&out), bits(&want), "gather {what}");
+            assert_eq!(bits(&scaled), bits(&want_scaled), "gather_scaled {what}");
+            assert_eq!(bits(&fresh), bits(&want), "fresh {what}");
+        }
+    }
+}
