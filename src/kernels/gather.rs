@@ -188,6 +188,11 @@ pub(crate) trait RowOp: Copy + Send + Sync {
         self
     }
 
+    /// Whether rows of one or two vectors take the loop with their width a
+    /// constant ([`GatherBlock`]'s `narrow_rows`): measured faster for the
+    /// copies into a caller's buffer, slower for [`FillRow`].
+    const NARROW_LOOP: bool = true;
+
     /// Writes the next output row, `dst`, from the table row `src` (both
     /// `dim` long), with lanes `V`.
     fn write<V: Lanes>(&mut self, dst: &mut [Self::Out], src: &[f32]);
@@ -259,6 +264,11 @@ struct FillRow;
 
 impl RowOp for FillRow {
     type Out = MaybeUninit<f32>;
+
+    /// The allocating lookup on narrow (16 columns, fresh output) took
+    /// 0.61-0.64 ms in the narrow loop against 0.49-0.52 in the general one
+    /// (test program, two threads, warm).
+    const NARROW_LOOP: bool = false;
 
     #[inline(always)]
     fn write<V: Lanes>(&mut self, dst: &mut [MaybeUninit<f32>], src: &[f32]) {
@@ -389,9 +399,9 @@ impl<I: Index, Op: RowOp> Body for GatherBlock<'_, '_, I, Op> {
         // third less time; docs/benchmarks.md, "Rows of one block"). Wider
         // rows keep the general loop, which measured faster on recsys and
         // gpt2 than this one (their tasks are a few rows, all hinted ahead).
-        if dim == V::WIDTH {
+        if Op::NARROW_LOOP && dim == V::WIDTH {
             narrow_rows::<V, I, Op>(table, V::WIDTH, ids, out, &mut op);
-        } else if dim == 2 * V::WIDTH {
+        } else if Op::NARROW_LOOP && dim == 2 * V::WIDTH {
             narrow_rows::<V, I, Op>(table, 2 * V::WIDTH, ids, out, &mut op);
         } else {
             let n = ids.len();
