@@ -396,9 +396,10 @@ impl<I: Index, Op: RowOp> Body for GatherBlock<'_, '_, I, Op> {
         // moves, its hints a fixed count, and the ids walked as two slices
         // with no test a row, where the general loop's multiply, tail test
         // and hint count cost as much as the copy (narrow, 16 columns: a
-        // third less time; docs/benchmarks.md, "Rows of one block"). Wider
-        // rows keep the general loop, which measured faster on recsys and
-        // gpt2 than this one (their tasks are a few rows, all hinted ahead).
+        // third less time; docs/benchmarks.md, "A Zen 5 host, and rows of
+        // one block"). Wider rows keep the general loop, which measured
+        // faster on recsys and gpt2 than this one (their tasks are a few
+        // rows, all hinted ahead).
         if Op::NARROW_LOOP && dim == V::WIDTH {
             narrow_rows::<V, I, Op>(table, V::WIDTH, ids, out, &mut op);
         } else if Op::NARROW_LOOP && dim == 2 * V::WIDTH {

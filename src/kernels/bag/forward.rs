@@ -213,10 +213,9 @@ impl<I: Index, T: RowFormat> Rows<'_, I, T> {
     /// this one block (`dim == N·V::WIDTH`: 16 columns on AVX-512, 128, …)
     /// the loop is compiled with the row's length a constant, so a row's
     /// offset is a shift and every bound a constant away from it (narrow's
-    /// bag sum, 16 columns: a fifth less time; docs/benchmarks.md,
-    /// "Rows of one block"). The other
-    /// bags (near the task's end, with a padding row, or without hints)
-    /// take the general loop.
+    /// bag sum, 16 columns: a fifth less time; docs/benchmarks.md, "A Zen 5
+    /// host, and rows of one block"). The other bags (near the task's end,
+    /// with a padding row, or without hints) take the general loop.
     #[inline(always)]
     pub(super) fn blocks<V: Lanes, const N: usize, F: Visit<V, N>>(
         &self,
