@@ -225,8 +225,10 @@ impl<I: Index, T: RowFormat> Rows<'_, I, T> {
         f: &mut F,
     ) -> usize {
         if self.padding_idx.is_none() && self.ahead > 0 && bag.end + self.ahead <= limit {
+            // A block from column 0 as wide as the row is the whole row (a
+            // row's zero-padded tail block is narrower than one vector).
             let width = N * V::WIDTH;
-            if cols.is_whole() && cols.start == 0 && self.dim == width {
+            if cols.start == 0 && self.dim == width {
                 self.fast_blocks(bag, T::row_len(width), cols, f)
             } else {
                 self.fast_blocks(bag, T::row_len(self.dim), cols, f)
