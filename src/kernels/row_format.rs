@@ -43,6 +43,9 @@ pub(crate) trait RowFormat: Copy + Sync {
     /// reference's product), `+0.0` for packed rows (FBGEMM's start, which
     /// PyTorch's bits need).
     const SUM_FROM: f32;
+    /// Whether a row is codes with a scale and a bias (decoded with
+    /// arithmetic), rather than values (`f32`, or halves widened).
+    const PACKED: bool;
     /// Values per row.
     fn dim(&self) -> usize;
     /// Bytes per row.
@@ -340,6 +343,7 @@ pub(crate) type F32Rows<'a> = PlainRows<'a, f32>;
 
 impl<E: Element> RowFormat for PlainRows<'_, E> {
     const SUM_FROM: f32 = -0.0;
+    const PACKED: bool = false;
 
     fn dim(&self) -> usize {
         self.dim
@@ -478,6 +482,7 @@ impl<'a, const BITS: u32> Packed<'a, BITS> {
 
 impl<const BITS: u32> RowFormat for Packed<'_, BITS> {
     const SUM_FROM: f32 = 0.0;
+    const PACKED: bool = true;
 
     fn dim(&self) -> usize {
         self.dim

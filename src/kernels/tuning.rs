@@ -77,15 +77,40 @@ const PREFETCH_BYTES: usize = 16 << 10;
 /// µs); on narrow's 6.4 MB table the hints make the gather 2-3x faster.
 pub(crate) const PREFETCH_MIN_TABLE_BYTES: usize = 512 << 10;
 
-/// How many positions ahead a bag prefetches its rows (a count of rows, for
-/// rows of any width), into L2, or into L1 where the whole row is one line
-/// (`simd::prefetch::bag_block`). Measured on gpt2 (768 columns) with a test
-/// program (medians of paired warm and cold rounds, two threads): 16 ahead
-/// took 0.76-0.85x the time of the rule by bytes above (5 rows of `f32`, 10
-/// of `f16`), and 24 or 32 ahead were no faster than 16. Into L1 instead, 16
-/// ahead was 1.3-1.5x slower than the rule by bytes; on narrow's 64-byte
-/// rows it was 0.86-0.92x the time into L2 (docs/benchmarks.md, "Prefetch").
-pub(crate) const BAG_AHEAD_ROWS: usize = 16;
+/// How many positions ahead a bag prefetches its rows at least (a count of
+/// rows, for rows of any width), into L2, or into L1 where the whole row is
+/// one line (`simd::prefetch::bag_block`). Measured on gpt2 (768 columns)
+/// with a test program (medians of paired warm and cold rounds, two
+/// threads): 16 ahead took 0.76-0.85x the time of the rule by bytes above
+/// (5 rows of `f32`, 10 of `f16`), and 24 or 32 ahead were no faster than
+/// 16. Into L1 instead, 16 ahead was 1.3-1.5x slower than the rule by
+/// bytes; on narrow's 64-byte rows it was 0.86-0.92x the time into L2
+/// (docs/benchmarks.md, "Prefetch").
+const BAG_AHEAD_ROWS: usize = 16;
+
+/// How many positions ahead a bag of short plain rows prefetches at most,
+/// and the bytes of rows that many positions may span: 32 rows of at most
+/// 512 bytes. On the Zen 5 host, recsys's rows (128 columns) took 0.80-0.84x
+/// the time at 32 ahead in `f16` and `bf16`, 0.75-0.97x in `f32`; gpt2 and
+/// minilm (rows of 1.5-3 KiB) were no faster, and packed rows (int8, int4)
+/// 1-5 % slower (docs/benchmarks.md, "Further ahead for short rows").
+const BAG_AHEAD_MAX_ROWS: usize = 32;
+const BAG_AHEAD_BYTES: usize = 16 << 10;
+
+/// How many positions ahead a bag prefetches rows of `row_bytes` bytes:
+/// [`BAG_AHEAD_ROWS`] for packed rows (codes decoded with a scale and a
+/// bias: their decoding, not the wait for a row, sets their pace), and for
+/// plain rows (`f32` and halves) as many rows as fit in [`BAG_AHEAD_BYTES`],
+/// between [`BAG_AHEAD_ROWS`] and [`BAG_AHEAD_MAX_ROWS`]. A short row is
+/// pooled quickly, so the same time ahead is more rows of it.
+#[inline]
+pub(crate) fn bag_ahead(row_bytes: usize, packed: bool) -> usize {
+    if packed {
+        BAG_AHEAD_ROWS
+    } else {
+        (BAG_AHEAD_BYTES / row_bytes.max(1)).clamp(BAG_AHEAD_ROWS, BAG_AHEAD_MAX_ROWS)
+    }
+}
 
 /// The prefetch distance, in rows, for rows of `row_floats` `f32`s: between
 /// 4 and 32 rows, about [`PREFETCH_BYTES`] ahead. Saturates, so even an

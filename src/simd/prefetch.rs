@@ -73,7 +73,7 @@ pub(crate) fn bytes<L: Level>(base: *const u8, from: usize, len: usize) {
     let _ = (base, from, len);
 }
 
-/// [`bytes`] for a block of a row a bag reads [`BAG_AHEAD_ROWS`] rows on,
+/// [`bytes`] for a block of a row a bag reads [`bag_ahead`] rows on,
 /// the row `row_bytes` long: into L1 when the whole row fits one line, into
 /// L2 otherwise. A bag of narrow rows then has a line or two a row in
 /// flight (two where a row straddles a line), which L1's miss buffers hold,
@@ -83,7 +83,7 @@ pub(crate) fn bytes<L: Level>(base: *const u8, from: usize, len: usize) {
 /// the block, so a wide row's short last block (or a packed row's block of
 /// few bytes) stays with L2, as measured.
 ///
-/// [`BAG_AHEAD_ROWS`]: crate::kernels::tuning::BAG_AHEAD_ROWS
+/// [`bag_ahead`]: crate::kernels::tuning::bag_ahead
 #[inline(always)]
 pub(crate) fn bag_block(base: *const u8, from: usize, len: usize, row_bytes: usize) {
     if row_bytes <= crate::memory::LINE_BYTES {

@@ -7,9 +7,7 @@ use crate::bags::Bags;
 use crate::error::EmbeddingError;
 use crate::index::{Index, ValidIds};
 use crate::kernels::row_format::{Cols, F32Rows, OnRows, RowFormat, RowSpan, Slot};
-use crate::kernels::tuning::{
-    BAG_AHEAD_ROWS, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES, TASK_BYTES,
-};
+use crate::kernels::tuning::{bag_ahead, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES, TASK_BYTES};
 use crate::parallel::{for_each_chunk, for_each_chunk_pair, Parallelism};
 use crate::pooling::{Mode, Pooling};
 use crate::simd::{Body, Isa, Lanes};
@@ -156,7 +154,7 @@ pub(super) fn forward_on<I: Index, T: RowFormat, S: Slot>(
         ahead: if table.bytes() < PREFETCH_MIN_TABLE_BYTES {
             0
         } else {
-            BAG_AHEAD_ROWS
+            bag_ahead(table.row_bytes(), T::PACKED)
         },
     };
     let task = |first_bag: usize, out: &mut [S], max_indices: &mut [i64]| {
