@@ -3,7 +3,7 @@
 //! ```text
 //! check table shape, out length, every id          (nothing written yet)
 //! for i in 0..ids.len():                           (split across threads)
-//!     prefetch table[ids[i + ahead]]        (about 16 KiB of rows ahead)
+//!     prefetch table[ids[i + ahead]]         (about 4 KiB of rows ahead)
 //!     out[i, :] = table[ids[i], :]        (* scale, for gather_scaled)
 //! ```
 //!
@@ -18,10 +18,11 @@
 //! 3. **Prefetch.** Ids are random, so the hardware prefetcher cannot guess
 //!    the next row. The loop asks for row `i + ahead` while it copies row
 //!    `i`, and warms the first `ahead` rows before the loop (each parallel
-//!    block starts cold). `ahead` is about 16 KiB of rows, between 4 and 32
-//!    rows (`prefetch_ahead`): 32 rows of recsys's 512 bytes, 10 of
-//!    minilm's 1.5 KiB (the measurements that chose it are in
-//!    docs/benchmarks.md).
+//!    block starts cold). `ahead` is about 4 KiB of rows, between 4 and 32
+//!    rows (`gather_ahead`): 8 rows of recsys's 512 bytes, 4 of minilm's
+//!    1.5 KiB. The writes need line buffers as much as the reads, so a
+//!    gather looks less far ahead than a bag (the measurements that chose
+//!    it are in docs/benchmarks.md).
 //! 4. **Threads.** The output is cut into blocks of whole rows, about
 //!    `TASK_BYTES` each, and rayon hands the blocks to the threads of the
 //!    pool the caller runs in. Blocks are disjoint, so there is nothing to
@@ -30,7 +31,7 @@
 //!    the calling thread.
 
 use super::tuning::{
-    prefetch_ahead, GATHER_STREAM_MIN_BYTES, GATHER_STREAM_MIN_DIM, PARALLEL_MIN_BYTES,
+    gather_ahead, GATHER_STREAM_MIN_BYTES, GATHER_STREAM_MIN_DIM, PARALLEL_MIN_BYTES,
     PREFETCH_MIN_TABLE_BYTES, TASK_BYTES,
 };
 use crate::error::{EmbeddingError, Operand};
@@ -407,7 +408,7 @@ impl<I: Index, Op: RowOp> Body for GatherBlock<'_, '_, I, Op> {
             narrow_rows::<V, I, Op>(table, 2 * V::WIDTH, ids, out, &mut op);
         } else {
             let n = ids.len();
-            let ahead = prefetch_ahead(dim);
+            let ahead = gather_ahead(dim);
             // Warm the first rows too: a parallel block starts cold.
             for i in 0..ahead.min(n) {
                 let start = ids.row(i) * dim;
@@ -427,7 +428,7 @@ impl<I: Index, Op: RowOp> Body for GatherBlock<'_, '_, I, Op> {
 }
 
 /// The rows of `ids` into `out` through `op`, each row hinted
-/// [`prefetch_ahead`] rows before it is read, for rows of one or two
+/// [`gather_ahead`] rows before it is read, for rows of one or two
 /// vectors: `dim` is a constant of the caller. The rows that have a row to
 /// hint walk the ids and the ids `ahead` on as two slices (no test a row),
 /// the last `ahead` rows follow unhinted.
@@ -440,7 +441,7 @@ fn narrow_rows<V: Lanes, I: Index, Op: RowOp>(
     op: &mut Op,
 ) {
     let n = ids.len();
-    let ahead = prefetch_ahead(dim).min(n);
+    let ahead = gather_ahead(dim).min(n);
     let base = table.as_ptr().cast::<u8>();
     // Warm the first rows too: a parallel block starts cold.
     for r in ids.slice(0..ahead).rows() {

@@ -68,6 +68,24 @@ pub(crate) const GATHER_STREAM_MIN_DIM: usize = 128;
 /// the bag sum in 2.3 ms against 3.2 ms at 8 rows (two threads).
 const PREFETCH_BYTES: usize = 16 << 10;
 
+/// How far ahead [`gather`](crate::gather) (and the lookups that share its
+/// loop) prefetch, in bytes of rows. A gather writes as many bytes as it
+/// reads, and its writes need line buffers too: on the Zen 5 host, recsys's
+/// gather (512-byte rows) took 0.88-0.91x the time at 8 rows ahead (4 KiB)
+/// against 32 (16 KiB), minilm's (1.5 KiB rows) 0.91-0.93x at 3 or 4 rows
+/// against 10, and gpt2's was the same at 4 rows as at 5 (test program, two
+/// threads, warm; docs/benchmarks.md, "Further ahead for short rows").
+const GATHER_AHEAD_BYTES: usize = 4 << 10;
+
+/// The prefetch distance of [`gather`](crate::gather), in rows, for rows of
+/// `row_floats` `f32`s: about [`GATHER_AHEAD_BYTES`] ahead, between 4 and
+/// 32 rows. Saturates like [`prefetch_ahead`].
+#[inline]
+pub(crate) fn gather_ahead(row_floats: usize) -> usize {
+    let row_bytes = row_floats.saturating_mul(core::mem::size_of::<f32>());
+    (GATHER_AHEAD_BYTES / row_bytes.max(1)).clamp(4, 32)
+}
+
 /// Tables smaller than this are read without prefetch hints (by the
 /// lookups): they sit in a core's L2 (512 KiB on Zen 3, 1 MiB on Zen 4) or
 /// at worst L3, and the hints (one per line of every row) only add
