@@ -71,8 +71,8 @@ const PREFETCH_BYTES: usize = 16 << 10;
 /// How far ahead [`gather`](crate::gather) (and the lookups that share its
 /// loop) prefetch, in bytes of rows. A gather writes as many bytes as it
 /// reads, and its writes need line buffers too: on the Zen 5 host, recsys's
-/// gather (512-byte rows) took 0.88-0.91x the time at 8 rows ahead (4 KiB)
-/// against 32 (16 KiB), minilm's (1.5 KiB rows) 0.91-0.93x at 3 or 4 rows
+/// gather (512-byte rows) took 0.88-0.95x the time at 8 rows ahead (4 KiB)
+/// against 32 (16 KiB), minilm's (1.5 KiB rows) 0.88-0.97x at 3 or 4 rows
 /// against 10, and gpt2's was the same at 4 rows as at 5 (test program, two
 /// threads, warm; docs/benchmarks.md, "Further ahead for short rows").
 const GATHER_AHEAD_BYTES: usize = 4 << 10;
@@ -108,10 +108,10 @@ const BAG_AHEAD_ROWS: usize = 16;
 
 /// How many positions ahead a bag of short plain rows prefetches at most,
 /// and the bytes of rows that many positions may span: 32 rows of at most
-/// 512 bytes. On the Zen 5 host, recsys's rows (128 columns) took 0.80-0.84x
-/// the time at 32 ahead in `f16` and `bf16`, 0.75-0.97x in `f32`; gpt2 and
-/// minilm (rows of 1.5-3 KiB) were no faster, and packed rows (int8, int4)
-/// 1-5 % slower (docs/benchmarks.md, "Further ahead for short rows").
+/// 512 bytes. On the Zen 5 host, recsys's rows (128 columns) took 0.69-0.88x
+/// the time at 32 ahead in `f16` and `bf16` (one process of ten 1.05x),
+/// 0.89-0.97x in `f32`; gpt2, minilm and narrow were no faster, and packed
+/// rows (int8, int4) 0-5 % slower (docs/benchmarks.md, "Further ahead for short rows").
 const BAG_AHEAD_MAX_ROWS: usize = 32;
 const BAG_AHEAD_BYTES: usize = 16 << 10;
 
