@@ -62,10 +62,11 @@ pub(crate) const GATHER_STREAM_MIN_BYTES: usize = 16 << 20;
 /// bytes, recsys's rows) gained, 16 values (narrow's) lost.
 pub(crate) const GATHER_STREAM_MIN_DIM: usize = 128;
 
-/// How far ahead the kernels prefetch random rows, in bytes of rows: enough
-/// misses in flight to cover a DRAM round trip, few enough that the line
-/// buffers do not overflow. On recsys (512-byte rows), 32 rows ahead ran
-/// the bag sum in 2.3 ms against 3.2 ms at 8 rows (two threads).
+/// How far ahead the backward kernels and the packed lookup prefetch random
+/// rows, in bytes of rows: enough misses in flight to cover a DRAM round
+/// trip, few enough that the line buffers do not overflow. Chosen on
+/// recsys's bag sum (512-byte rows, a Zen 3 host): 32 rows ahead took 2.3
+/// ms against 3.2 ms at 8 rows (two threads).
 const PREFETCH_BYTES: usize = 16 << 10;
 
 /// How far ahead [`gather`](crate::gather) (and the lookups that share its
