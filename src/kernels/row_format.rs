@@ -38,14 +38,14 @@ use core::mem::MaybeUninit;
 /// A table whose rows read as `f32` lanes, a column block at a time: an
 /// `f32` table, a half table, or a packed one.
 pub(crate) trait RowFormat: Copy + Sync {
+    /// Whether a row is codes with a scale and a bias (decoded with
+    /// arithmetic), rather than values (`f32`, or halves widened).
+    const PACKED: bool;
     /// Where a sum starts: `-0.0` for `f32` and half rows (the exact
     /// identity, so the first row comes through to the bit, as in the
     /// reference's product), `+0.0` for packed rows (FBGEMM's start, which
     /// PyTorch's bits need).
-    const SUM_FROM: f32;
-    /// Whether a row is codes with a scale and a bias (decoded with
-    /// arithmetic), rather than values (`f32`, or halves widened).
-    const PACKED: bool;
+    const SUM_FROM: f32 = if Self::PACKED { 0.0 } else { -0.0 };
     /// Values per row.
     fn dim(&self) -> usize;
     /// Bytes per row.
@@ -342,7 +342,6 @@ pub(crate) struct PlainRows<'a, E> {
 pub(crate) type F32Rows<'a> = PlainRows<'a, f32>;
 
 impl<E: Element> RowFormat for PlainRows<'_, E> {
-    const SUM_FROM: f32 = -0.0;
     const PACKED: bool = false;
 
     fn dim(&self) -> usize {
@@ -481,7 +480,6 @@ impl<'a, const BITS: u32> Packed<'a, BITS> {
 }
 
 impl<const BITS: u32> RowFormat for Packed<'_, BITS> {
-    const SUM_FROM: f32 = 0.0;
     const PACKED: bool = true;
 
     fn dim(&self) -> usize {

@@ -83,8 +83,7 @@ const GATHER_AHEAD_BYTES: usize = 4 << 10;
 /// 32 rows. Saturates like [`prefetch_ahead`].
 #[inline]
 pub(crate) fn gather_ahead(row_floats: usize) -> usize {
-    let row_bytes = row_floats.saturating_mul(core::mem::size_of::<f32>());
-    (GATHER_AHEAD_BYTES / row_bytes.max(1)).clamp(4, 32)
+    rows_in(GATHER_AHEAD_BYTES, f32_row_bytes(row_floats), 4, 32)
 }
 
 /// Tables smaller than this are read without prefetch hints (by the
@@ -114,6 +113,9 @@ const BAG_AHEAD_ROWS: usize = 16;
 /// 0.89-0.97x in `f32`; gpt2, minilm and narrow were no faster, and packed
 /// rows (int8, int4) 0-5 % slower (docs/benchmarks.md, "Further ahead for short rows").
 const BAG_AHEAD_MAX_ROWS: usize = 32;
+
+/// The bytes of plain rows a bag looks ahead, at most: 32 rows of 512 bytes
+/// (see [`BAG_AHEAD_MAX_ROWS`]).
 const BAG_AHEAD_BYTES: usize = 16 << 10;
 
 /// How many positions ahead a bag prefetches rows of `row_bytes` bytes:
@@ -127,7 +129,12 @@ pub(crate) fn bag_ahead(row_bytes: usize, packed: bool) -> usize {
     if packed {
         BAG_AHEAD_ROWS
     } else {
-        (BAG_AHEAD_BYTES / row_bytes.max(1)).clamp(BAG_AHEAD_ROWS, BAG_AHEAD_MAX_ROWS)
+        rows_in(
+            BAG_AHEAD_BYTES,
+            row_bytes,
+            BAG_AHEAD_ROWS,
+            BAG_AHEAD_MAX_ROWS,
+        )
     }
 }
 
@@ -136,8 +143,20 @@ pub(crate) fn bag_ahead(row_bytes: usize, packed: bool) -> usize {
 /// absurd width (a call with nothing to do) gives a distance.
 #[inline]
 pub(crate) fn prefetch_ahead(row_floats: usize) -> usize {
-    let row_bytes = row_floats.saturating_mul(core::mem::size_of::<f32>());
-    (PREFETCH_BYTES / row_bytes.max(1)).clamp(4, 32)
+    rows_in(PREFETCH_BYTES, f32_row_bytes(row_floats), 4, 32)
+}
+
+/// The bytes of a row of `row_floats` `f32`s, saturating.
+#[inline]
+fn f32_row_bytes(row_floats: usize) -> usize {
+    row_floats.saturating_mul(core::mem::size_of::<f32>())
+}
+
+/// How many rows of `row_bytes` fit in `bytes`, kept between `min` and
+/// `max` (a row of 0 bytes counts as one byte).
+#[inline]
+fn rows_in(bytes: usize, row_bytes: usize, min: usize, max: usize) -> usize {
+    (bytes / row_bytes.max(1)).clamp(min, max)
 }
 
 /// Bits of the row sorted per pass of the grouping's radix sort (a count,

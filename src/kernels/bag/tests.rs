@@ -2,8 +2,8 @@
 
 use super::forward::forward_on;
 use super::*;
-use crate::kernels::row_format::F32Rows;
 use crate::kernels::row_format::Slot;
+use crate::kernels::row_format::{F32Rows, RowFormat};
 use crate::simd::Isa;
 
 fn mix(state: &mut u64) -> u64 {
@@ -35,10 +35,10 @@ impl Slot for Written {
 /// into an output of [`Written`]s: every value of that one must be written,
 /// and hold the bits of `out`.
 #[allow(clippy::too_many_arguments)]
-fn forward_both(
+fn forward_both<T: RowFormat>(
     isa: Isa,
     par: Parallelism,
-    table: F32Rows<'_>,
+    table: T,
     ids: ValidIds<'_, usize>,
     bags: &Bags,
     pooling: &Pooling<'_>,
@@ -367,30 +367,13 @@ fn tables_read_with_hints_give_the_reference_bits() {
         for isa in Isa::all() {
             for par in pars {
                 let what = format!("dim {dim} {isa:?} {par:?}");
+                let (bags, pooling) = (&c.bags, &pooling);
                 let mut out = vec![f32::NAN; want_f16.len()];
                 let f16_rows = PlainRows { table: &f16s, dim };
-                forward_on(
-                    isa,
-                    par,
-                    f16_rows,
-                    valid,
-                    &c.bags,
-                    &pooling,
-                    &mut out,
-                    &mut [],
-                );
+                forward_both(isa, par, f16_rows, valid, bags, pooling, &mut out, &mut []);
                 assert_eq!(first_difference(&out, &want_f16), None, "f16 {what}");
                 let bf16_rows = PlainRows { table: &bf16s, dim };
-                forward_on(
-                    isa,
-                    par,
-                    bf16_rows,
-                    valid,
-                    &c.bags,
-                    &pooling,
-                    &mut out,
-                    &mut [],
-                );
+                forward_both(isa, par, bf16_rows, valid, bags, pooling, &mut out, &mut []);
                 assert_eq!(first_difference(&out, &want_bf16), None, "bf16 {what}");
             }
         }
@@ -415,15 +398,15 @@ fn tables_read_with_hints_give_the_reference_bits() {
                         match format {
                             RowWise::Int8 => {
                                 let rows = Packed::<8>::new(&packed);
-                                forward_on(isa, par, rows, ids, bags, pooling, o, &mut [])
+                                forward_both(isa, par, rows, ids, bags, pooling, o, &mut [])
                             }
                             RowWise::Int4 => {
                                 let rows = Packed::<4>::new(&packed);
-                                forward_on(isa, par, rows, ids, bags, pooling, o, &mut [])
+                                forward_both(isa, par, rows, ids, bags, pooling, o, &mut [])
                             }
                             RowWise::Int2 => {
                                 let rows = Packed::<2>::new(&packed);
-                                forward_on(isa, par, rows, ids, bags, pooling, o, &mut [])
+                                forward_both(isa, par, rows, ids, bags, pooling, o, &mut [])
                             }
                         }
                         let what =
