@@ -18,16 +18,16 @@
 //! `N·V::WIDTH` columns.
 //!
 //! A block is handed over a vector at a time ([`RowFormat::decode`] into a
-//! [`Sink`]), not returned whole: a sum keeps sixteen accumulators in the
-//! sixteen registers, and a whole decoded block beside them would not fit:
-//! it would spill to the stack.
+//! [`Sink`]), not returned whole: a sum with AVX keeps sixteen accumulators
+//! in the sixteen registers (24 of AVX-512's 32), and a whole decoded block
+//! beside them would not fit: it would spill to the stack.
 //!
 //! No closure touches a lane here (no `array::from_fn`, no `map`): a
 //! closure is compiled apart from the wrapper that enables AVX, and would
 //! call each instruction out of line.
 //!
 //! A row is read as column blocks of `N` vectors ([`Cols`]): the ladder of
-//! [`each_block`] (16 or 8 vectors, then 8, 4, 2, 1, then the last
+//! [`each_block`] (24, 16 or 8 vectors, then 16, 8, 4, 2, 1, then the last
 //! `dim % V::WIDTH` columns zero-padded into one vector).
 
 use crate::formats::{Data, PackedTable, RowWise, TableRef};
@@ -46,6 +46,8 @@ pub(crate) trait RowFormat: Copy + Sync {
     /// reference's product), `+0.0` for packed rows (FBGEMM's start, which
     /// PyTorch's bits need).
     const SUM_FROM: f32 = if Self::PACKED { 0.0 } else { -0.0 };
+    /// Whether a row is `f16` or `bf16` values.
+    const HALF: bool = false;
     /// Values per row.
     fn dim(&self) -> usize;
     /// Bytes per row.
@@ -266,13 +268,19 @@ pub(crate) trait BlockBody {
 }
 
 /// Runs `body` on every column block of a row of `dim` values: blocks of
-/// `widest` vectors (16 or 8), then one block each of the smaller sizes that
-/// fit (8, 4, 2, 1 vectors), then the last `dim % V::WIDTH` columns.
+/// `widest` vectors (24, 16 or 8), then blocks of the smaller sizes that
+/// fit (16, 8, 4, 2, 1 vectors), then the last `dim % V::WIDTH` columns.
 /// Returns the count of the last block.
 #[inline(always)]
 pub(crate) fn each_block<V: Lanes, B: BlockBody>(dim: usize, widest: usize, body: &mut B) -> usize {
     let (mut kept, mut c) = (0, 0);
     let w = V::WIDTH;
+    if widest >= 24 {
+        while c + 24 * w <= dim {
+            kept = body.block::<V, 24>(Cols::whole::<V>(c));
+            c += 24 * w;
+        }
+    }
     if widest >= 16 {
         while c + 16 * w <= dim {
             kept = body.block::<V, 16>(Cols::whole::<V>(c));
@@ -343,6 +351,7 @@ pub(crate) type F32Rows<'a> = PlainRows<'a, f32>;
 
 impl<E: Element> RowFormat for PlainRows<'_, E> {
     const PACKED: bool = false;
+    const HALF: bool = core::mem::size_of::<E>() == 2;
 
     fn dim(&self) -> usize {
         self.dim

@@ -60,6 +60,12 @@ pub(crate) trait Lanes: Copy + Send + Sync + 'static {
     /// 512-bit ones, which then also hold a decode's temporaries; eight
     /// `f32x8`, which are sixteen 128-bit halves, for SSE2).
     const REGISTERS: usize;
+    /// The widest column block a bag sum keeps in registers, in vectors:
+    /// [`REGISTERS`](Self::REGISTERS), but 24 on AVX-512, whose 32
+    /// registers then keep 8 for a decode's temporaries and the row's scale
+    /// and bias. Read by the sums of `f32` and packed rows only (see
+    /// `kernels::bag::sum`).
+    const SUM_BLOCK: usize = Self::REGISTERS;
 
     /// `WIDTH` copies of `x`.
     fn splat(x: f32) -> Self;

@@ -131,7 +131,7 @@ fn every_isa_gives_the_reference_bits() {
     let mut seed = 7;
     let dims = [
         1, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 40, 56, 63, 64, 65, 72, 96, 120, 127, 128, 129,
-        136, 200, 255, 256, 257, 384, 385,
+        136, 200, 255, 256, 257, 384, 385, 640, 768, 777,
     ];
     for (case, &dim) in dims.iter().enumerate() {
         let rows = 1 + mix(&mut seed) as usize % 50;
