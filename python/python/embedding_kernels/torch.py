@@ -650,7 +650,23 @@ def _bag_forward(weight, per_sample_weights, ids, offsets, options):
         weights,
         include_last_offset,
         padding_idx,
+        _bag_output(weight, ids, offsets, include_last_offset),
     )
+
+
+def _bag_output(weight, ids, offsets, include_last_offset) -> "Optional[np.ndarray]":
+    """A fresh unzeroed output for a bag forward (see ``_fresh``): one row a bag.
+
+    ``None`` where the arguments cannot make bags (no offsets for 1-D ids, say): the
+    NumPy function then raises its error. The bag forward writes every element, an
+    empty bag's row with zeros."""
+    if ids.dim() == 2 and offsets is None:
+        bags = ids.shape[0]
+    elif ids.dim() == 1 and offsets is not None and offsets.dim() == 1:
+        bags = max(offsets.shape[0] - int(include_last_offset), 0)
+    else:
+        return None
+    return _fresh((bags, weight.shape[1]))
 
 
 def _sample_weights_grad(grad_out, weight, ids, offsets, include_last_offset, padding_idx):
