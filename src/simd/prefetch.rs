@@ -73,6 +73,15 @@ pub(crate) fn bytes<L: Level>(base: *const u8, from: usize, len: usize) {
     let _ = (base, from, len);
 }
 
+/// One hint, for the line at `base + from` (a row that is one whole line).
+#[inline(always)]
+pub(crate) fn line_at<L: Level>(base: *const u8, from: usize) {
+    #[cfg(target_arch = "x86_64")]
+    L::hint(base.wrapping_add(from) as usize);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (base, from);
+}
+
 /// [`bytes`] for a block of a row a bag reads [`bag_ahead`] rows on,
 /// the row `row_bytes` long: into L1 when the whole row fits one line, into
 /// L2 otherwise. A bag of narrow rows then has a line or two a row in

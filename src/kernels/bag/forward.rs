@@ -156,6 +156,7 @@ pub(super) fn forward_on<I: Index, T: RowFormat, S: Slot>(
         } else {
             bag_ahead(table.row_bytes(), T::PACKED)
         },
+        lines: table.rows_are_lines(),
     };
     let task = |first_bag: usize, out: &mut [S], max_indices: &mut [i64]| {
         isa.run(BagTask {
@@ -195,6 +196,8 @@ pub(super) struct Rows<'i, I: Index, T> {
     pub(super) padding_idx: Option<usize>,
     /// How many positions ahead rows are prefetched; 0 for none.
     pub(super) ahead: usize,
+    /// Whether every row is one cache line ([`RowFormat::rows_are_lines`]).
+    pub(super) lines: bool,
 }
 
 impl<I: Index, T: RowFormat> Rows<'_, I, T> {
@@ -247,11 +250,11 @@ impl<I: Index, T: RowFormat> Rows<'_, I, T> {
         cols: Cols<N>,
         f: &mut F,
     ) -> usize {
-        let (ahead, table) = (self.ahead, &self.table);
+        let (ahead, table, lines) = (self.ahead, &self.table, self.lines);
         let here = self.ids.slice(bag.clone());
         let next = self.ids.slice(bag.start + ahead..bag.end + ahead);
         for (p, (r, n)) in bag.clone().zip(here.rows().zip(next.rows())) {
-            table.prefetch_block::<V, N>(RowSpan::of(n, row_len), cols);
+            table.prefetch_block::<V, N>(RowSpan::of(n, row_len), cols, lines);
             f.visit(p, table, RowSpan::of(r, row_len), cols);
         }
         bag.len()
@@ -302,7 +305,8 @@ impl<I: Index, T: RowFormat> Rows<'_, I, T> {
             return;
         }
         let r = self.ids.row((p + self.ahead).min(last));
-        self.table.prefetch_block::<V, N>(self.table.row(r), cols);
+        self.table
+            .prefetch_block::<V, N>(self.table.row(r), cols, self.lines);
     }
 }
 

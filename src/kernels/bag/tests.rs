@@ -258,7 +258,9 @@ fn every_isa_gives_the_reference_bits() {
 /// the general loop), and weights.
 struct HintedCase {
     rows: usize,
-    table: Vec<f32>,
+    /// On a line, so that narrow rows (16 columns) take the one-hint path
+    /// (`RowFormat::rows_are_lines`).
+    table: crate::memory::AlignedTable,
     ids: Vec<usize>,
     bags: Bags,
     weights: Vec<f32>,
@@ -267,9 +269,10 @@ struct HintedCase {
 impl HintedCase {
     fn new(dim: usize, row_bytes: usize, seed: &mut u64) -> HintedCase {
         let rows = crate::kernels::tuning::PREFETCH_MIN_TABLE_BYTES / row_bytes + 3;
-        let table = (0..rows * dim)
+        let values: Vec<f32> = (0..rows * dim)
             .map(|_| (mix(seed) % 2001) as f32 / 1000.0 - 1.0)
             .collect();
+        let table = crate::memory::AlignedTable::from_slice(&values).unwrap();
         let mut offsets = vec![0];
         for b in 0..100 {
             offsets.push(offsets[b] + if b % 7 == 3 { b % 5 } else { 16 });
