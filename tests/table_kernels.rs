@@ -16,9 +16,9 @@ use embedding_kernels::{
 };
 
 const PACKED: [RowWise; 3] = [RowWise::Int8, RowWise::Int4, RowWise::Int2];
-// 392 and 656: with sixteen lanes, a sum's block of 24 vectors, then the
-// tail, or a block of 16 and a tail.
-const DIMS: [usize; 15] = [1, 2, 3, 7, 8, 9, 16, 31, 64, 65, 130, 136, 264, 392, 656];
+// 392 and 648: with sixteen lanes, a sum's block of 24 vectors and a tail
+// of 8 columns, or blocks of 24 and 16 and that tail.
+const DIMS: [usize; 15] = [1, 2, 3, 7, 8, 9, 16, 31, 64, 65, 130, 136, 264, 392, 648];
 
 fn unpack(format: RowWise, packed: &[u8], dim: usize) -> Vec<f32> {
     let rows = PackedTable::new(format, dim, packed).unwrap().rows();

@@ -240,6 +240,43 @@ def test_fresh_outputs_are_written_whole(monkeypatch):
 
 
 @pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("include_last_offset", [False, True])
+def test_fresh_bag_outputs_are_written_whole(monkeypatch, mode, include_last_offset):
+    """The bag forward writes into an unzeroed array: NaN-filled, it must come out
+    with PyTorch's bits, empty bags and bags of padding only as zeros; also 2-D ids,
+    and rows of no ids as zeros."""
+    shapes = []
+
+    def nan_filled(shape):
+        shapes.append(tuple(shape))
+        return np.full(shape, np.nan, dtype=np.float32)
+
+    monkeypatch.setattr(ekt, "_fresh", nan_filled)
+    options = dict(mode=mode, include_last_offset=include_last_offset, padding_idx=3)
+    theirs, ours = pair_bag(40, 20, 6, **options)
+    ids = torch.tensor([3, 3, 5, 7, 1, 3, 9], dtype=torch.int64)
+    # Bags: [3, 3] (padding only), [] (empty), [5, 7, 1], [3, 9]; with the last
+    # offset included, the same bags end at the ids' end.
+    starts = [0, 2, 2, 5]
+    offsets = torch.tensor(starts + [7] if include_last_offset else starts)
+    with torch.no_grad():
+        assert_bitwise(ours(ids, offsets), theirs(ids, offsets))
+        assert (4, 20) in shapes
+        if include_last_offset:
+            # 2-D ids take no offsets; PyTorch's handling of the flag there has
+            # changed between releases.
+            return
+        rows = torch.tensor([[3, 5], [3, 3], [8, 2]])
+        shapes.clear()
+        assert_bitwise(ours(rows), theirs(rows))
+        assert (3, 20) in shapes
+        # Rows of no ids (PyTorch refuses them): three empty bags, zeros.
+        shapes.clear()
+        assert_bitwise(ours(torch.zeros(3, 0, dtype=torch.int64)), torch.zeros(3, 20))
+        assert (3, 20) in shapes
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
 def test_fresh_bag_gradients_are_written_whole(monkeypatch, mode):
     """The bags' dense gradient also goes into an unzeroed array: NaN-filled, it must
     come out with the bits of the same backward into zeros (untouched rows zero)."""

@@ -6,7 +6,7 @@
 //! check out length, every id                    (nothing written yet)
 //! for i in 0..ids.len():                        (split across threads)
 //!     prefetch row ids[i + ahead]
-//!     for each column block of the row:         (as the bags: 16 vectors, ...)
+//!     for each column block of the row:         (16 vectors, 8, ..., the tail)
 //!         out[i, block] = decode(row ids[i], block)   (packed: fma(q, scale, bias))
 //! ```
 //!

@@ -31,6 +31,7 @@
 //! `dim % V::WIDTH` columns zero-padded into one vector).
 
 use crate::formats::{Data, PackedTable, RowWise, TableRef};
+use crate::memory::LINE_BYTES as LINE;
 use crate::simd::prefetch::{self, L2};
 use crate::simd::{Lanes, MAX_LANES};
 use core::mem::MaybeUninit;
@@ -405,27 +406,26 @@ impl<E: Element> RowFormat for PlainRows<'_, E> {
 
     /// A row of 16 `f32`s or 32 halves, where the table starts a line.
     fn rows_are_lines(&self) -> bool {
-        let line = crate::memory::LINE_BYTES;
-        self.row_bytes() == line && (self.table.as_ptr() as usize).is_multiple_of(line)
+        self.row_bytes() == LINE && (self.table.as_ptr() as usize).is_multiple_of(LINE)
     }
 
-    /// Hints every 64 bytes of the block and at its last byte
-    /// ([`prefetch::bag_block`]): two a row where a row is one line, unless
-    /// `lines` says the row is that line, and then one. That took narrow's
-    /// bag sum (16 `f32`s a row) 8-10 % less time, and 32 halves a row 7-10 %
-    /// (docs/benchmarks.md, "One hint for a row of one line"). Wider rows keep
-    /// the last byte's hint even where they start lines: dropping it there
-    /// was no faster for `f32` and made recsys's `f16` sum up to 15 % slower.
+    /// Hints every 64 bytes of the block and at its last byte, or one hint
+    /// where `lines` says the row is one whole line ([`prefetch::bag_block`]).
+    /// Wider rows keep the last byte's hint even where they start lines:
+    /// without it `f32` rows were no faster and `f16` rows slower
+    /// (docs/benchmarks.md, "One hint for a row of one line").
     #[inline(always)]
     fn prefetch_block<V: Lanes, const N: usize>(&self, row: RowSpan, cols: Cols<N>, lines: bool) {
         let size = core::mem::size_of::<E>();
         let at = (row.start + cols.start) * size;
-        let base = self.table.as_ptr().cast();
-        if lines {
-            prefetch::line_at::<prefetch::L1>(base, at);
-        } else {
-            prefetch::bag_block(base, at, N * V::WIDTH * size, row.len * size);
-        }
+        let base: *const u8 = self.table.as_ptr().cast();
+        let len = N * V::WIDTH * size;
+        debug_assert!(
+            !lines || (cols.start == 0 && len == LINE && (base as usize + at).is_multiple_of(LINE)),
+            "one hint for a block of {len} bytes at {at} (column {}) past {base:?}",
+            cols.start
+        );
+        prefetch::bag_block(base, at, len, row.len * size, lines);
     }
 
     #[inline(always)]
@@ -607,8 +607,8 @@ impl<const BITS: u32> RowFormat for Packed<'_, BITS> {
         let base = self.bytes.as_ptr();
         let codes = row.start + cols.start / Self::PER_BYTE;
         let affine = row.start + row.len - Self::AFFINE_BYTES;
-        prefetch::bag_block(base, codes, N * Self::vector_bytes::<V>(), row.len);
-        prefetch::bag_block(base, affine, Self::AFFINE_BYTES, row.len);
+        prefetch::bag_block(base, codes, N * Self::vector_bytes::<V>(), row.len, false);
+        prefetch::bag_block(base, affine, Self::AFFINE_BYTES, row.len, false);
     }
 
     #[inline(always)]

@@ -324,8 +324,9 @@ const SIXTEEN: usize = 16;
 // memory.
 impl Lanes for Avx512 {
     const WIDTH: usize = SIXTEEN;
-    // Sixteen vectors a block, as with eight lanes: 256 columns, the half of
-    // the 32 registers that leaves the rest to a decode.
+    // Sixteen vectors a block (the lookup, the maxima, sums of half rows), as
+    // with eight lanes: 256 columns, the half of the 32 registers that
+    // leaves the rest to a decode.
     const REGISTERS: usize = 16;
     // A sum of 384 columns (minilm's rows) in one pass over its bag rather
     // than two, 768 (gpt2's) in two rather than three.

@@ -55,10 +55,11 @@ pub(crate) const MAX_LANES: usize = 16;
 pub(crate) trait Lanes: Copy + Send + Sync + 'static {
     /// Lanes per vector: 8 (256-bit AVX, `wide::f32x8`) or 16 (AVX-512).
     const WIDTH: usize;
-    /// How many vectors of this type the kernels keep in registers at once
+    /// How many vectors of this type a column block keeps in registers
     /// (sixteen for AVX's sixteen 256-bit registers and for AVX-512's 32
     /// 512-bit ones, which then also hold a decode's temporaries; eight
-    /// `f32x8`, which are sixteen 128-bit halves, for SSE2).
+    /// `f32x8`, which are sixteen 128-bit halves, for SSE2). A bag sum may
+    /// go wider: [`SUM_BLOCK`](Self::SUM_BLOCK).
     const REGISTERS: usize;
     /// The widest column block a bag sum keeps in registers, in vectors:
     /// [`REGISTERS`](Self::REGISTERS), but 24 on AVX-512, whose 32

@@ -55,8 +55,9 @@ pub(crate) fn row<L: Level>(row: &[f32]) {
 /// the loop below unrolls into bare hints: one every 64 bytes from the start
 /// (at least one) and one at the last byte, which for a run that starts on a
 /// line repeats the line before (a hint whose line is already asked for
-/// costs one instruction) and otherwise reaches the line the run straddles
-/// into. Neither the range nor the hints are checked: a hint is only an
+/// costs an instruction and a load slot: for rows of one line, where it is
+/// one of two hints, [`bag_block`] leaves it out) and otherwise reaches the
+/// line the run straddles into. Neither the range nor the hints are checked: a hint is only an
 /// address (`wrapping_add`), and a wrong one costs a wasted fetch, never a
 /// fault.
 #[inline(always)]
@@ -73,15 +74,6 @@ pub(crate) fn bytes<L: Level>(base: *const u8, from: usize, len: usize) {
     let _ = (base, from, len);
 }
 
-/// One hint, for the line at `base + from` (a row that is one whole line).
-#[inline(always)]
-pub(crate) fn line_at<L: Level>(base: *const u8, from: usize) {
-    #[cfg(target_arch = "x86_64")]
-    L::hint(base.wrapping_add(from) as usize);
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (base, from);
-}
-
 /// [`bytes`] for a block of a row a bag reads [`bag_ahead`] rows on,
 /// the row `row_bytes` long: into L1 when the whole row fits one line, into
 /// L2 otherwise. A bag of narrow rows then has a line or two a row in
@@ -92,10 +84,24 @@ pub(crate) fn line_at<L: Level>(base: *const u8, from: usize) {
 /// the block, so a wide row's short last block (or a packed row's block of
 /// few bytes) stays with L2, as measured.
 ///
+/// Where the caller knows the row to be one whole line (`row_is_line`: 64
+/// bytes from a line's start), the block is in that line and one hint at
+/// `from` reaches it, not the two [`bytes`] gives a run that need not start
+/// a line (docs/benchmarks.md, "One hint for a row of one line").
+///
 /// [`bag_ahead`]: crate::kernels::tuning::bag_ahead
 #[inline(always)]
-pub(crate) fn bag_block(base: *const u8, from: usize, len: usize, row_bytes: usize) {
-    if row_bytes <= crate::memory::LINE_BYTES {
+pub(crate) fn bag_block(
+    base: *const u8,
+    from: usize,
+    len: usize,
+    row_bytes: usize,
+    row_is_line: bool,
+) {
+    if row_is_line {
+        #[cfg(target_arch = "x86_64")]
+        L1::hint(base.wrapping_add(from) as usize);
+    } else if row_bytes <= crate::memory::LINE_BYTES {
         bytes::<L1>(base, from, len);
     } else {
         bytes::<L2>(base, from, len);

@@ -657,9 +657,11 @@ def _bag_forward(weight, per_sample_weights, ids, offsets, options):
 def _bag_output(weight, ids, offsets, include_last_offset) -> "Optional[np.ndarray]":
     """A fresh unzeroed output for a bag forward (see ``_fresh``): one row a bag.
 
-    ``None`` where the arguments cannot make bags (no offsets for 1-D ids, say): the
-    NumPy function then raises its error. The bag forward writes every element, an
+    ``None`` where the arguments cannot make bags (no offsets for 1-D ids, a table that
+    is not 2-D, say): the NumPy function then raises its error. The bag forward writes every element, an
     empty bag's row with zeros."""
+    if weight.dim() != 2:
+        return None
     if ids.dim() == 2 and offsets is None:
         bags = ids.shape[0]
     elif ids.dim() == 1 and offsets is not None and offsets.dim() == 1:

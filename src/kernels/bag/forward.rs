@@ -187,7 +187,7 @@ pub(super) fn forward_on<I: Index, T: RowFormat, S: Slot>(
 }
 
 /// What every block of every bag reads: the table, the checked ids, the
-/// padding row and the prefetch distance.
+/// padding row, the prefetch distance and whether each row is one line.
 #[derive(Clone, Copy)]
 pub(super) struct Rows<'i, I: Index, T> {
     pub(super) table: T,

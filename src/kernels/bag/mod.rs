@@ -4,11 +4,12 @@
 //! ```text
 //! check table, bags, weights, out, max_indices, every id   (nothing written)
 //! for each task of whole bags (split across threads):
-//!     for each bag b, for each column block (128 columns with AVX, 64
-//!     without; then 32, 16, 8, then the last < 8 columns):
+//!     for each bag b, for each column block (sum: 384 columns with
+//!     AVX-512, 128 with AVX, 64 without; then the smaller blocks, then the
+//!     last few columns):
 //!         acc = -0.0 in registers              (max: the first kept row)
 //!         for p in bag b, skipping padding_idx:
-//!             prefetch table[ids[p + 16], block] into L2 (L1: rows <= 64 B)
+//!             prefetch table[ids[p + ahead], block] into L2 (L1: rows <= 64 B)
 //!             sum:  acc += table[ids[p], block] (· weight[p])
 //!             max:  where table[ids[p], block] > acc: acc = it, at = p
 //!         out[b, block] = acc (/ count, mean)  (written once)
@@ -30,14 +31,17 @@
 //!    rows per block (a bag of a few dozen rows stays in L1 or L2 between
 //!    passes), and each output value is written once. A block is as many
 //!    vectors as the registers hold: sixteen 256-bit registers (128
-//!    columns) with AVX, eight `f32x8` pairs (64 columns) with SSE2; max
-//!    keeps the winners' positions beside the values, so half as many
-//!    columns. The last `dim % 8` columns go through the same body, copied
-//!    into a zero-padded vector.
+//!    columns) with AVX, eight `f32x8` pairs (64 columns) with SSE2, and
+//!    with AVX-512 24 of the 32 registers for a sum of `f32` or packed rows
+//!    (384 columns; `Lanes::SUM_BLOCK`), 16 for the rest; max keeps the
+//!    winners' positions beside the values, so half as many columns. The
+//!    last `dim % WIDTH` columns go through the same body, copied into a
+//!    zero-padded vector.
 //! 3. **Prefetch per block.** Every pass prefetches its own block of the row
-//!    16 positions on, into L2 (not L1), so the hints are spread evenly
-//!    over the passes; the count of hints per block is a constant. Rows of
-//!    one line or less go into L1 instead (`prefetch::bag_block`).
+//!    `ahead` positions on (`tuning::bag_ahead`), into L2 (not L1), so the
+//!    hints are spread evenly over the passes; the count of hints per block
+//!    is a constant. Rows of one line or less go into L1 instead, and a row
+//!    that is exactly one line takes one hint (`prefetch::bag_block`).
 //! 4. **Exact order.** Each bag is summed in position order, one rounded
 //!    product and one rounded sum per term (no fused multiply-add), from
 //!    `-0.0` (so the first term comes through as it is). These are the

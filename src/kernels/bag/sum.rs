@@ -15,9 +15,9 @@ use core::ops::Range;
 /// bookkeeping again (its id, hints, scale and bias), so the widest block
 /// is as wide as the registers allow: [`Lanes::SUM_BLOCK`] vectors (24 on
 /// AVX-512, 16 with AVX, 8 without) for `f32` and packed rows. Half rows
-/// keep blocks of [`Lanes::REGISTERS`]: on AVX-512 their sums measured
-/// 2-8 % slower in blocks of 24 than of 16, where `f32` rows gained 5 % and
-/// 8-bit rows up to 15 % (docs/benchmarks.md, "Blocks of 24 vectors").
+/// keep blocks of [`Lanes::REGISTERS`]: on AVX-512 their sums were slower
+/// in blocks of 24 than of 16, where `f32` and packed rows were faster
+/// (docs/benchmarks.md, "Blocks of 24 vectors").
 #[inline(always)]
 pub(super) fn pool<V: Lanes, I: Index, T: RowFormat, S: Slot>(
     rows: &Rows<'_, I, T>,

@@ -261,6 +261,8 @@ struct HintedCase {
     /// On a line, so that narrow rows (16 columns) take the one-hint path
     /// (`RowFormat::rows_are_lines`).
     table: crate::memory::AlignedTable,
+    /// The same values from 16 bytes past a line (`shifted[4..]`).
+    shifted: crate::memory::AlignedTable,
     ids: Vec<usize>,
     bags: Bags,
     weights: Vec<f32>,
@@ -273,6 +275,8 @@ impl HintedCase {
             .map(|_| (mix(seed) % 2001) as f32 / 1000.0 - 1.0)
             .collect();
         let table = crate::memory::AlignedTable::from_slice(&values).unwrap();
+        let padded: Vec<f32> = [0.0; 4].iter().chain(&values).copied().collect();
+        let shifted = crate::memory::AlignedTable::from_slice(&padded).unwrap();
         let mut offsets = vec![0];
         for b in 0..100 {
             offsets.push(offsets[b] + if b % 7 == 3 { b % 5 } else { 16 });
@@ -284,6 +288,7 @@ impl HintedCase {
         HintedCase {
             rows,
             table,
+            shifted,
             ids: (0..n).map(|_| mix(seed) as usize % rows).collect(),
             bags: Bags::from_offsets(&offsets, n, false).unwrap(),
             weights,
@@ -311,10 +316,36 @@ fn first_difference(out: &[f32], want: &[f32]) -> Option<(usize, f32, f32)> {
     Some((k, out[k], want[k]))
 }
 
+/// Values copied to a buffer at the first element that starts a line.
+struct OnALine<T> {
+    buffer: Vec<T>,
+    from: usize,
+    len: usize,
+}
+
+impl<T> OnALine<T> {
+    fn values(&self) -> &[T] {
+        &self.buffer[self.from..self.from + self.len]
+    }
+}
+
+fn on_a_line<T: Copy + Default>(values: &[T]) -> OnALine<T> {
+    let mut buffer = vec![T::default(); values.len() + 64];
+    let from = buffer.as_ptr().align_offset(64);
+    buffer[from..from + values.len()].copy_from_slice(values);
+    OnALine {
+        buffer,
+        from,
+        len: values.len(),
+    }
+}
+
 /// Tables of 512 KiB or more are read with hints, and their bags take the
 /// fast loop of `Rows::blocks`: with the row's length a constant where the
-/// row is one column block (8, 16, 32, 64, 128, 256 columns, as the lanes
-/// make it), a variable one otherwise. Both give the reference's bits on
+/// row is one column block (8, 16, 32, 64, 128, 256 columns, and a sum's
+/// 384 with sixteen lanes, as the lanes make it), a variable one otherwise;
+/// `f32` rows of 16 columns from a line (one hint a row) and from 16 bytes
+/// past one (two). Both give the reference's bits on
 /// every instruction set and thread count, for every format: `f32` sums
 /// (plain and weighted) and maxima against the bag-matrix reference, a half
 /// table's sums against the same over its values as `f32`s (exact), a
@@ -335,18 +366,19 @@ fn tables_read_with_hints_give_the_reference_bits() {
                 ..Pooling::default()
             };
             let (want, want_at) = c.reference(&c.table, dim, &pooling);
-            let table = F32Rows {
-                table: &c.table,
-                dim,
-            };
-            for isa in Isa::all() {
-                for par in pars {
-                    let what =
-                        format!("f32 dim {dim} {mode:?} weighted {weighted} {isa:?} {par:?}");
-                    let (mut out, mut at) = (vec![f32::NAN; want.len()], vec![-2; want_at.len()]);
-                    forward_both(isa, par, table, valid, &c.bags, &pooling, &mut out, &mut at);
-                    assert_eq!(first_difference(&out, &want), None, "{what}");
-                    assert_eq!(at, want_at, "{what}");
+            for (placed, values) in [("on a line", &c.table[..]), ("shifted", &c.shifted[4..])] {
+                let table = F32Rows { table: values, dim };
+                for isa in Isa::all() {
+                    for par in pars {
+                        let what = format!(
+                            "f32 dim {dim} {placed} {mode:?} weighted {weighted} {isa:?} {par:?}"
+                        );
+                        let size = (want.len(), want_at.len());
+                        let (mut out, mut at) = (vec![f32::NAN; size.0], vec![-2; size.1]);
+                        forward_both(isa, par, table, valid, &c.bags, &pooling, &mut out, &mut at);
+                        assert_eq!(first_difference(&out, &want), None, "{what}");
+                        assert_eq!(at, want_at, "{what}");
+                    }
                 }
             }
         }
@@ -357,6 +389,9 @@ fn tables_read_with_hints_give_the_reference_bits() {
             ..Pooling::default()
         };
         let (f16s, bf16s) = (to_f16(&c.table).unwrap(), to_bf16(&c.table).unwrap());
+        // Both from a line, so that rows of 32 halves take the one-hint path.
+        let (f16s, bf16s) = (on_a_line(&f16s), on_a_line(&bf16s));
+        let (f16s, bf16s) = (f16s.values(), bf16s.values());
         let (want_f16, _) = c.reference(
             &f16s.iter().map(|h| h.to_f32()).collect::<Vec<_>>(),
             dim,
@@ -372,10 +407,10 @@ fn tables_read_with_hints_give_the_reference_bits() {
                 let what = format!("dim {dim} {isa:?} {par:?}");
                 let (bags, pooling) = (&c.bags, &pooling);
                 let mut out = vec![f32::NAN; want_f16.len()];
-                let f16_rows = PlainRows { table: &f16s, dim };
+                let f16_rows = PlainRows { table: f16s, dim };
                 forward_both(isa, par, f16_rows, valid, bags, pooling, &mut out, &mut []);
                 assert_eq!(first_difference(&out, &want_f16), None, "f16 {what}");
-                let bf16_rows = PlainRows { table: &bf16s, dim };
+                let bf16_rows = PlainRows { table: bf16s, dim };
                 forward_both(isa, par, bf16_rows, valid, bags, pooling, &mut out, &mut []);
                 assert_eq!(first_difference(&out, &want_bf16), None, "bf16 {what}");
             }
