@@ -57,9 +57,9 @@ pub(crate) fn row<L: Level>(row: &[f32]) {
 /// line repeats the line before (a hint whose line is already asked for
 /// costs an instruction and a load slot: for rows of one line, where it is
 /// one of two hints, [`bag_block`] leaves it out) and otherwise reaches the
-/// line the run straddles into. Neither the range nor the hints are checked: a hint is only an
-/// address (`wrapping_add`), and a wrong one costs a wasted fetch, never a
-/// fault.
+/// line the run straddles into. Neither the range nor the hints are
+/// checked: a hint is only an address (`wrapping_add`), and a wrong one
+/// costs a wasted fetch, never a fault.
 #[inline(always)]
 pub(crate) fn bytes<L: Level>(base: *const u8, from: usize, len: usize) {
     #[cfg(target_arch = "x86_64")]
