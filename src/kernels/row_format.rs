@@ -32,7 +32,7 @@
 
 use crate::formats::{Data, PackedTable, RowWise, TableRef};
 use crate::memory::LINE_BYTES as LINE;
-use crate::simd::prefetch::{self, L2};
+use crate::simd::prefetch::{self, BagHints, L2};
 use crate::simd::{Lanes, MAX_LANES};
 use core::mem::MaybeUninit;
 
@@ -84,16 +84,18 @@ pub(crate) trait RowFormat: Copy + Sync {
     /// vectors: nothing, but for 4-bit rows.
     #[inline(always)]
     fn in_column_order<V: Lanes, const N: usize>(&self, _lanes: &mut [V; N]) {}
-    /// Whether every row is one whole cache line: 64 bytes, the table
-    /// starting a line. Asked once a call; a bag passes it on to
-    /// [`prefetch_block`](Self::prefetch_block).
-    fn rows_are_lines(&self) -> bool {
-        false
-    }
-    /// Hints for block `cols` of `row`, `N` vectors of `V`. Where `lines`
-    /// ([`rows_are_lines`](Self::rows_are_lines)), the block is the whole
-    /// row and one hint reaches it.
-    fn prefetch_block<V: Lanes, const N: usize>(&self, row: RowSpan, cols: Cols<N>, lines: bool);
+    /// How a bag hints the rows it reads ahead, asked once a call and
+    /// passed on to [`prefetch_block`](Self::prefetch_block).
+    fn bag_hints(&self) -> BagHints;
+    /// Hints for block `cols` of `row`, `N` vectors of `V`, as `hints`
+    /// says (where [`BagHints::Line`], the block is the whole row, one
+    /// line).
+    fn prefetch_block<V: Lanes, const N: usize>(
+        &self,
+        row: RowSpan,
+        cols: Cols<N>,
+        hints: BagHints,
+    );
     /// Hints for all of `row`.
     fn prefetch_row(&self, row: RowSpan);
 }
@@ -358,6 +360,14 @@ pub(crate) struct PlainRows<'a, E> {
 /// An `f32` table: what the `f32` kernels read.
 pub(crate) type F32Rows<'a> = PlainRows<'a, f32>;
 
+impl<E: Element> PlainRows<'_, E> {
+    /// Whether every row is one whole cache line: 16 `f32`s or 32 halves,
+    /// the table starting a line.
+    fn rows_are_lines(&self) -> bool {
+        self.row_bytes() == LINE && (self.table.as_ptr() as usize).is_multiple_of(LINE)
+    }
+}
+
 impl<E: Element> RowFormat for PlainRows<'_, E> {
     const PACKED: bool = false;
     const HALF: bool = core::mem::size_of::<E>() == 2;
@@ -404,28 +414,38 @@ impl<E: Element> RowFormat for PlainRows<'_, E> {
         }
     }
 
-    /// A row of 16 `f32`s or 32 halves, where the table starts a line.
-    fn rows_are_lines(&self) -> bool {
-        self.row_bytes() == LINE && (self.table.as_ptr() as usize).is_multiple_of(LINE)
+    /// One hint a row where each is a whole line ([`Self::rows_are_lines`]),
+    /// else a hint per line of the block and one at its last byte
+    /// ([`BagHints::for_rows`]). Wider rows keep the last byte's hint even
+    /// where they start lines: without it `f32` rows were no faster and
+    /// `f16` rows slower (docs/benchmarks.md, "One hint for a row of one
+    /// line").
+    fn bag_hints(&self) -> BagHints {
+        if self.rows_are_lines() {
+            BagHints::Line
+        } else {
+            BagHints::for_rows(self.row_bytes())
+        }
     }
 
-    /// Hints every 64 bytes of the block and at its last byte, or one hint
-    /// where `lines` says the row is one whole line ([`prefetch::bag_block`]).
-    /// Wider rows keep the last byte's hint even where they start lines:
-    /// without it `f32` rows were no faster and `f16` rows slower
-    /// (docs/benchmarks.md, "One hint for a row of one line").
     #[inline(always)]
-    fn prefetch_block<V: Lanes, const N: usize>(&self, row: RowSpan, cols: Cols<N>, lines: bool) {
+    fn prefetch_block<V: Lanes, const N: usize>(
+        &self,
+        row: RowSpan,
+        cols: Cols<N>,
+        hints: BagHints,
+    ) {
         let size = core::mem::size_of::<E>();
         let at = (row.start + cols.start) * size;
         let base: *const u8 = self.table.as_ptr().cast();
         let len = N * V::WIDTH * size;
         debug_assert!(
-            !lines || (cols.start == 0 && len == LINE && (base as usize + at).is_multiple_of(LINE)),
+            hints != BagHints::Line
+                || (cols.start == 0 && len == LINE && (base as usize + at).is_multiple_of(LINE)),
             "one hint for a block of {len} bytes at {at} (column {}) past {base:?}",
             cols.start
         );
-        prefetch::bag_block(base, at, len, row.len * size, lines);
+        prefetch::bag_block(base, at, len, hints);
     }
 
     #[inline(always)]
@@ -599,16 +619,26 @@ impl<const BITS: u32> RowFormat for Packed<'_, BITS> {
         }
     }
 
+    fn bag_hints(&self) -> BagHints {
+        BagHints::for_rows(self.row_bytes())
+    }
+
     #[inline(always)]
-    fn prefetch_block<V: Lanes, const N: usize>(&self, row: RowSpan, cols: Cols<N>, _lines: bool) {
+    fn prefetch_block<V: Lanes, const N: usize>(
+        &self,
+        row: RowSpan,
+        cols: Cols<N>,
+        hints: BagHints,
+    ) {
         // The block's codes (a whole block's worth, even for a row's last
         // few columns: a hint past them is only a wasted fetch), then the
         // scale and bias at the row's end; both counted at compile time.
+        // A packed row is never a line's bare values, so never `Line`.
         let base = self.bytes.as_ptr();
         let codes = row.start + cols.start / Self::PER_BYTE;
         let affine = row.start + row.len - Self::AFFINE_BYTES;
-        prefetch::bag_block(base, codes, N * Self::vector_bytes::<V>(), row.len, false);
-        prefetch::bag_block(base, affine, Self::AFFINE_BYTES, row.len, false);
+        prefetch::bag_block(base, codes, N * Self::vector_bytes::<V>(), hints);
+        prefetch::bag_block(base, affine, Self::AFFINE_BYTES, hints);
     }
 
     #[inline(always)]
@@ -645,8 +675,47 @@ pub(crate) fn dispatch<O: OnRows>(table: &TableRef<'_>, op: O) -> O::Output {
 
 #[cfg(test)]
 mod tests {
-    use super::{PlainRows, RowFormat};
+    use super::{Packed, PlainRows, RowFormat};
     use crate::memory::AlignedTable;
+    use crate::simd::prefetch::{roomy_l1, BagHints};
+
+    /// A bag's hints follow the row: one for a row of one line, into L1 up
+    /// to a line, and past it into L1 where the L1 data cache is roomy and
+    /// into L2 elsewhere, in every format.
+    #[test]
+    fn bag_hints_follow_the_row_and_the_cache() {
+        let table = AlignedTable::zeroed(64 * 64).unwrap();
+        let plain = |from: usize, dim: usize| {
+            PlainRows {
+                table: &table[from..from + 16 * dim],
+                dim,
+            }
+            .bag_hints()
+        };
+        let wide = if roomy_l1() {
+            BagHints::L1
+        } else {
+            BagHints::L2
+        };
+        assert_eq!(plain(0, 16), BagHints::Line);
+        assert_eq!(plain(1, 16), BagHints::L1, "a line's bytes, not on a line");
+        assert_eq!(plain(0, 15), BagHints::L1);
+        assert_eq!(plain(0, 17), wide);
+        assert_eq!(plain(0, 128), wide);
+        let bytes = vec![0u8; 64 * 1024];
+        let packed = |dim: usize| Packed::<8> { bytes: &bytes, dim }.bag_hints();
+        assert_eq!(packed(56), BagHints::L1, "56 codes and 8 bytes: one line");
+        assert_eq!(packed(57), wide);
+        assert_eq!(packed(384), wide);
+        assert_eq!(
+            Packed::<4> {
+                bytes: &bytes,
+                dim: 384
+            }
+            .bag_hints(),
+            wide
+        );
+    }
 
     /// A bag hints a row of one line once only where the rows really are
     /// lines: 64 bytes each, from a line-aligned start.

@@ -97,7 +97,7 @@ pub(crate) const PREFETCH_MIN_TABLE_BYTES: usize = 512 << 10;
 
 /// How many positions ahead a bag prefetches its rows at least (a count of
 /// rows, for rows of any width), into L2, or into L1 where the whole row is
-/// one line (`simd::prefetch::bag_block`). Measured on gpt2 (768 columns)
+/// one line or the L1 data cache is roomy (`simd::prefetch::BagHints`). Measured on gpt2 (768 columns)
 /// with a test program (medians of paired warm and cold rounds, two
 /// threads): 16 ahead took 0.76-0.85x the time of the rule by bytes above
 /// (5 rows of `f32`, 10 of `f16`), and 24 or 32 ahead were no faster than

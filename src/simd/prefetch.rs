@@ -10,8 +10,9 @@
 //! was slower than sending the same rows to L2, by 10-35 % warm and cold
 //! (docs/benchmarks.md, "Prefetch"): hints into L1 take the line-fill buffers
 //! that the loads of the current row need, and evict lines still in use.
-//! The exception is a bag of rows of one line or less ([`bag_block`]): a
-//! line a row fits those buffers, and into L1 such a bag ran faster.
+//! The exceptions are bags ([`BagHints`]): of rows of one line or less on
+//! any CPU (a line a row fits those buffers, and into L1 such a bag ran
+//! faster), and of any rows on a CPU with a roomy L1 (Zen 5's 48 KiB).
 
 /// Asks the cache for every 64-byte line `row` touches, ahead of use. A
 /// hint only: it reads nothing and cannot fault, and it compiles to nothing
@@ -56,7 +57,7 @@ pub(crate) fn row<L: Level>(row: &[f32]) {
 /// (at least one) and one at the last byte, which for a run that starts on a
 /// line repeats the line before (a hint whose line is already asked for
 /// costs an instruction and a load slot: for rows of one line, where it is
-/// one of two hints, [`bag_block`] leaves it out) and otherwise reaches the
+/// one of two hints, [`BagHints::Line`] leaves it out) and otherwise reaches the
 /// line the run straddles into. Neither the range nor the hints are
 /// checked: a hint is only an address (`wrapping_add`), and a wrong one
 /// costs a wasted fetch, never a fault.
@@ -74,38 +75,105 @@ pub(crate) fn bytes<L: Level>(base: *const u8, from: usize, len: usize) {
     let _ = (base, from, len);
 }
 
-/// [`bytes`] for a block of a row a bag reads [`bag_ahead`] rows on,
-/// the row `row_bytes` long: into L1 when the whole row fits one line, into
-/// L2 otherwise. A bag of narrow rows then has a line or two a row in
-/// flight (two where a row straddles a line), which L1's miss buffers hold,
-/// and its loads find the rows in L1; a bag of wider rows asks for more
-/// lines than those buffers hold, and into L1 it was 1.1-2.4x slower than
-/// into L2 (docs/benchmarks.md, "Prefetch"). The rule looks at the row, not
-/// the block, so a wide row's short last block (or a packed row's block of
-/// few bytes) stays with L2, as measured.
-///
-/// Where the caller knows the row to be one whole line (`row_is_line`: 64
-/// bytes from a line's start), the block is in that line and one hint at
-/// `from` reaches it, not the two [`bytes`] gives a run that need not start
-/// a line (docs/benchmarks.md, "One hint for a row of one line").
+/// How a bag hints the blocks of the rows it reads [`bag_ahead`] positions
+/// on: chosen once a call, from the row's bytes and the CPU
+/// ([`BagHints::for_rows`]).
 ///
 /// [`bag_ahead`]: crate::kernels::tuning::bag_ahead
-#[inline(always)]
-pub(crate) fn bag_block(
-    base: *const u8,
-    from: usize,
-    len: usize,
-    row_bytes: usize,
-    row_is_line: bool,
-) {
-    if row_is_line {
-        #[cfg(target_arch = "x86_64")]
-        L1::hint(base.wrapping_add(from) as usize);
-    } else if row_bytes <= crate::memory::LINE_BYTES {
-        bytes::<L1>(base, from, len);
-    } else {
-        bytes::<L2>(base, from, len);
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BagHints {
+    /// Every row is one whole line (64 bytes from a line's start), so a
+    /// block is that line and one hint into L1 at its start reaches it, not
+    /// the two [`bytes`] gives a run that need not start a line
+    /// (docs/benchmarks.md, "One hint for a row of one line").
+    Line,
+    /// [`bytes`] into L1.
+    L1,
+    /// [`bytes`] into L2.
+    L2,
+}
+
+impl BagHints {
+    /// The hints for rows of `row_bytes`: into L1 where a row is a line or
+    /// less, whatever the CPU, and for wider rows too where the CPU's L1 data
+    /// cache is roomy ([`roomy_l1`]); into L2 otherwise.
+    ///
+    /// A bag of narrow rows has a line or two a row in flight (two where a
+    /// row straddles a line), which L1's miss buffers hold, and its loads
+    /// find the rows in L1. With wider rows it depends on the core: on Zen 3
+    /// and Zen 4 (32 KiB of L1 data) hints into L1 made the bags of wide rows
+    /// 1.05-2.4x slower than into L2; on Zen 5 (48 KiB) they made them
+    /// 0.85-0.95x the time in every format (docs/benchmarks.md, "Prefetch"
+    /// and "Wide rows into L1 on a roomy L1"). The rule looks at the row, not
+    /// the block, so a wide row's short last block follows its row.
+    pub(crate) fn for_rows(row_bytes: usize) -> BagHints {
+        if row_bytes <= crate::memory::LINE_BYTES || roomy_l1() {
+            BagHints::L1
+        } else {
+            BagHints::L2
+        }
     }
+}
+
+/// [`bytes`] for a block of a row, as `hints` says.
+#[inline(always)]
+pub(crate) fn bag_block(base: *const u8, from: usize, len: usize, hints: BagHints) {
+    match hints {
+        BagHints::Line => L1::hint(base.wrapping_add(from) as usize),
+        BagHints::L1 => bytes::<L1>(base, from, len),
+        BagHints::L2 => bytes::<L2>(base, from, len),
+    }
+}
+
+/// The L1 data cache size, in bytes, from which the bags send the hints of
+/// rows wider than a line into L1 ([`BagHints::for_rows`]): Zen 5's 48 KiB.
+pub(crate) const ROOMY_L1_BYTES: usize = 48 << 10;
+
+/// Whether this CPU's L1 data cache holds [`ROOMY_L1_BYTES`] or more, as
+/// [`l1_data_bytes`] reads it (asked once, then remembered).
+pub(crate) fn roomy_l1() -> bool {
+    static ROOMY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ROOMY.get_or_init(|| l1_data_bytes().is_some_and(|b| b >= ROOMY_L1_BYTES))
+}
+
+/// The size of the L1 data cache of the core this runs on, from CPUID's
+/// cache descriptions (leaf `0x8000_001D` on AMD, 4 on Intel: the same
+/// layout); `None` where the CPU does not describe it, or off x86-64.
+pub(crate) fn l1_data_bytes() -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use core::arch::x86_64::{__cpuid, __cpuid_count};
+        let vendor = __cpuid(0);
+        // "AuthenticAMD" and "HygonGenuine" describe their caches in the
+        // extended leaf, the others in leaf 4.
+        let amd = matches!(vendor.ebx, 0x6874_7541 | 0x6f67_7948);
+        let (leaf, max) = if amd {
+            (0x8000_001D, __cpuid(0x8000_0000).eax)
+        } else {
+            (4, vendor.eax)
+        };
+        if max < leaf {
+            return None;
+        }
+        // Each sub-leaf describes one cache, until one of type 0.
+        for sub in 0..8 {
+            let c = __cpuid_count(leaf, sub);
+            let (kind, level) = (c.eax & 0x1f, (c.eax >> 5) & 0x7);
+            if kind == 0 {
+                break;
+            }
+            if kind == 1 && level == 1 {
+                let ways = (c.ebx >> 22) as usize + 1;
+                let partitions = ((c.ebx >> 12) & 0x3ff) as usize + 1;
+                let line = (c.ebx & 0xfff) as usize + 1;
+                let sets = c.ecx as usize + 1;
+                return Some(ways * partitions * line * sets);
+            }
+        }
+        None
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
 }
 
 /// The cache a hint fills: [`L1`] or [`L2`].
@@ -180,4 +248,24 @@ pub(crate) fn span<L: Level>(base: *const u8, from: usize, to: usize) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (base, from, to);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{l1_data_bytes, roomy_l1, ROOMY_L1_BYTES};
+
+    /// The L1 data cache CPUID describes is a plausible one (a whole number
+    /// of 64-byte lines, 8 KiB to 256 KiB), and the hints' choice follows it.
+    #[test]
+    fn the_l1_data_cache_reads_as_a_cache() {
+        let bytes = l1_data_bytes();
+        if cfg!(target_arch = "x86_64") {
+            let b = bytes.expect("x86-64 CPUs describe their caches");
+            assert!(
+                b % 64 == 0 && (8 << 10..=256 << 10).contains(&b),
+                "{b} bytes"
+            );
+        }
+        assert_eq!(roomy_l1(), bytes.is_some_and(|b| b >= ROOMY_L1_BYTES));
+    }
 }

@@ -10,6 +10,7 @@ use crate::kernels::row_format::{Cols, F32Rows, OnRows, RowFormat, RowSpan, Slot
 use crate::kernels::tuning::{bag_ahead, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES, TASK_BYTES};
 use crate::parallel::{for_each_chunk, for_each_chunk_pair, Parallelism};
 use crate::pooling::{Mode, Pooling};
+use crate::simd::prefetch::BagHints;
 use crate::simd::{Body, Isa, Lanes};
 use core::ops::Range;
 
@@ -156,7 +157,7 @@ pub(super) fn forward_on<I: Index, T: RowFormat, S: Slot>(
         } else {
             bag_ahead(table.row_bytes(), T::PACKED)
         },
-        lines: table.rows_are_lines(),
+        hints: table.bag_hints(),
     };
     let task = |first_bag: usize, out: &mut [S], max_indices: &mut [i64]| {
         isa.run(BagTask {
@@ -187,7 +188,7 @@ pub(super) fn forward_on<I: Index, T: RowFormat, S: Slot>(
 }
 
 /// What every block of every bag reads: the table, the checked ids, the
-/// padding row, the prefetch distance and whether each row is one line.
+/// padding row, the prefetch distance and how to hint.
 #[derive(Clone, Copy)]
 pub(super) struct Rows<'i, I: Index, T> {
     pub(super) table: T,
@@ -196,8 +197,8 @@ pub(super) struct Rows<'i, I: Index, T> {
     pub(super) padding_idx: Option<usize>,
     /// How many positions ahead rows are prefetched; 0 for none.
     pub(super) ahead: usize,
-    /// Whether every row is one cache line ([`RowFormat::rows_are_lines`]).
-    pub(super) lines: bool,
+    /// How the rows ahead are hinted ([`RowFormat::bag_hints`]).
+    pub(super) hints: BagHints,
 }
 
 impl<I: Index, T: RowFormat> Rows<'_, I, T> {
@@ -206,7 +207,7 @@ impl<I: Index, T: RowFormat> Rows<'_, I, T> {
     /// the same block of the row `ahead` positions on.
     ///
     /// Most bags take the fast loop: no padding row, and the rows read ahead
-    /// still inside the task (`bag.end + ahead <= limit`). It walks the
+    /// still among the call's ids (`bag.end + ahead <= limit`). It walks the
     /// bag's ids and the ids `ahead` on as two slices, so a position costs
     /// two id loads, a hint and the block: no clamp, no index check, no
     /// test. Fewer instructions a row let more rows' loads be in flight at
@@ -250,18 +251,18 @@ impl<I: Index, T: RowFormat> Rows<'_, I, T> {
         cols: Cols<N>,
         f: &mut F,
     ) -> usize {
-        let (ahead, table, lines) = (self.ahead, &self.table, self.lines);
+        let (ahead, table, hints) = (self.ahead, &self.table, self.hints);
         let here = self.ids.slice(bag.clone());
         let next = self.ids.slice(bag.start + ahead..bag.end + ahead);
         for (p, (r, n)) in bag.clone().zip(here.rows().zip(next.rows())) {
-            table.prefetch_block::<V, N>(RowSpan::of(n, row_len), cols, lines);
+            table.prefetch_block::<V, N>(RowSpan::of(n, row_len), cols, hints);
             f.visit(p, table, RowSpan::of(r, row_len), cols);
         }
         bag.len()
     }
 
     /// [`blocks`](Self::blocks) for any bag: the row read ahead is clamped
-    /// to the task's last position, `limit - 1` (a repeated hint costs next
+    /// to the call's last position, `limit - 1` (a repeated hint costs next
     /// to nothing), and rows equal to `padding_idx` are skipped.
     #[inline(always)]
     fn blocks_general<V: Lanes, const N: usize, F: Visit<V, N>>(
@@ -271,7 +272,7 @@ impl<I: Index, T: RowFormat> Rows<'_, I, T> {
         cols: Cols<N>,
         f: &mut F,
     ) -> usize {
-        // `limit` is 0 for a task of bags that hold no id; then no loop below
+        // `limit` is 0 for a call whose bags hold no id; then no loop below
         // runs and `last` is never read.
         let last = limit.saturating_sub(1);
         match self.padding_idx {
@@ -306,7 +307,7 @@ impl<I: Index, T: RowFormat> Rows<'_, I, T> {
         }
         let r = self.ids.row((p + self.ahead).min(last));
         self.table
-            .prefetch_block::<V, N>(self.table.row(r), cols, self.lines);
+            .prefetch_block::<V, N>(self.table.row(r), cols, self.hints);
     }
 }
 
@@ -345,10 +346,14 @@ impl<I: Index, T: RowFormat, S: Slot> Body for BagTask<'_, '_, I, T, S> {
             max_indices,
         } = self;
         let dim = rows.dim;
-        let count = out.len() / dim;
         let first = bags.starts()[first_bag];
-        let limit = bags.starts()[first_bag + count];
-        // Warm the first rows: a task starts cold.
+        // The rows read ahead may lie in the bags of the next task (the
+        // call's last position bounds them): a thread mostly takes its tasks
+        // in order, and the next one then starts with its rows on the way,
+        // not cold (0.95-0.98x the time of hints that stop at the task's
+        // end: docs/benchmarks.md, "Packed rows into L1 on a roomy L1").
+        let limit = bags.starts()[bags.len()];
+        // Warm the first rows: a task taken out of order starts cold.
         for p in first..limit.min(first + rows.ahead) {
             rows.table.prefetch_row(rows.table.row(rows.ids.row(p)));
         }

@@ -9,7 +9,8 @@
 //!     last few columns):
 //!         acc = -0.0 in registers              (max: the first kept row)
 //!         for p in bag b, skipping padding_idx:
-//!             prefetch table[ids[p + ahead], block] into L2 (L1: rows <= 64 B)
+//!             prefetch table[ids[p + ahead], block] into L2 (L1: rows
+//!                 <= 64 B, and every row on a 48 KiB L1)
 //!             sum:  acc += table[ids[p], block] (· weight[p])
 //!             max:  where table[ids[p], block] > acc: acc = it, at = p
 //!         out[b, block] = acc (/ count, mean)  (written once)
@@ -40,8 +41,10 @@
 //! 3. **Prefetch per block.** Every pass prefetches its own block of the row
 //!    `ahead` positions on (`tuning::bag_ahead`), into L2 (not L1), so the
 //!    hints are spread evenly over the passes; the count of hints per block
-//!    is a constant. Rows of one line or less go into L1 instead, and a row
-//!    that is exactly one line takes one hint (`prefetch::bag_block`).
+//!    is a constant. Rows of one line or less go into L1 instead, and so do
+//!    all rows where the L1 data cache is 48 KiB or more; a row that is
+//!    exactly one line takes one hint (`prefetch::BagHints`). The rows
+//!    ahead may be the next task's, which then starts warm.
 //! 4. **Exact order.** Each bag is summed in position order, one rounded
 //!    product and one rounded sum per term (no fused multiply-add), from
 //!    `-0.0` (so the first term comes through as it is). These are the
