@@ -17,12 +17,15 @@
 //!    (`kernels/token_position.rs`) reuses this driver and loop unchanged.
 //! 3. **Prefetch.** Ids are random, so the hardware prefetcher cannot guess
 //!    the next row. The loop asks for row `i + ahead` while it copies row
-//!    `i`, and warms the first `ahead` rows before the loop (each parallel
-//!    block starts cold). `ahead` is about 4 KiB of rows, between 4 and 32
-//!    rows (`gather_ahead`): 8 rows of recsys's 512 bytes, 4 of minilm's
-//!    1.5 KiB. The writes need line buffers as much as the reads, so a
-//!    gather looks less far ahead than a bag (the measurements that chose
-//!    it are in docs/benchmarks.md).
+//!    `i`, past its block's end into the next block's rows (a thread mostly
+//!    takes the blocks in order), and warms the first `ahead` rows before
+//!    the loop (a block taken out of order starts cold). `ahead` is about
+//!    4 KiB of rows, between 4 and 32 rows (`gather_ahead`): 8 rows of
+//!    recsys's 512 bytes, 4 of minilm's 1.5 KiB. The writes need line
+//!    buffers as much as the reads, so a gather looks less far ahead than a
+//!    bag (the measurements that chose it are in docs/benchmarks.md). The
+//!    hints go into L2, or into L1 where the L1 data cache is 48 KiB or
+//!    more and the rows ahead span at most 8 KiB (`gather_hints_in_l1`).
 //! 4. **Threads.** The output is cut into blocks of whole rows, about
 //!    `TASK_BYTES` each, and rayon hands the blocks to the threads of the
 //!    pool the caller runs in. Blocks are disjoint, so there is nothing to
@@ -31,14 +34,14 @@
 //!    the calling thread.
 
 use super::tuning::{
-    gather_ahead, GATHER_STREAM_MIN_BYTES, GATHER_STREAM_MIN_DIM, PARALLEL_MIN_BYTES,
-    PREFETCH_MIN_TABLE_BYTES, TASK_BYTES,
+    gather_ahead, gather_hints_in_l1, GATHER_STREAM_MIN_BYTES, GATHER_STREAM_MIN_DIM,
+    PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES, TASK_BYTES,
 };
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::parallel::{for_each_chunk, in_pool, Parallelism};
 use crate::shape::{check_len, rows_len, table_rows};
-use crate::simd::prefetch::{self, L2};
+use crate::simd::prefetch::{self, Level, L1, L2};
 use crate::simd::{row, stream, Body, Isa, Lanes};
 use core::mem::MaybeUninit;
 
@@ -328,12 +331,12 @@ pub(crate) fn drive<I: Index, Op: RowOp>(
     }
     let isa = Isa::detect();
     for_each_row_block(par, out, dim, dim * 4, |first, out| {
-        let ids = ids.slice(first..first + out.len() / dim);
         let op = op.at(first);
         isa.run(GatherBlock {
             table,
             dim,
             ids,
+            first,
             out,
             op,
         });
@@ -361,12 +364,18 @@ pub(crate) fn for_each_row_block<T, F>(
     });
 }
 
-/// One piece of a gather: `out[i, :] = op(table[ids[i], :])` for its rows.
-/// The one loop body, shared by the serial and the parallel driver.
+/// One piece of a gather: `out[i, :] = op(table[ids[first + i], :])` for
+/// its rows. The one loop body, shared by the serial and the parallel
+/// driver. It holds the call's ids, not only its own: the rows it hints
+/// ahead run on into the next piece's, which a thread mostly takes next
+/// and then starts with its rows on the way.
 struct GatherBlock<'a, 'i, I: Index, Op: RowOp> {
     table: &'a [f32],
     dim: usize,
+    /// The call's ids.
     ids: ValidIds<'i, I>,
+    /// The position of this piece's first row among `ids`.
+    first: usize,
     out: &'a mut [Op::Out],
     op: Op,
 }
@@ -380,13 +389,14 @@ impl<I: Index, Op: RowOp> Body for GatherBlock<'_, '_, I, Op> {
             table,
             dim,
             ids,
+            first,
             out,
             mut op,
         } = self;
         if core::mem::size_of_val(table) < PREFETCH_MIN_TABLE_BYTES {
             // A table this small sits in the caches: hints would only
             // cost instructions.
-            for (i, dst) in out.chunks_exact_mut(dim).enumerate() {
+            for (i, dst) in (first..).zip(out.chunks_exact_mut(dim)) {
                 let start = ids.row(i) * dim;
                 op.write::<V>(dst, &table[start..start + dim]);
             }
@@ -403,62 +413,83 @@ impl<I: Index, Op: RowOp> Body for GatherBlock<'_, '_, I, Op> {
         // faster on recsys and gpt2 than this one (their tasks are a few
         // rows, all hinted ahead).
         if Op::NARROW_LOOP && dim == V::WIDTH {
-            narrow_rows::<V, I, Op>(table, V::WIDTH, ids, out, &mut op);
+            narrow_rows::<V, I, Op>(table, V::WIDTH, ids, first, out, &mut op);
         } else if Op::NARROW_LOOP && dim == 2 * V::WIDTH {
-            narrow_rows::<V, I, Op>(table, 2 * V::WIDTH, ids, out, &mut op);
+            narrow_rows::<V, I, Op>(table, 2 * V::WIDTH, ids, first, out, &mut op);
+        } else if gather_hints_in_l1(dim) {
+            wide_rows::<V, I, Op, L1>(table, dim, ids, first, out, &mut op);
         } else {
-            let n = ids.len();
-            let ahead = gather_ahead(dim);
-            // Warm the first rows too: a parallel block starts cold.
-            for i in 0..ahead.min(n) {
-                let start = ids.row(i) * dim;
-                prefetch::row::<L2>(&table[start..start + dim]);
-            }
-            for (i, dst) in out.chunks_exact_mut(dim).enumerate() {
-                if i + ahead < n {
-                    let next = ids.row(i + ahead) * dim;
-                    prefetch::row::<L2>(&table[next..next + dim]);
-                }
-                let start = ids.row(i) * dim;
-                op.write::<V>(dst, &table[start..start + dim]);
-            }
+            wide_rows::<V, I, Op, L2>(table, dim, ids, first, out, &mut op);
         }
         op.finish();
     }
 }
 
-/// The rows of `ids` into `out` through `op`, each row hinted
-/// [`gather_ahead`] rows before it is read, for rows of one or two
-/// vectors: `dim` is a constant of the caller. The rows that have a row to
-/// hint walk the ids and the ids `ahead` on as two slices (no test a row),
-/// the last `ahead` rows follow unhinted.
+/// The rows of `ids` from position `first` into `out` (as many as it
+/// holds) through `op`, each row hinted into `L` [`gather_ahead`] rows
+/// before it is read: the loop for rows of any width.
+#[inline(always)]
+fn wide_rows<V: Lanes, I: Index, Op: RowOp, L: Level>(
+    table: &[f32],
+    dim: usize,
+    ids: ValidIds<'_, I>,
+    first: usize,
+    out: &mut [Op::Out],
+    op: &mut Op,
+) {
+    let n = ids.len();
+    let ahead = gather_ahead(dim);
+    // Warm the first rows too: a piece taken out of order starts cold.
+    for i in first..n.min(first + ahead) {
+        let start = ids.row(i) * dim;
+        prefetch::row::<L>(&table[start..start + dim]);
+    }
+    for (i, dst) in (first..).zip(out.chunks_exact_mut(dim)) {
+        if i + ahead < n {
+            let next = ids.row(i + ahead) * dim;
+            prefetch::row::<L>(&table[next..next + dim]);
+        }
+        let start = ids.row(i) * dim;
+        op.write::<V>(dst, &table[start..start + dim]);
+    }
+}
+
+/// The rows of `ids` from position `first` into `out` (as many as it
+/// holds) through `op`, each row hinted [`gather_ahead`] rows before it is
+/// read, for rows of one or two vectors: `dim` is a constant of the caller.
+/// The rows that have a row to hint (all but the call's last `ahead`) walk
+/// the ids and the ids `ahead` on as two slices (no test a row), the rest
+/// follow unhinted.
 #[inline(always)]
 fn narrow_rows<V: Lanes, I: Index, Op: RowOp>(
     table: &[f32],
     dim: usize,
     ids: ValidIds<'_, I>,
+    first: usize,
     out: &mut [Op::Out],
     op: &mut Op,
 ) {
-    let n = ids.len();
-    let ahead = gather_ahead(dim).min(n);
+    let (n, end) = (out.len() / dim, ids.len());
+    let ahead = gather_ahead(dim);
+    let hinted = n.min(end.saturating_sub(first + ahead));
     let base = table.as_ptr().cast::<u8>();
-    // Warm the first rows too: a parallel block starts cold.
-    for r in ids.slice(0..ahead).rows() {
+    // Warm the first rows too: a piece taken out of order starts cold.
+    for r in ids.slice(first..end.min(first + ahead)).rows() {
         prefetch::bytes::<L2>(base, r * dim * 4, dim * 4);
     }
-    let (hinted, last) = out.split_at_mut((n - ahead) * dim);
-    let (here, next) = (ids.slice(0..n - ahead), ids.slice(ahead..n));
-    for (dst, (r, q)) in hinted
+    let (with_hints, rest) = out.split_at_mut(hinted * dim);
+    let here = ids.slice(first..first + hinted);
+    let next = ids.slice(first + ahead..first + ahead + hinted);
+    for (dst, (r, q)) in with_hints
         .chunks_exact_mut(dim)
         .zip(here.rows().zip(next.rows()))
     {
         prefetch::bytes::<L2>(base, q * dim * 4, dim * 4);
         op.write::<V>(dst, &table[r * dim..r * dim + dim]);
     }
-    for (dst, r) in last
+    for (dst, r) in rest
         .chunks_exact_mut(dim)
-        .zip(ids.slice(n - ahead..n).rows())
+        .zip(ids.slice(first + hinted..first + n).rows())
     {
         op.write::<V>(dst, &table[r * dim..r * dim + dim]);
     }

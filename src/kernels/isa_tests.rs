@@ -220,8 +220,9 @@ fn every_format_agrees_on_every_isa() {
     }
 }
 
-/// Gathers from tables of 512 KiB or more (read with hints; rows of one or
-/// two vectors through their own loop with the width a constant) equal the
+/// Gathers from tables of 512 KiB or more (read with hints, into L1 or, for
+/// rows of 768, into L2: `tuning::gather_hints_in_l1`; rows of one or two
+/// vectors through their own loop with the width a constant) equal the
 /// plain loop of `reference::loops`, on each instruction set (one thread,
 /// where the forced set holds) and on the pool, for the copy, the scaled
 /// copy and the fresh output of the allocating lookup.
@@ -229,7 +230,10 @@ fn every_format_agrees_on_every_isa() {
 fn gathers_past_the_hint_threshold_equal_the_plain_loop() {
     use crate::index::ValidIds;
     use crate::kernels::tuning::PREFETCH_MIN_TABLE_BYTES;
-    for (k, dim) in [1usize, 8, 16, 24, 32, 48, 64, 128].into_iter().enumerate() {
+    for (k, dim) in [1usize, 8, 16, 24, 32, 48, 64, 128, 768]
+        .into_iter()
+        .enumerate()
+    {
         let rows = PREFETCH_MIN_TABLE_BYTES / (dim * 4) + 5;
         let table = values(rows * dim, 900 + k as u64);
         let ids = ids(3_000, rows, 31 + k as u64);

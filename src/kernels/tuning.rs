@@ -86,6 +86,24 @@ pub(crate) fn gather_ahead(row_floats: usize) -> usize {
     rows_in(GATHER_AHEAD_BYTES, f32_row_bytes(row_floats), 4, 32)
 }
 
+/// Whether [`gather`](crate::gather) hints rows of `row_floats` `f32`s
+/// into L1 rather than L2: where the L1 data cache is roomy
+/// ([`roomy_l1`](crate::simd::prefetch::roomy_l1), 48 KiB or more) and the
+/// rows hinted ahead ([`gather_ahead`] of them) span at most
+/// [`GATHER_L1_AHEAD_BYTES`]. On the Zen 5 host, hints into L1 took minilm's
+/// gather (4 rows of 1.5 KiB ahead) and recsys's (8 of 512 bytes) to
+/// 0.87-0.89x the time, gpt2's (4 of 3 KiB) to 1.05-1.06x (docs/benchmarks.md,
+/// "Wide rows into L1 on a roomy L1").
+#[inline]
+pub(crate) fn gather_hints_in_l1(row_floats: usize) -> bool {
+    let ahead = gather_ahead(row_floats).saturating_mul(f32_row_bytes(row_floats));
+    ahead <= GATHER_L1_AHEAD_BYTES && crate::simd::prefetch::roomy_l1()
+}
+
+/// The most bytes of rows a gather hints ahead into L1: a sixth of a
+/// 48 KiB L1 (see [`gather_hints_in_l1`]).
+const GATHER_L1_AHEAD_BYTES: usize = 8 << 10;
+
 /// Tables smaller than this are read without prefetch hints (by the
 /// lookups): they sit in a core's L2 (512 KiB on Zen 3, 1 MiB on Zen 4) or
 /// at worst L3, and the hints (one per line of every row) only add
@@ -170,3 +188,23 @@ pub(crate) const SPARE_VECTORS: usize = 8;
 
 /// The most bytes of spare index vectors one thread keeps between calls.
 pub(crate) const SPARE_BYTES: usize = 32 << 20;
+
+#[cfg(test)]
+mod tests {
+    use super::gather_hints_in_l1;
+    use crate::simd::prefetch::roomy_l1;
+
+    /// The gathers of the report's widths hint into L1 on a roomy L1 but
+    /// for gpt2's (4 rows of 3 KiB ahead: past the 8 KiB), and never
+    /// elsewhere.
+    #[test]
+    fn gathers_hint_into_l1_on_a_roomy_l1_within_8_kib_ahead() {
+        let roomy = roomy_l1();
+        assert_eq!(gather_hints_in_l1(128), roomy, "recsys: 8 rows of 512 B");
+        assert_eq!(gather_hints_in_l1(384), roomy, "minilm: 4 rows of 1.5 KiB");
+        assert_eq!(gather_hints_in_l1(512), roomy, "4 rows of 2 KiB");
+        assert!(!gather_hints_in_l1(513), "4 rows of just over 2 KiB");
+        assert!(!gather_hints_in_l1(768), "gpt2: 4 rows of 3 KiB");
+        assert!(!gather_hints_in_l1(usize::MAX), "saturates");
+    }
+}

@@ -12,7 +12,9 @@
 //! that the loads of the current row need, and evict lines still in use.
 //! The exceptions are bags ([`BagHints`]): of rows of one line or less on
 //! any CPU (a line a row fits those buffers, and into L1 such a bag ran
-//! faster), and of any rows on a CPU with a roomy L1 (Zen 5's 48 KiB).
+//! faster), and of any rows on a CPU with a roomy L1 (Zen 5's 48 KiB); and
+//! on such a CPU the gathers whose rows ahead span 8 KiB or less
+//! (`tuning::gather_hints_in_l1`).
 
 /// Asks the cache for every 64-byte line `row` touches, ahead of use. A
 /// hint only: it reads nothing and cannot fault, and it compiles to nothing
