@@ -264,7 +264,7 @@ mod tests {
         if cfg!(target_arch = "x86_64") {
             let b = bytes.expect("x86-64 CPUs describe their caches");
             assert!(
-                b % 64 == 0 && (8 << 10..=256 << 10).contains(&b),
+                b.is_multiple_of(64) && (8 << 10..=256 << 10).contains(&b),
                 "{b} bytes"
             );
         }
