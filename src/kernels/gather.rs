@@ -25,7 +25,9 @@
 //!    buffers as much as the reads, so a gather looks less far ahead than a
 //!    bag (the measurements that chose it are in docs/benchmarks.md). The
 //!    hints go into L2, or into L1 where the L1 data cache is 48 KiB or
-//!    more and the rows ahead span at most 8 KiB (`gather_hints_in_l1`).
+//!    more and the rows ahead span at most 8 KiB (`gather_hints_in_l1`);
+//!    rows of one or two vectors (their own loop, `narrow_rows`) always go
+//!    into L2.
 //! 4. **Threads.** The output is cut into blocks of whole rows, about
 //!    `TASK_BYTES` each, and rayon hands the blocks to the threads of the
 //!    pool the caller runs in. Blocks are disjoint, so there is nothing to
@@ -412,31 +414,40 @@ impl<I: Index, Op: RowOp> Body for GatherBlock<'_, '_, I, Op> {
         // one block"). Wider rows keep the general loop, which measured
         // faster on recsys and gpt2 than this one (their tasks are a few
         // rows, all hinted ahead).
+        let piece = Piece { table, ids, first };
         if Op::NARROW_LOOP && dim == V::WIDTH {
-            narrow_rows::<V, I, Op>(table, V::WIDTH, ids, first, out, &mut op);
+            narrow_rows::<V, I, Op>(piece, V::WIDTH, out, &mut op);
         } else if Op::NARROW_LOOP && dim == 2 * V::WIDTH {
-            narrow_rows::<V, I, Op>(table, 2 * V::WIDTH, ids, first, out, &mut op);
+            narrow_rows::<V, I, Op>(piece, 2 * V::WIDTH, out, &mut op);
         } else if gather_hints_in_l1(dim) {
-            wide_rows::<V, I, Op, L1>(table, dim, ids, first, out, &mut op);
+            wide_rows::<V, I, Op, L1>(piece, dim, out, &mut op);
         } else {
-            wide_rows::<V, I, Op, L2>(table, dim, ids, first, out, &mut op);
+            wide_rows::<V, I, Op, L2>(piece, dim, out, &mut op);
         }
         op.finish();
     }
 }
 
-/// The rows of `ids` from position `first` into `out` (as many as it
-/// holds) through `op`, each row hinted into `L` [`gather_ahead`] rows
-/// before it is read: the loop for rows of any width.
+/// What a piece of a gather reads: the table, the call's ids, and the
+/// position of the piece's first row among them.
+#[derive(Clone, Copy)]
+struct Piece<'a, 'i, I: Index> {
+    table: &'a [f32],
+    ids: ValidIds<'i, I>,
+    first: usize,
+}
+
+/// The piece's rows (as many as `out` holds, `dim` values each) into `out`
+/// through `op`, each row hinted into `L` [`gather_ahead`] rows before it
+/// is read: the loop for rows of any width.
 #[inline(always)]
 fn wide_rows<V: Lanes, I: Index, Op: RowOp, L: Level>(
-    table: &[f32],
+    piece: Piece<'_, '_, I>,
     dim: usize,
-    ids: ValidIds<'_, I>,
-    first: usize,
     out: &mut [Op::Out],
     op: &mut Op,
 ) {
+    let Piece { table, ids, first } = piece;
     let n = ids.len();
     let ahead = gather_ahead(dim);
     // Warm the first rows too: a piece taken out of order starts cold.
@@ -454,21 +465,18 @@ fn wide_rows<V: Lanes, I: Index, Op: RowOp, L: Level>(
     }
 }
 
-/// The rows of `ids` from position `first` into `out` (as many as it
-/// holds) through `op`, each row hinted [`gather_ahead`] rows before it is
-/// read, for rows of one or two vectors: `dim` is a constant of the caller.
-/// The rows that have a row to hint (all but the call's last `ahead`) walk
-/// the ids and the ids `ahead` on as two slices (no test a row), the rest
-/// follow unhinted.
+/// [`wide_rows`] for rows of one or two vectors, hinted into L2: `dim` is
+/// a constant of the caller. The rows that have a row to hint (all but the
+/// call's last `ahead`) walk the ids and the ids `ahead` on as two slices
+/// (no test a row), the rest follow unhinted.
 #[inline(always)]
 fn narrow_rows<V: Lanes, I: Index, Op: RowOp>(
-    table: &[f32],
+    piece: Piece<'_, '_, I>,
     dim: usize,
-    ids: ValidIds<'_, I>,
-    first: usize,
     out: &mut [Op::Out],
     op: &mut Op,
 ) {
+    let Piece { table, ids, first } = piece;
     let (n, end) = (out.len() / dim, ids.len());
     let ahead = gather_ahead(dim);
     let hinted = n.min(end.saturating_sub(first + ahead));
@@ -479,7 +487,10 @@ fn narrow_rows<V: Lanes, I: Index, Op: RowOp>(
     }
     let (with_hints, rest) = out.split_at_mut(hinted * dim);
     let here = ids.slice(first..first + hinted);
-    let next = ids.slice(first + ahead..first + ahead + hinted);
+    // Where no row has a row to hint (`hinted` 0: fewer than `ahead` ids
+    // left in the call), `first + ahead` may lie past the ids.
+    let from = end.min(first + ahead);
+    let next = ids.slice(from..from + hinted);
     for (dst, (r, q)) in with_hints
         .chunks_exact_mut(dim)
         .zip(here.rows().zip(next.rows()))

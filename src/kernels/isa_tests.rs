@@ -220,12 +220,12 @@ fn every_format_agrees_on_every_isa() {
     }
 }
 
-/// Gathers from tables of 512 KiB or more (read with hints, into L1 or, for
-/// rows of 768, into L2: `tuning::gather_hints_in_l1`; rows of one or two
-/// vectors through their own loop with the width a constant) equal the
-/// plain loop of `reference::loops`, on each instruction set (one thread,
-/// where the forced set holds) and on the pool, for the copy, the scaled
-/// copy and the fresh output of the allocating lookup.
+/// Gathers from tables of 512 KiB or more (read with hints: on a 48 KiB L1
+/// into L1, but for rows of 768 into L2, `tuning::gather_hints_in_l1`; rows
+/// of one or two vectors through their own loop with the width a constant,
+/// into L2) equal the plain loop of `reference::loops`, on each instruction
+/// set (one thread, where the forced set holds) and on the pool, for the
+/// copy, the scaled copy and the fresh output of the allocating lookup.
 #[test]
 fn gathers_past_the_hint_threshold_equal_the_plain_loop() {
     use crate::index::ValidIds;
@@ -236,34 +236,40 @@ fn gathers_past_the_hint_threshold_equal_the_plain_loop() {
     {
         let rows = PREFETCH_MIN_TABLE_BYTES / (dim * 4) + 5;
         let table = values(rows * dim, 900 + k as u64);
-        let ids = ids(3_000, rows, 31 + k as u64);
-        let mut want = vec![f32::NAN; ids.len() * dim];
-        crate::reference::loops::gather(&table, dim, &ids, &mut want).unwrap();
-        let mut want_scaled = vec![f32::NAN; ids.len() * dim];
-        crate::reference::loops::gather_scaled(&table, dim, &ids, 0.3, &mut want_scaled).unwrap();
-        let valid = ValidIds::new(&ids, rows).unwrap();
-        let runs = Isa::all()
-            .into_iter()
-            .map(|isa| (Some(isa), Parallelism::Serial))
-            .chain([(None, Parallelism::Rayon)]);
-        for (isa, par) in runs {
-            let what = format!("dim {dim} {isa:?} {par:?}");
-            let run = || {
-                let mut out = vec![f32::NAN; ids.len() * dim];
-                crate::gather_with(par, &table, dim, &ids, &mut out).unwrap();
-                let mut scaled = vec![f32::NAN; ids.len() * dim];
-                crate::gather_scaled_with(par, &table, dim, &ids, 0.3, &mut scaled).unwrap();
-                let mut fresh = Vec::new();
-                super::gather::gather_fresh(par, &table, dim, valid, &mut fresh).unwrap();
-                (out, scaled, fresh)
-            };
-            let (out, scaled, fresh) = match isa {
-                Some(isa) => isa.force(run),
-                None => run(),
-            };
-            assert_eq!(bits(&out), bits(&want), "gather {what}");
-            assert_eq!(bits(&scaled), bits(&want_scaled), "gather_scaled {what}");
-            assert_eq!(bits(&fresh), bits(&want), "fresh {what}");
+        // Calls of fewer ids than the hint distance (32 rows of 16 or 32
+        // columns), and one whose last piece is (1 030 rows of 32 columns:
+        // pieces of 128 rows, the last of 6).
+        for (j, n) in [3_000usize, 1, 3, 31, 1_030].into_iter().enumerate() {
+            let ids = ids(n, rows, 31 + (k * 8 + j) as u64);
+            let mut want = vec![f32::NAN; ids.len() * dim];
+            crate::reference::loops::gather(&table, dim, &ids, &mut want).unwrap();
+            let mut want_scaled = vec![f32::NAN; ids.len() * dim];
+            crate::reference::loops::gather_scaled(&table, dim, &ids, 0.3, &mut want_scaled)
+                .unwrap();
+            let valid = ValidIds::new(&ids, rows).unwrap();
+            let runs = Isa::all()
+                .into_iter()
+                .map(|isa| (Some(isa), Parallelism::Serial))
+                .chain([(None, Parallelism::Rayon)]);
+            for (isa, par) in runs {
+                let what = format!("dim {dim}, {n} ids, {isa:?} {par:?}");
+                let run = || {
+                    let mut out = vec![f32::NAN; ids.len() * dim];
+                    crate::gather_with(par, &table, dim, &ids, &mut out).unwrap();
+                    let mut scaled = vec![f32::NAN; ids.len() * dim];
+                    crate::gather_scaled_with(par, &table, dim, &ids, 0.3, &mut scaled).unwrap();
+                    let mut fresh = Vec::new();
+                    super::gather::gather_fresh(par, &table, dim, valid, &mut fresh).unwrap();
+                    (out, scaled, fresh)
+                };
+                let (out, scaled, fresh) = match isa {
+                    Some(isa) => isa.force(run),
+                    None => run(),
+                };
+                assert_eq!(bits(&out), bits(&want), "gather {what}");
+                assert_eq!(bits(&scaled), bits(&want_scaled), "gather_scaled {what}");
+                assert_eq!(bits(&fresh), bits(&want), "fresh {what}");
+            }
         }
     }
 }

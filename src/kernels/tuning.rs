@@ -93,7 +93,8 @@ pub(crate) fn gather_ahead(row_floats: usize) -> usize {
 /// [`GATHER_L1_AHEAD_BYTES`]. On the Zen 5 host, hints into L1 took minilm's
 /// gather (4 rows of 1.5 KiB ahead) and recsys's (8 of 512 bytes) to
 /// 0.87-0.89x the time, gpt2's (4 of 3 KiB) to 1.05-1.06x (docs/benchmarks.md,
-/// "Wide rows into L1 on a roomy L1").
+/// "Wide rows into L1 on a roomy L1"). Rows of one or two vectors take the
+/// gather's narrow loop, which hints into L2 whatever this says.
 #[inline]
 pub(crate) fn gather_hints_in_l1(row_floats: usize) -> bool {
     let ahead = gather_ahead(row_floats).saturating_mul(f32_row_bytes(row_floats));

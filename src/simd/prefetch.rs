@@ -132,50 +132,44 @@ pub(crate) fn bag_block(base: *const u8, from: usize, len: usize, hints: BagHint
 pub(crate) const ROOMY_L1_BYTES: usize = 48 << 10;
 
 /// Whether this CPU's L1 data cache holds [`ROOMY_L1_BYTES`] or more, as
-/// [`l1_data_bytes`] reads it (asked once, then remembered).
+/// [`l1_data_bytes`] reads it (asked once, then remembered); `false` where
+/// the size is unknown, which keeps the hints measured on 32 KiB.
 pub(crate) fn roomy_l1() -> bool {
     static ROOMY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ROOMY.get_or_init(|| l1_data_bytes().is_some_and(|b| b >= ROOMY_L1_BYTES))
 }
 
-/// The size of the L1 data cache of the core this runs on, from CPUID's
-/// cache descriptions (leaf `0x8000_001D` on AMD, 4 on Intel: the same
-/// layout); `None` where the CPU does not describe it, or off x86-64.
+/// The size of the L1 data cache, as Linux describes the first CPU's caches
+/// (`/sys/devices/system/cpu/cpu0/cache/index*/`, read by the kernel from
+/// CPUID): `None` on other systems, or where the description is missing
+/// (a virtual CPU that hides its caches).
 pub(crate) fn l1_data_bytes() -> Option<usize> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use core::arch::x86_64::{__cpuid, __cpuid_count};
-        let vendor = __cpuid(0);
-        // "AuthenticAMD" and "HygonGenuine" describe their caches in the
-        // extended leaf, the others in leaf 4.
-        let amd = matches!(vendor.ebx, 0x6874_7541 | 0x6f67_7948);
-        let (leaf, max) = if amd {
-            (0x8000_001D, __cpuid(0x8000_0000).eax)
-        } else {
-            (4, vendor.eax)
-        };
-        if max < leaf {
-            return None;
+    let caches = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
+    for k in 0..16 {
+        let index = caches.join(format!("index{k}"));
+        let read = |name: &str| std::fs::read_to_string(index.join(name)).ok();
+        let level = read("level")?;
+        if level.trim() == "1" && read("type")?.trim() == "Data" {
+            return cache_size(read("size")?.trim());
         }
-        // Each sub-leaf describes one cache, until one of type 0.
-        for sub in 0..8 {
-            let c = __cpuid_count(leaf, sub);
-            let (kind, level) = (c.eax & 0x1f, (c.eax >> 5) & 0x7);
-            if kind == 0 {
-                break;
-            }
-            if kind == 1 && level == 1 {
-                let ways = (c.ebx >> 22) as usize + 1;
-                let partitions = ((c.ebx >> 12) & 0x3ff) as usize + 1;
-                let line = (c.ebx & 0xfff) as usize + 1;
-                let sets = c.ecx as usize + 1;
-                return Some(ways * partitions * line * sets);
-            }
-        }
-        None
     }
-    #[cfg(not(target_arch = "x86_64"))]
     None
+}
+
+/// A cache size as Linux writes it (`48K`, `1024K`, `32M`, or bytes), in
+/// bytes; `None` for anything else.
+fn cache_size(text: &str) -> Option<usize> {
+    let (digits, unit) = match text.strip_suffix('K') {
+        Some(digits) => (digits, 1 << 10),
+        None => match text.strip_suffix('M') {
+            Some(digits) => (digits, 1 << 20),
+            None => (text, 1),
+        },
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<usize>().ok()?.checked_mul(unit)
 }
 
 /// The cache a hint fills: [`L1`] or [`L2`].
@@ -254,15 +248,35 @@ pub(crate) fn span<L: Level>(base: *const u8, from: usize, to: usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::{l1_data_bytes, roomy_l1, ROOMY_L1_BYTES};
+    use super::{cache_size, l1_data_bytes, roomy_l1, ROOMY_L1_BYTES};
 
-    /// The L1 data cache CPUID describes is a plausible one (a whole number
+    /// Sizes read as Linux writes them, and nothing else.
+    #[test]
+    fn cache_sizes_read_as_linux_writes_them() {
+        assert_eq!(cache_size("48K"), Some(48 << 10));
+        assert_eq!(cache_size("1024K"), Some(1 << 20));
+        assert_eq!(cache_size("32M"), Some(32 << 20));
+        assert_eq!(cache_size("512"), Some(512));
+        for bad in [
+            "",
+            "K",
+            "M",
+            "-1K",
+            "4 K",
+            "1.5M",
+            "48KiB",
+            "99999999999999999999M",
+        ] {
+            assert_eq!(cache_size(bad), None, "{bad:?}");
+        }
+    }
+
+    /// The L1 data cache found, if any, is a plausible one (a whole number
     /// of 64-byte lines, 8 KiB to 256 KiB), and the hints' choice follows it.
     #[test]
     fn the_l1_data_cache_reads_as_a_cache() {
         let bytes = l1_data_bytes();
-        if cfg!(target_arch = "x86_64") {
-            let b = bytes.expect("x86-64 CPUs describe their caches");
+        if let Some(b) = bytes {
             assert!(
                 b.is_multiple_of(64) && (8 << 10..=256 << 10).contains(&b),
                 "{b} bytes"

@@ -216,7 +216,7 @@ impl<I: Index, T: RowFormat> Rows<'_, I, T> {
     /// the loop is compiled with the row's length a constant, so a row's
     /// offset is a shift and every bound a constant away from it (narrow's
     /// bag sum, 16 columns: a fifth less time; docs/benchmarks.md, "A Zen 5
-    /// host, and rows of one block"). The other bags (near the task's end,
+    /// host, and rows of one block"). The other bags (near the call's end,
     /// with a padding row, or without hints) take the general loop.
     #[inline(always)]
     pub(super) fn blocks<V: Lanes, const N: usize, F: Visit<V, N>>(
@@ -350,8 +350,9 @@ impl<I: Index, T: RowFormat, S: Slot> Body for BagTask<'_, '_, I, T, S> {
         // The rows read ahead may lie in the bags of the next task (the
         // call's last position bounds them): a thread mostly takes its tasks
         // in order, and the next one then starts with its rows on the way,
-        // not cold (0.95-0.98x the time of hints that stop at the task's
-        // end: docs/benchmarks.md, "Packed rows into L1 on a roomy L1").
+        // not cold (packed bag sums 0.94-1.00x the time of hints that stop
+        // at the task's end: docs/benchmarks.md, "Wide rows into L1 on a
+        // roomy L1").
         let limit = bags.starts()[bags.len()];
         // Warm the first rows: a task taken out of order starts cold.
         for p in first..limit.min(first + rows.ahead) {

@@ -254,12 +254,12 @@ fn every_isa_gives_the_reference_bits() {
 
 /// A bag case over a table just past the hint threshold for rows of
 /// `row_bytes`: the table's values, its ids, bags of 16 with a few shorter
-/// ones (0 among them, so that some bags end near their task's end and take
-/// the general loop), and weights.
+/// ones (0 among them), and weights; the call's last bags, within `ahead`
+/// positions of its end, take the general loop.
 struct HintedCase {
     rows: usize,
     /// On a line, so that narrow rows (16 columns) take the one-hint path
-    /// (`RowFormat::rows_are_lines`).
+    /// (`PlainRows::rows_are_lines`, `BagHints::Line`).
     table: crate::memory::AlignedTable,
     /// The same values from 16 bytes past a line (`shifted[4..]`).
     shifted: crate::memory::AlignedTable,
