@@ -335,10 +335,8 @@ pub(crate) fn drive<I: Index, Op: RowOp>(
     for_each_row_block(par, out, dim, dim * 4, |first, out| {
         let op = op.at(first);
         isa.run(GatherBlock {
-            table,
+            piece: Piece { table, ids, first },
             dim,
-            ids,
-            first,
             out,
             op,
         });
@@ -368,16 +366,10 @@ pub(crate) fn for_each_row_block<T, F>(
 
 /// One piece of a gather: `out[i, :] = op(table[ids[first + i], :])` for
 /// its rows. The one loop body, shared by the serial and the parallel
-/// driver. It holds the call's ids, not only its own: the rows it hints
-/// ahead run on into the next piece's, which a thread mostly takes next
-/// and then starts with its rows on the way.
+/// driver.
 struct GatherBlock<'a, 'i, I: Index, Op: RowOp> {
-    table: &'a [f32],
+    piece: Piece<'a, 'i, I>,
     dim: usize,
-    /// The call's ids.
-    ids: ValidIds<'i, I>,
-    /// The position of this piece's first row among `ids`.
-    first: usize,
     out: &'a mut [Op::Out],
     op: Op,
 }
@@ -388,13 +380,12 @@ impl<I: Index, Op: RowOp> Body for GatherBlock<'_, '_, I, Op> {
     #[inline(always)]
     fn run<V: Lanes>(self) {
         let GatherBlock {
-            table,
+            piece,
             dim,
-            ids,
-            first,
             out,
             mut op,
         } = self;
+        let Piece { table, ids, first } = piece;
         if core::mem::size_of_val(table) < PREFETCH_MIN_TABLE_BYTES {
             // A table this small sits in the caches: hints would only
             // cost instructions.
@@ -414,7 +405,6 @@ impl<I: Index, Op: RowOp> Body for GatherBlock<'_, '_, I, Op> {
         // one block"). Wider rows keep the general loop, which measured
         // faster on recsys and gpt2 than this one (their tasks are a few
         // rows, all hinted ahead).
-        let piece = Piece { table, ids, first };
         if Op::NARROW_LOOP && dim == V::WIDTH {
             narrow_rows::<V, I, Op>(piece, V::WIDTH, out, &mut op);
         } else if Op::NARROW_LOOP && dim == 2 * V::WIDTH {
@@ -428,8 +418,10 @@ impl<I: Index, Op: RowOp> Body for GatherBlock<'_, '_, I, Op> {
     }
 }
 
-/// What a piece of a gather reads: the table, the call's ids, and the
-/// position of the piece's first row among them.
+/// What a piece of a gather reads: the table, the call's ids (not only the
+/// piece's: the rows it hints ahead run on into the next piece's, which a
+/// thread mostly takes next and then starts with its rows on the way), and
+/// the position of the piece's first row among them.
 #[derive(Clone, Copy)]
 struct Piece<'a, 'i, I: Index> {
     table: &'a [f32],

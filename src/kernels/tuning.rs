@@ -116,13 +116,13 @@ pub(crate) const PREFETCH_MIN_TABLE_BYTES: usize = 512 << 10;
 
 /// How many positions ahead a bag prefetches its rows at least (a count of
 /// rows, for rows of any width), into L2, or into L1 where the whole row is
-/// one line or the L1 data cache is roomy (`simd::prefetch::BagHints`). Measured on gpt2 (768 columns)
-/// with a test program (medians of paired warm and cold rounds, two
-/// threads): 16 ahead took 0.76-0.85x the time of the rule by bytes above
-/// (5 rows of `f32`, 10 of `f16`), and 24 or 32 ahead were no faster than
-/// 16. Into L1 instead, 16 ahead was 1.3-1.5x slower than the rule by
-/// bytes; on narrow's 64-byte rows it was 0.86-0.92x the time into L2
-/// (docs/benchmarks.md, "Prefetch").
+/// one line or the L1 data cache is roomy (`simd::prefetch::BagHints`).
+/// Measured on gpt2 (768 columns) with a test program (medians of paired
+/// warm and cold rounds, two threads): 16 ahead took 0.76-0.85x the time of
+/// the rule by bytes above (5 rows of `f32`, 10 of `f16`), and 24 or 32
+/// ahead were no faster than 16. Into L1 instead (on Zen 4), 16 ahead was
+/// 1.3-1.5x slower than the rule by bytes; on narrow's 64-byte rows it was
+/// 0.86-0.92x the time into L2 (docs/benchmarks.md, "Prefetch").
 const BAG_AHEAD_ROWS: usize = 16;
 
 /// How many positions ahead a bag of short plain rows prefetches at most,

@@ -59,8 +59,8 @@ pub(crate) fn row<L: Level>(row: &[f32]) {
 /// (at least one) and one at the last byte, which for a run that starts on a
 /// line repeats the line before (a hint whose line is already asked for
 /// costs an instruction and a load slot: for rows of one line, where it is
-/// one of two hints, [`BagHints::Line`] leaves it out) and otherwise reaches the
-/// line the run straddles into. Neither the range nor the hints are
+/// one of two hints, [`BagHints::Line`] leaves it out) and otherwise reaches
+/// the line the run straddles into. Neither the range nor the hints are
 /// checked: a hint is only an address (`wrapping_add`), and a wrong one
 /// costs a wasted fetch, never a fault.
 #[inline(always)]
