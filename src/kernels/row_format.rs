@@ -278,6 +278,23 @@ pub(crate) trait BlockBody {
     fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize;
 }
 
+/// How many column blocks [`each_block`] cuts a row of `dim` values into
+/// (its blocks counted by running it).
+#[inline(always)]
+pub(crate) fn block_count<V: Lanes>(dim: usize, widest: usize) -> usize {
+    struct Count(usize);
+    impl BlockBody for Count {
+        #[inline(always)]
+        fn block<V: Lanes, const N: usize>(&mut self, _cols: Cols<N>) -> usize {
+            self.0 += 1;
+            0
+        }
+    }
+    let mut count = Count(0);
+    each_block::<V, _>(dim, widest, &mut count);
+    count.0
+}
+
 /// Runs `body` on every column block of a row of `dim` values: blocks of
 /// `widest` vectors (24, 16 or 8), then blocks of the smaller sizes that
 /// fit (16, 8, 4, 2, 1 vectors), then the last `dim % V::WIDTH` columns.

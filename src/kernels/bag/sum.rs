@@ -1,9 +1,10 @@
 //! The sum (and mean) of one bag, a column block at a time in registers.
 
 use super::forward::{Rows, Visit};
+use crate::bags::Bags;
 use crate::index::Index;
 use crate::kernels::row_format::{
-    each_block, Affine, BlockBody, Cols, RowFormat, RowSpan, Sink, Slot,
+    block_count, each_block, Affine, BlockBody, Cols, RowFormat, RowSpan, Sink, Slot,
 };
 use crate::simd::Lanes;
 use core::ops::Range;
@@ -35,9 +36,92 @@ pub(super) fn pool<V: Lanes, I: Index, T: RowFormat, S: Slot>(
         limit,
         dst,
     };
-    let widest = if T::HALF { V::REGISTERS } else { V::SUM_BLOCK };
-    if each_block::<V, _>(rows.dim, widest, &mut sum) == 0 {
+    if each_block::<V, _>(rows.dim, widest::<V, T>(), &mut sum) == 0 {
         S::zero(sum.dst);
+    }
+}
+
+/// The widest column block of [`pool`], in vectors.
+#[inline(always)]
+fn widest<V: Lanes, T: RowFormat>() -> usize {
+    if T::HALF {
+        V::REGISTERS
+    } else {
+        V::SUM_BLOCK
+    }
+}
+
+/// Whether [`pool_each`] can take the bags of rows of `dim` values: [`pool`]
+/// cuts such a row into one column block.
+#[inline(always)]
+pub(super) fn one_block<V: Lanes, T: RowFormat>(dim: usize) -> bool {
+    block_count::<V>(dim, widest::<V, T>()) == 1
+}
+
+/// [`pool`] for bags `first_bag..` of `bags`, one a row of `out`, whose rows
+/// are one column block ([`one_block`]): the loop over the bags runs inside
+/// the block, so the block's size is chosen, and its code entered, once for
+/// them all rather than once a bag.
+///
+/// With 16 rows of one line a bag, that bookkeeping was a quarter of the
+/// samples of narrow's bag sum (100 000 × 16, `perf record`); inside the
+/// block, the sums of narrow took 0.86-0.92x the time in every format,
+/// recsys's `f16` and 8-bit ones 0.91x (docs/benchmarks.md, "One block a
+/// task"). A row of several blocks keeps a bag at a time: its blocks read
+/// the row while it is in cache.
+#[inline(always)]
+pub(super) fn pool_each<V: Lanes, I: Index, T: RowFormat, S: Slot>(
+    rows: &Rows<'_, I, T>,
+    bags: &Bags,
+    first_bag: usize,
+    limit: usize,
+    weights: Option<&[f32]>,
+    mean: bool,
+    out: &mut [S],
+) {
+    let mut each = EachBag {
+        rows,
+        bags,
+        first_bag,
+        weights,
+        mean,
+        limit,
+        out,
+    };
+    each_block::<V, _>(rows.dim, widest::<V, T>(), &mut each);
+}
+
+/// The bags of [`pool_each`], and their rows of the output.
+struct EachBag<'r, 'i, I: Index, T, S> {
+    rows: &'r Rows<'i, I, T>,
+    bags: &'r Bags,
+    first_bag: usize,
+    weights: Option<&'r [f32]>,
+    mean: bool,
+    limit: usize,
+    out: &'r mut [S],
+}
+
+impl<I: Index, T: RowFormat, S: Slot> BlockBody for EachBag<'_, '_, I, T, S> {
+    /// Each bag's sum, as [`pool`] writes it, through the one block `cols`.
+    // Inlined or not as `Sum::block`, for the same reason.
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    #[cfg_attr(debug_assertions, inline(never))]
+    fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize {
+        for (k, dst) in self.out.chunks_exact_mut(self.rows.dim).enumerate() {
+            let mut sum = Sum {
+                rows: self.rows,
+                bag: self.bags.range(self.first_bag + k),
+                weights: self.weights,
+                mean: self.mean,
+                limit: self.limit,
+                dst,
+            };
+            if sum.block::<V, N>(cols) == 0 {
+                S::zero(sum.dst);
+            }
+        }
+        0
     }
 }
 
