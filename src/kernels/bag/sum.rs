@@ -63,11 +63,11 @@ pub(super) fn one_block<V: Lanes, T: RowFormat>(dim: usize) -> bool {
 /// the block, so the block's size is chosen, and its code entered, once for
 /// them all rather than once a bag.
 ///
-/// With 16 rows of one line a bag, that bookkeeping was a quarter of the
-/// samples of narrow's bag sum (100 000 × 16, `perf record`); inside the
-/// block, the sums of narrow took 0.86-0.92x the time in every format,
-/// recsys's `f16` and 8-bit ones 0.91x (docs/benchmarks.md, "One block a
-/// task"). A row of several blocks keeps a bag at a time: its blocks read
+/// With 16 rows of one line a bag, the code outside the loop over a bag's
+/// rows held 28 % of the samples of narrow's bag sum (100 000 × 16, `perf
+/// record`), 20 % once the bags loop inside the block; narrow's `f32`,
+/// `f16` and 8-bit sums took 0.86-0.92x the time, recsys's `f16` and 8-bit
+/// ones 0.91x (docs/benchmarks.md, "One block a task"). A row of several blocks keeps a bag at a time: its blocks read
 /// the row while it is in cache.
 #[inline(always)]
 pub(super) fn pool_each<V: Lanes, I: Index, T: RowFormat, S: Slot>(
