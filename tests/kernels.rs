@@ -581,9 +581,11 @@ fn tables_on_both_sides_of_the_prefetch_size_equal_reference() {
 }
 
 /// A gather whose output and rows pass the sizes from which a split call
-/// streams its stores equals the scalar loop, for outputs 0, 1 and 4 floats
-/// into a buffer (rows on and off 32-byte lines: the 32-byte and the 16-byte
-/// streaming stores) and rows that end mid-register, on every pool size.
+/// streams its stores (on CPUs where they pay; a unit test of `gather.rs`
+/// runs the streaming stores on any CPU) equals the scalar loop, for
+/// outputs 0, 1 and 4 floats into a buffer (rows on and off 32-byte lines:
+/// the 32-byte and the 16-byte streaming stores) and rows that end
+/// mid-register, on every pool size.
 #[test]
 fn large_outputs_written_with_streaming_stores_equal_reference() {
     let out_floats = (16 << 20) / 4 + 1000;

@@ -36,8 +36,8 @@
 //!    the calling thread.
 
 use super::tuning::{
-    gather_ahead, gather_hints_in_l1, GATHER_STREAM_MIN_BYTES, GATHER_STREAM_MIN_DIM,
-    PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES, TASK_BYTES,
+    gather_ahead, gather_hints_in_l1, gather_streams_pay, GATHER_STREAM_MIN_BYTES,
+    GATHER_STREAM_MIN_DIM, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES, TASK_BYTES,
 };
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
@@ -104,12 +104,14 @@ pub fn gather_with<I: Index>(
 /// 768, 1.19-1.39x faster on two threads). On one thread the loads of the
 /// rows wait on latency, and the streaming stores slowed recsys down by 1.3x
 /// to 2.7x; on rows of 16 values (narrow) they took the warm loop from
-/// 0.96 to 1.57 ms.
+/// 0.96 to 1.57 ms. Not on CPUs where they do not pay
+/// ([`gather_streams_pay`]).
 fn streams(par: Parallelism, bytes: usize, dim: usize) -> bool {
     bytes >= GATHER_STREAM_MIN_BYTES
         && dim >= GATHER_STREAM_MIN_DIM
         && rayon::current_num_threads() > 1
         && par.splits(bytes, PARALLEL_MIN_BYTES)
+        && gather_streams_pay()
 }
 
 /// `out[i, :] = table[ids[i], :] * scale` for every `i`, in one pass (the
@@ -495,5 +497,55 @@ fn narrow_rows<V: Lanes, I: Index, Op: RowOp>(
         .zip(ids.slice(first + hinted..first + n).rows())
     {
         op.write::<V>(dst, &table[r * dim..r * dim + dim]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{check, drive, CopyRow, StreamRow};
+    use crate::parallel::Parallelism;
+
+    /// The streaming stores write the bits of the plain ones, on rows on
+    /// and off 32-byte lines (the 32-byte and the 16-byte stores) and rows
+    /// that end mid-register, split across a pool: run here whether or not
+    /// [`streams`](super::streams) picks them on this CPU.
+    #[test]
+    fn streaming_stores_write_what_plain_stores_write() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        for dim in [7, 128, 129] {
+            let rows = 500;
+            let table: Vec<f32> = (0..rows * dim)
+                .map(|i| (i % 9973) as f32 - 4000.5)
+                .collect();
+            let n = (1 << 20) / dim + 3;
+            let ids: Vec<u32> = (0..n as u32)
+                .map(|i| i.wrapping_mul(2_654_435_761) % rows as u32)
+                .collect();
+            let mut want = vec![f32::NAN; n * dim];
+            let valid = check(Parallelism::Rayon, &table, dim, &ids, &want).unwrap();
+            pool.install(|| drive(Parallelism::Rayon, &table, dim, valid, &mut want, CopyRow));
+            assert!(
+                want.iter().all(|x| !x.is_nan()),
+                "dim {dim}: a row left unwritten"
+            );
+            for offset in [0, 1, 4] {
+                let mut buf = vec![f32::NAN; n * dim + offset];
+                let got = &mut buf[offset..];
+                let valid = check(Parallelism::Rayon, &table, dim, &ids, got).unwrap();
+                pool.install(|| drive(Parallelism::Rayon, &table, dim, valid, got, StreamRow));
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "dim {dim}, offset {offset}");
+                assert!(
+                    buf[..offset].iter().all(|x| x.is_nan()),
+                    "dim {dim}, offset {offset}"
+                );
+            }
+        }
     }
 }

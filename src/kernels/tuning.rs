@@ -62,6 +62,33 @@ pub(crate) const GATHER_STREAM_MIN_BYTES: usize = 16 << 20;
 /// bytes, recsys's rows) gained, 16 values (narrow's) lost.
 pub(crate) const GATHER_STREAM_MIN_DIM: usize = 128;
 
+/// Whether [`gather`](crate::gather)'s streaming stores pay on this CPU:
+/// not on AMD's family 26 (Zen 5), as `/proc/cpuinfo` names it, where plain
+/// stores took recsys's gather (32 MiB out) to 0.56-0.81x the time and
+/// gpt2's (48 MiB) to 0.63-0.91x, warm and with the caches flushed between
+/// calls; on the Zen 4 host where the threshold was chosen they made them
+/// 1.10-1.39x faster (docs/benchmarks.md, "Streaming stores on Zen 5").
+/// Other CPUs, unmeasured, and other systems keep the streaming stores.
+pub(crate) fn gather_streams_pay() -> bool {
+    static PAYS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PAYS.get_or_init(|| {
+        let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        cpu_family(&info) != Some(("AuthenticAMD", 26))
+    })
+}
+
+/// The vendor and family of the first processor `cpuinfo` (Linux's
+/// `/proc/cpuinfo`) describes: its `vendor_id` and `cpu family` lines.
+fn cpu_family(cpuinfo: &str) -> Option<(&str, u32)> {
+    let field = |name: &str| {
+        cpuinfo.lines().find_map(|line| {
+            let (key, value) = line.split_once(':')?;
+            (key.trim() == name).then(|| value.trim())
+        })
+    };
+    Some((field("vendor_id")?, field("cpu family")?.parse().ok()?))
+}
+
 /// How far ahead the backward kernels and the packed lookup prefetch random
 /// rows, in bytes of rows: enough misses in flight to cover a DRAM round
 /// trip, few enough that the line buffers do not overflow. Chosen on
@@ -192,7 +219,25 @@ pub(crate) const SPARE_BYTES: usize = 32 << 20;
 
 #[cfg(test)]
 mod tests {
-    use super::gather_hints_in_l1;
+    use super::{cpu_family, gather_hints_in_l1};
+
+    /// The vendor and family come from the first processor's lines, as
+    /// Linux writes them (a tab before the colon); text without them, or
+    /// with a family that is not a number, names none.
+    #[test]
+    fn cpu_families_read_as_linux_writes_them() {
+        let zen5 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n\n\
+                    processor\t: 1\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\n";
+        assert_eq!(cpu_family(zen5), Some(("AuthenticAMD", 26)));
+        let intel = "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\n";
+        assert_eq!(cpu_family(intel), Some(("GenuineIntel", 6)));
+        assert_eq!(cpu_family(""), None);
+        assert_eq!(cpu_family("vendor_id\t: AuthenticAMD\n"), None);
+        assert_eq!(
+            cpu_family("vendor_id : AuthenticAMD\ncpu family : x\n"),
+            None
+        );
+    }
     use crate::simd::prefetch::roomy_l1;
 
     /// The gathers of the report's widths hint into L1 on a roomy L1 but
