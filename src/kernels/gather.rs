@@ -502,7 +502,7 @@ fn narrow_rows<V: Lanes, I: Index, Op: RowOp>(
 
 #[cfg(test)]
 mod tests {
-    use super::{check, drive, CopyRow, StreamRow};
+    use super::{check, drive, CopyRow, StreamRow, PREFETCH_MIN_TABLE_BYTES};
     use crate::parallel::Parallelism;
 
     /// The streaming stores write the bits of the plain ones, on rows on
@@ -516,7 +516,9 @@ mod tests {
             .build()
             .unwrap();
         for dim in [7, 128, 129] {
-            let rows = 500;
+            // A table past the size from which the gather hints, so the
+            // rows go through the loops that hint, as a streaming call's do.
+            let rows = PREFETCH_MIN_TABLE_BYTES / (dim * 4) + 3;
             let table: Vec<f32> = (0..rows * dim)
                 .map(|i| (i % 9973) as f32 - 4000.5)
                 .collect();

@@ -53,7 +53,8 @@ pub(crate) const SWEEP_TASK_BYTES: usize = 1 << 20;
 pub(crate) const STREAM_MIN_BYTES: usize = 8 << 20;
 
 /// From this many bytes of output on, [`gather`](crate::gather) split
-/// across threads writes with streaming stores: half the last-level cache
+/// across threads writes with streaming stores where they pay
+/// ([`gather_streams_pay`]): half the last-level cache
 /// of the development machine (32 MiB), beyond which a plain store's line
 /// would be evicted before anyone read it anyway.
 pub(crate) const GATHER_STREAM_MIN_BYTES: usize = 16 << 20;
@@ -64,21 +65,39 @@ pub(crate) const GATHER_STREAM_MIN_DIM: usize = 128;
 
 /// Whether [`gather`](crate::gather)'s streaming stores pay on this CPU:
 /// not on AMD's family 26 (Zen 5), as `/proc/cpuinfo` names it, where plain
-/// stores took recsys's gather (32 MiB out) to 0.56-0.81x the time and
-/// gpt2's (48 MiB) to 0.63-0.91x, warm and with the caches flushed between
-/// calls; on the Zen 4 host where the threshold was chosen they made them
-/// 1.10-1.39x faster (docs/benchmarks.md, "Streaming stores on Zen 5").
+/// stores took gpt2's gather (48 MiB out) to 0.62-0.91x the time in eleven
+/// processes, warm and with the caches flushed between calls, and recsys's
+/// (32 MiB) to 0.56-1.16x (0.80x at the median of nine: it swings with the
+/// host's state); on the Zen 4 host where the threshold was chosen they
+/// made them 1.10-1.39x faster (docs/benchmarks.md, "Streaming stores on
+/// Zen 5").
 /// Other CPUs, unmeasured, and other systems keep the streaming stores.
 pub(crate) fn gather_streams_pay() -> bool {
     static PAYS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *PAYS.get_or_init(|| {
-        let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        cpu_family(&info) != Some(("AuthenticAMD", 26))
-    })
+    *PAYS.get_or_init(|| first_processor() != Some(("AuthenticAMD".to_string(), 26)))
 }
 
-/// The vendor and family of the first processor `cpuinfo` (Linux's
-/// `/proc/cpuinfo`) describes: its `vendor_id` and `cpu family` lines.
+/// The vendor and family of the first processor in `/proc/cpuinfo`, read
+/// up to the blank line that ends its entry (the file has one per logical
+/// CPU, which the kernel writes out when it is read).
+fn first_processor() -> Option<(String, u32)> {
+    use std::io::BufRead;
+    let file = std::fs::File::open("/proc/cpuinfo").ok()?;
+    let mut entry = String::new();
+    for line in std::io::BufReader::new(file).lines() {
+        let line = line.ok()?;
+        if line.trim().is_empty() && !entry.is_empty() {
+            break;
+        }
+        entry.push_str(&line);
+        entry.push('\n');
+    }
+    cpu_family(&entry).map(|(vendor, family)| (vendor.to_string(), family))
+}
+
+/// The vendor and family of the first processor `cpuinfo` (text in the
+/// form of Linux's `/proc/cpuinfo`) describes: the first `vendor_id` and
+/// `cpu family` lines.
 fn cpu_family(cpuinfo: &str) -> Option<(&str, u32)> {
     let field = |name: &str| {
         cpuinfo.lines().find_map(|line| {
@@ -220,6 +239,7 @@ pub(crate) const SPARE_BYTES: usize = 32 << 20;
 #[cfg(test)]
 mod tests {
     use super::{cpu_family, gather_hints_in_l1};
+    use crate::simd::prefetch::roomy_l1;
 
     /// The vendor and family come from the first processor's lines, as
     /// Linux writes them (a tab before the colon); text without them, or
@@ -231,6 +251,9 @@ mod tests {
         assert_eq!(cpu_family(zen5), Some(("AuthenticAMD", 26)));
         let intel = "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\n";
         assert_eq!(cpu_family(intel), Some(("GenuineIntel", 6)));
+        let mixed = "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\n\n\
+                     processor\t: 1\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\n";
+        assert_eq!(cpu_family(mixed), Some(("GenuineIntel", 6)));
         assert_eq!(cpu_family(""), None);
         assert_eq!(cpu_family("vendor_id\t: AuthenticAMD\n"), None);
         assert_eq!(
@@ -238,7 +261,15 @@ mod tests {
             None
         );
     }
-    use crate::simd::prefetch::roomy_l1;
+
+    /// On x86-64 Linux the first processor's entry reads as a vendor and a
+    /// family.
+    #[test]
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    fn this_machine_names_its_first_processor() {
+        let (vendor, _family) = super::first_processor().expect("a vendor and a family");
+        assert!(!vendor.is_empty());
+    }
 
     /// The gathers of the report's widths hint into L1 on a roomy L1 but
     /// for gpt2's (4 rows of 3 KiB ahead: past the 8 KiB), and never

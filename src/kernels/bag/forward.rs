@@ -61,7 +61,9 @@ pub(crate) fn forward_fresh<I: Index, T: RowFormat>(
     // `fresh` into runs of whole bags and, for each bag, `sum::pool` or
     // `max::pool` stores every column block of the row (`each_block`
     // covers columns `0..dim`) or, for a bag that kept no row, zeroes the
-    // whole row, as `sum::pool_each` does for each row of its run; `forward_on` returns after every task. The capacity is
+    // whole row; for rows of one column block (`sum::one_block`),
+    // `sum::pool_each` stores that block, the whole row, of each bag of the
+    // run, or zeroes the row of a bag that kept none; `forward_on` returns after every task. The capacity is
     // `len` or more (`memory::fresh_floats` reserved `bags × dim`, `len`,
     // values).
     #[allow(unsafe_code)]
@@ -368,7 +370,7 @@ impl<I: Index, T: RowFormat, S: Slot> Body for BagTask<'_, '_, I, T, S> {
         for p in first..limit.min(first + rows.ahead) {
             rows.table.prefetch_row(rows.table.row(rows.ids.row(p)));
         }
-        if pooling.mode != Mode::Max && sum::one_block::<V, T>(dim) {
+        if matches!(pooling.mode, Mode::Sum | Mode::Mean) && sum::one_block::<V, T>(dim) {
             let weights = pooling.per_sample_weights;
             let mean = pooling.mode == Mode::Mean;
             sum::pool_each::<V, I, T, S>(&rows, bags, first_bag, limit, weights, mean, out);

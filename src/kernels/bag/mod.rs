@@ -14,6 +14,8 @@
 //!             sum:  acc += table[ids[p], block] (· weight[p])
 //!             max:  where table[ids[p], block] > acc: acc = it, at = p
 //!         out[b, block] = acc (/ count, mean)  (written once)
+//! (a sum whose row is one column block swaps the two outer loops: the
+//! block chosen once a task, its bags looped inside it)
 //! ```
 //!
 //! | file | what |

@@ -1,4 +1,5 @@
-//! The sum (and mean) of one bag, a column block at a time in registers.
+//! The sum (and mean) of one bag, a column block at a time in registers;
+//! for rows of one block, of each bag of a task inside that block.
 
 use super::forward::{Rows, Visit};
 use crate::bags::Bags;
