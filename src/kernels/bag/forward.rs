@@ -370,20 +370,20 @@ impl<I: Index, T: RowFormat, S: Slot> Body for BagTask<'_, '_, I, T, S> {
         for p in first..limit.min(first + rows.ahead) {
             rows.table.prefetch_row(rows.table.row(rows.ids.row(p)));
         }
+        let terms = sum::Terms {
+            rows: &rows,
+            weights: pooling.per_sample_weights,
+            mean: pooling.mode == Mode::Mean,
+            limit,
+        };
         if matches!(pooling.mode, Mode::Sum | Mode::Mean) && sum::one_block::<V, T>(dim) {
-            let weights = pooling.per_sample_weights;
-            let mean = pooling.mode == Mode::Mean;
-            sum::pool_each::<V, I, T, S>(&rows, bags, first_bag, limit, weights, mean, out);
+            sum::pool_each::<V, I, T, S>(terms, bags, first_bag, out);
             return;
         }
         for (k, dst) in out.chunks_exact_mut(dim).enumerate() {
             let bag = bags.range(first_bag + k);
             match pooling.mode {
-                Mode::Sum | Mode::Mean => {
-                    let weights = pooling.per_sample_weights;
-                    let mean = pooling.mode == Mode::Mean;
-                    sum::pool::<V, I, T, S>(&rows, bag, limit, weights, mean, dst);
-                }
+                Mode::Sum | Mode::Mean => sum::pool::<V, I, T, S>(terms, bag, dst),
                 Mode::Max => {
                     let args = &mut max_indices[k * dim..(k + 1) * dim];
                     max::pool::<V, I, T, S>(&rows, bag, limit, dst, args);

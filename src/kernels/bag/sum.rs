@@ -11,7 +11,7 @@ use crate::simd::Lanes;
 use core::ops::Range;
 
 /// `dst` = the sum of bag `bag`'s kept rows (times their weights), divided
-/// by their count when `mean`; zeros when it kept none.
+/// by their count for a mean; zeros when it kept none.
 ///
 /// A block is one pass over the bag's rows, each pass paying a row's
 /// bookkeeping again (its id, hints, scale and bias), so the widest block
@@ -22,22 +22,12 @@ use core::ops::Range;
 /// (docs/benchmarks.md, "Blocks of 24 vectors").
 #[inline(always)]
 pub(super) fn pool<V: Lanes, I: Index, T: RowFormat, S: Slot>(
-    rows: &Rows<'_, I, T>,
+    terms: Terms<'_, '_, I, T>,
     bag: Range<usize>,
-    limit: usize,
-    weights: Option<&[f32]>,
-    mean: bool,
     dst: &mut [S],
 ) {
-    let mut sum = Sum {
-        rows,
-        bag,
-        weights,
-        mean,
-        limit,
-        dst,
-    };
-    if each_block::<V, _>(rows.dim, widest::<V, T>(), &mut sum) == 0 {
+    let mut sum = Sum { terms, bag, dst };
+    if each_block::<V, _>(terms.rows.dim, widest::<V, T>(), &mut sum) == 0 {
         S::zero(sum.dst);
     }
 }
@@ -68,38 +58,30 @@ pub(super) fn one_block<V: Lanes, T: RowFormat>(dim: usize) -> bool {
 /// rows held 28 % of the samples of narrow's bag sum (100 000 × 16, `perf
 /// record`), 20 % once the bags loop inside the block; narrow's `f32`,
 /// `f16` and 8-bit sums took 0.86-0.92x the time, recsys's `f16` and 8-bit
-/// ones 0.91x (docs/benchmarks.md, "One block a task"). A row of several blocks keeps a bag at a time: its blocks read
-/// the row while it is in cache.
+/// ones 0.91x (docs/benchmarks.md, "One block a task"). A row of several
+/// blocks keeps a bag at a time: its blocks read the row while it is in
+/// cache.
 #[inline(always)]
 pub(super) fn pool_each<V: Lanes, I: Index, T: RowFormat, S: Slot>(
-    rows: &Rows<'_, I, T>,
+    terms: Terms<'_, '_, I, T>,
     bags: &Bags,
     first_bag: usize,
-    limit: usize,
-    weights: Option<&[f32]>,
-    mean: bool,
     out: &mut [S],
 ) {
     let mut each = EachBag {
-        rows,
+        terms,
         bags,
         first_bag,
-        weights,
-        mean,
-        limit,
         out,
     };
-    each_block::<V, _>(rows.dim, widest::<V, T>(), &mut each);
+    each_block::<V, _>(terms.rows.dim, widest::<V, T>(), &mut each);
 }
 
 /// The bags of [`pool_each`], and their rows of the output.
 struct EachBag<'r, 'i, I: Index, T, S> {
-    rows: &'r Rows<'i, I, T>,
+    terms: Terms<'r, 'i, I, T>,
     bags: &'r Bags,
     first_bag: usize,
-    weights: Option<&'r [f32]>,
-    mean: bool,
-    limit: usize,
     out: &'r mut [S],
 }
 
@@ -109,13 +91,10 @@ impl<I: Index, T: RowFormat, S: Slot> BlockBody for EachBag<'_, '_, I, T, S> {
     #[cfg_attr(not(debug_assertions), inline(always))]
     #[cfg_attr(debug_assertions, inline(never))]
     fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize {
-        for (k, dst) in self.out.chunks_exact_mut(self.rows.dim).enumerate() {
+        for (k, dst) in self.out.chunks_exact_mut(self.terms.rows.dim).enumerate() {
             let mut sum = Sum {
-                rows: self.rows,
+                terms: self.terms,
                 bag: self.bags.range(self.first_bag + k),
-                weights: self.weights,
-                mean: self.mean,
-                limit: self.limit,
                 dst,
             };
             if sum.block::<V, N>(cols) == 0 {
@@ -126,13 +105,29 @@ impl<I: Index, T: RowFormat, S: Slot> BlockBody for EachBag<'_, '_, I, T, S> {
     }
 }
 
-/// One bag's sum: its rows, weights and mode, and where it goes.
+/// What every bag of a call sums over: the rows, the weights, the mode, and
+/// the call's last position for the hints ([`Rows::blocks`]).
+pub(super) struct Terms<'r, 'i, I: Index, T> {
+    pub(super) rows: &'r Rows<'i, I, T>,
+    pub(super) weights: Option<&'r [f32]>,
+    /// Whether the sum is divided by the count of rows kept.
+    pub(super) mean: bool,
+    pub(super) limit: usize,
+}
+
+// By hand: derived, they would ask `I` and `T` to be `Copy` too.
+impl<I: Index, T> Clone for Terms<'_, '_, I, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<I: Index, T> Copy for Terms<'_, '_, I, T> {}
+
+/// One bag's sum: what it sums over, its positions, and where it goes.
 struct Sum<'r, 'i, I: Index, T, S> {
-    rows: &'r Rows<'i, I, T>,
+    terms: Terms<'r, 'i, I, T>,
     bag: Range<usize>,
-    weights: Option<&'r [f32]>,
-    mean: bool,
-    limit: usize,
     dst: &'r mut [S],
 }
 
@@ -153,12 +148,16 @@ impl<I: Index, T: RowFormat, S: Slot> BlockBody for Sum<'_, '_, I, T, S> {
     #[cfg_attr(debug_assertions, inline(never))]
     fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize {
         let bag = self.bag.clone();
-        let (mut acc, kept) = match self.weights {
+        let Terms {
+            rows,
+            weights,
+            mean,
+            limit,
+        } = self.terms;
+        let (mut acc, kept) = match weights {
             None => {
                 let mut plain = Plain([V::splat(T::SUM_FROM); N]);
-                let kept = self
-                    .rows
-                    .blocks::<V, N, _>(bag, self.limit, cols, &mut plain);
+                let kept = rows.blocks::<V, N, _>(bag, limit, cols, &mut plain);
                 (plain.0, kept)
             }
             Some(weights) => {
@@ -166,19 +165,17 @@ impl<I: Index, T: RowFormat, S: Slot> BlockBody for Sum<'_, '_, I, T, S> {
                     acc: [V::splat(T::SUM_FROM); N],
                     weights,
                 };
-                let kept = self
-                    .rows
-                    .blocks::<V, N, _>(bag, self.limit, cols, &mut weighted);
+                let kept = rows.blocks::<V, N, _>(bag, limit, cols, &mut weighted);
                 (weighted.acc, kept)
             }
         };
-        if self.mean && kept > 0 {
+        if mean && kept > 0 {
             let n = V::splat(kept as f32);
             for a in &mut acc {
                 *a = a.div(n);
             }
         }
-        self.rows.table.in_column_order(&mut acc);
+        rows.table.in_column_order(&mut acc);
         cols.store(acc, self.dst);
         kept
     }
