@@ -74,13 +74,16 @@ pub(crate) const GATHER_STREAM_MIN_DIM: usize = 128;
 /// Other CPUs, unmeasured, and other systems keep the streaming stores.
 pub(crate) fn gather_streams_pay() -> bool {
     static PAYS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *PAYS.get_or_init(|| first_processor() != Some(("AuthenticAMD".to_string(), 26)))
+    *PAYS.get_or_init(|| {
+        let entry = first_processor().unwrap_or_default();
+        cpu_family(&entry) != Some(("AuthenticAMD", 26))
+    })
 }
 
-/// The vendor and family of the first processor in `/proc/cpuinfo`, read
-/// up to the blank line that ends its entry (the file has one per logical
-/// CPU, which the kernel writes out when it is read).
-fn first_processor() -> Option<(String, u32)> {
+/// The first processor's entry of `/proc/cpuinfo`, read up to the blank
+/// line that ends it (the file has one per logical CPU, which the kernel
+/// writes out when it is read).
+fn first_processor() -> Option<String> {
     use std::io::BufRead;
     let file = std::fs::File::open("/proc/cpuinfo").ok()?;
     let mut entry = String::new();
@@ -92,7 +95,7 @@ fn first_processor() -> Option<(String, u32)> {
         entry.push_str(&line);
         entry.push('\n');
     }
-    cpu_family(&entry).map(|(vendor, family)| (vendor.to_string(), family))
+    Some(entry)
 }
 
 /// The vendor and family of the first processor `cpuinfo` (text in the
@@ -267,7 +270,8 @@ mod tests {
     #[test]
     #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
     fn this_machine_names_its_first_processor() {
-        let (vendor, _family) = super::first_processor().expect("a vendor and a family");
+        let entry = super::first_processor().expect("/proc/cpuinfo");
+        let (vendor, _family) = cpu_family(&entry).expect("a vendor and a family");
         assert!(!vendor.is_empty());
     }
 

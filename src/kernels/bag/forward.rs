@@ -63,9 +63,9 @@ pub(crate) fn forward_fresh<I: Index, T: RowFormat>(
     // covers columns `0..dim`) or, for a bag that kept no row, zeroes the
     // whole row; for rows of one column block (`sum::one_block`),
     // `sum::pool_each` stores that block, the whole row, of each bag of the
-    // run, or zeroes the row of a bag that kept none; `forward_on` returns after every task. The capacity is
-    // `len` or more (`memory::fresh_floats` reserved `bags × dim`, `len`,
-    // values).
+    // run, or zeroes the row of a bag that kept none. `forward_on` returns
+    // after every task. The capacity is `len` or more
+    // (`memory::fresh_floats` reserved `bags × dim`, `len`, values).
     #[allow(unsafe_code)]
     unsafe {
         values.set_len(len)
