@@ -35,6 +35,7 @@
 //!    2 MiB of output, [`Parallelism::Auto`] (the default) keeps the call on
 //!    the calling thread.
 
+use super::row_format::Slot;
 use super::tuning::{
     gather_ahead, gather_hints_in_l1, gather_streams_pay, GATHER_STREAM_MIN_BYTES,
     GATHER_STREAM_MIN_DIM, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES, TASK_BYTES,
@@ -196,11 +197,6 @@ pub(crate) trait RowOp: Copy + Send + Sync {
         self
     }
 
-    /// Whether rows of one or two vectors take the loop with their width a
-    /// constant ([`GatherBlock`]'s `narrow_rows`): measured faster for the
-    /// copies into a caller's buffer, slower for [`FillRow`].
-    const NARROW_LOOP: bool = true;
-
     /// Writes the next output row, `dst`, from the table row `src` (both
     /// `dim` long), with lanes `V`.
     fn write<V: Lanes>(&mut self, dst: &mut [Self::Out], src: &[f32]);
@@ -265,25 +261,17 @@ impl RowOp for ScaleRow {
 }
 
 /// `dst = src` into memory not written before: [`gather_fresh`]. Each value
-/// is written once, through `MaybeUninit::write` (which the compiler turns
-/// into the same vector moves as a copy).
+/// is written once, as the bags write theirs ([`Slot::put`]: arrays of a
+/// known size, which compile to the moves of a copy).
 #[derive(Clone, Copy)]
 struct FillRow;
 
 impl RowOp for FillRow {
     type Out = MaybeUninit<f32>;
 
-    /// The allocating lookup on narrow (16 columns, fresh output) took
-    /// 0.56-0.64 ms in the narrow loop against 0.49-0.53 in the general one
-    /// (test program, two threads, warm); writing each vector through
-    /// `Slot::put` instead of value by value changed neither.
-    const NARROW_LOOP: bool = false;
-
     #[inline(always)]
     fn write<V: Lanes>(&mut self, dst: &mut [MaybeUninit<f32>], src: &[f32]) {
-        for (d, s) in dst.iter_mut().zip(src) {
-            d.write(*s);
-        }
+        Slot::put(dst, src);
     }
 }
 
@@ -407,9 +395,9 @@ impl<I: Index, Op: RowOp> Body for GatherBlock<'_, '_, I, Op> {
         // one block"). Wider rows keep the general loop, which measured
         // faster on recsys and gpt2 than this one (their tasks are a few
         // rows, all hinted ahead).
-        if Op::NARROW_LOOP && dim == V::WIDTH {
+        if dim == V::WIDTH {
             narrow_rows::<V, I, Op>(piece, V::WIDTH, out, &mut op);
-        } else if Op::NARROW_LOOP && dim == 2 * V::WIDTH {
+        } else if dim == 2 * V::WIDTH {
             narrow_rows::<V, I, Op>(piece, 2 * V::WIDTH, out, &mut op);
         } else if gather_hints_in_l1(dim) {
             wide_rows::<V, I, Op, L1>(piece, dim, out, &mut op);

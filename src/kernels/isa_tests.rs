@@ -225,12 +225,14 @@ fn every_format_agrees_on_every_isa() {
 /// of one or two vectors through their own loop with the width a constant,
 /// into L2) equal the plain loop of `reference::loops`, on each instruction
 /// set (one thread, where the forced set holds) and on the pool, for the
-/// copy, the scaled copy and the fresh output of the allocating lookup.
+/// copy, the scaled copy and the fresh output of the allocating lookup
+/// (written as arrays of 16 and 8 values and then value by value: 25
+/// columns take all three).
 #[test]
 fn gathers_past_the_hint_threshold_equal_the_plain_loop() {
     use crate::index::ValidIds;
     use crate::kernels::tuning::PREFETCH_MIN_TABLE_BYTES;
-    for (k, dim) in [1usize, 8, 16, 24, 32, 48, 64, 128, 768]
+    for (k, dim) in [1usize, 8, 16, 24, 25, 32, 48, 64, 128, 768]
         .into_iter()
         .enumerate()
     {
