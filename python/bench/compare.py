@@ -4,7 +4,9 @@
 Issue 13's speed comparison: both sides are called as a user calls them,
 module call and autograd included, so the Python-level overhead of the
 modules (argument checks, NumPy views, ``autograd.Function``) is in every
-figure. It needs the package installed (``pip install ./python``) and torch.
+figure. It needs the package installed (``pip install ./python``, which
+builds the optimised extension; ``.ci/run`` installs an unoptimised one
+into its cached virtualenv, so reinstall after CI before timing) and torch.
 
     python python/bench/compare.py                       # every workload and op
     python python/bench/compare.py --workloads tiny,minilm --ops forward,bag_max
