@@ -297,8 +297,10 @@ pub(crate) fn gather_fresh<I: Index>(
     drive(par, table, dim, ids, fresh, FillRow);
     // SAFETY: `drive` wrote all of `spare_capacity_mut()[..len]`: each of
     // the `ids.len()` rows of `dim` values, split among tasks or not, went
-    // through `FillRow::write`, which writes its whole row (the source row
-    // has `dim` values too), and `drive` returns only after every task.
+    // through `FillRow::write`, whose `Slot::put` writes all of its row
+    // when the source row is as long, as it is in every loop of
+    // `GatherBlock` (the narrow one too: both are `dim` values), and `drive`
+    // returns only after every task.
     // With `dim == 0` or no ids, `len` is 0. The capacity is `len` or more
     // (`memory::fresh_floats` reserved `ids.len() × dim`, `len`, values).
     #[allow(unsafe_code)]

@@ -260,7 +260,10 @@ fn gathers_past_the_hint_threshold_equal_the_plain_loop() {
                     crate::gather_with(par, &table, dim, &ids, &mut out).unwrap();
                     let mut scaled = vec![f32::NAN; ids.len() * dim];
                     crate::gather_scaled_with(par, &table, dim, &ids, 0.3, &mut scaled).unwrap();
-                    let mut fresh = Vec::new();
+                    // NaN in the spare capacity the lookup writes: a value
+                    // it skipped would show.
+                    let mut fresh = vec![f32::NAN; ids.len() * dim];
+                    fresh.clear();
                     super::gather::gather_fresh(par, &table, dim, valid, &mut fresh).unwrap();
                     (out, scaled, fresh)
                 };

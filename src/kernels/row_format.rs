@@ -242,10 +242,10 @@ impl Slot for f32 {
 
 impl Slot for MaybeUninit<f32> {
     /// As arrays of 16 values, then of 8, then value by value: each array
-    /// one move of a known size. A loop of `MaybeUninit::write`s, whose
-    /// length the compiler does not know, took 1.8x the time in the
-    /// allocating lookup on narrow's rows of 16 values (docs/benchmarks.md,
-    /// "Fresh outputs written as arrays").
+    /// is one move of a known size, where a loop of `MaybeUninit::write`s
+    /// of unknown length compiles to a set-up and a tail per row
+    /// (docs/benchmarks.md, "Fresh outputs written as arrays"). Every value
+    /// of `dst` is written once when `src` is as long.
     #[inline(always)]
     fn put(dst: &mut [MaybeUninit<f32>], src: &[f32]) {
         debug_assert_eq!(dst.len(), src.len());
