@@ -6,7 +6,7 @@ module call and autograd included, so the Python-level overhead of the
 modules (argument checks, NumPy views, ``autograd.Function``) is in every
 figure. It needs the package installed (``pip install ./python``, which
 builds the optimised extension; ``.ci/run`` installs an unoptimised one
-into its cached virtualenv, so reinstall after CI before timing) and torch.
+into its cached virtualenv, which this script refuses to time) and torch.
 
     python python/bench/compare.py                       # every workload and op
     python python/bench/compare.py --workloads tiny,minilm --ops forward,bag_max
@@ -299,6 +299,12 @@ def main():
     for op in ops:
         if op not in OPS:
             p.error(f"unknown op {op} (one of: {', '.join(OPS)})")
+    level = ek._native.OPT_LEVEL
+    if level in ("0", "1"):
+        p.error(
+            f"the installed extension is built at opt-level {level} (CI's quick build?); "
+            "`pip install ./python` builds the optimised one to time"
+        )
     torch.set_num_threads(args.threads)
     # The crate's rayon pool reads this when the extension first runs a kernel,
     # which is below.

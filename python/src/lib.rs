@@ -19,6 +19,8 @@
 //! | `table_embedding`, `table_embedding_bag` | `table_gather`, `table_bag_forward` (f32, f16, bf16, int8, int4, int2 tables) |
 //!
 //! The PyTorch modules (`embedding_kernels.torch`) are Python, built on these.
+//! `OPT_LEVEL` is the optimisation level the extension was built at (`"3"`
+//! from `pip install`, `"0"` from CI's quick build), for timing scripts.
 
 mod bag;
 mod convert;
@@ -48,5 +50,6 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(formats::dequantize, m)?)?;
     m.add_function(wrap_pyfunction!(formats::table_embedding, m)?)?;
     m.add_function(wrap_pyfunction!(formats::table_embedding_bag, m)?)?;
+    m.add("OPT_LEVEL", env!("EMBEDDING_KERNELS_OPT_LEVEL"))?;
     Ok(())
 }

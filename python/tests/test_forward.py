@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+import embedding_kernels as ek
 import embedding_kernels.torch as ekt
 from helpers import assert_bitwise, assert_within_sum_bound
 
@@ -299,3 +300,8 @@ def test_fresh_bag_gradients_are_written_whole(monkeypatch, mode):
     monkeypatch.setattr(ekt, "_fresh", nan_filled)
     assert_bitwise(gradient(), want)
     assert (300, 24) in shapes
+
+
+def test_the_extension_names_its_optimisation_level():
+    # Read by bench/compare.py, which refuses to time an unoptimised build.
+    assert ek._native.OPT_LEVEL in {"0", "1", "2", "3", "s", "z"}
