@@ -28,8 +28,9 @@
 //!    more and the rows ahead span at most 8 KiB (`gather_hints_in_l1`);
 //!    rows of one or two vectors (their own loop, `narrow_rows`) always go
 //!    into L2.
-//! 4. **Threads.** The output is cut into blocks of whole rows, about
-//!    `TASK_BYTES` each, and rayon hands the blocks to the threads of the
+//! 4. **Threads.** The output is cut into blocks of whole rows, about a
+//!    64th of the call each and at least `TASK_BYTES` (`task_bytes`), and
+//!    rayon hands the blocks to the threads of the
 //!    pool the caller runs in. Blocks are disjoint, so there is nothing to
 //!    synchronise and the result cannot depend on the thread count. Below
 //!    2 MiB of output, [`Parallelism::Auto`] (the default) keeps the call on
@@ -38,7 +39,7 @@
 use super::row_format::Slot;
 use super::tuning::{
     gather_ahead, gather_hints_in_l1, gather_streams_pay, GATHER_STREAM_MIN_BYTES,
-    GATHER_STREAM_MIN_DIM, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES, TASK_BYTES,
+    GATHER_STREAM_MIN_DIM, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES, task_bytes,
 };
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
@@ -337,8 +338,8 @@ pub(crate) fn drive<I: Index, Op: RowOp>(
 
 /// Runs `f(first_row, block)` over `out` (rows of `dim` values, each read
 /// from a table row of `row_bytes`) as `par` plans a call of `out`'s bytes:
-/// the whole of it from row 0, or blocks of about [`TASK_BYTES`] of rows
-/// read.
+/// the whole of it from row 0, or blocks of rows, each about a
+/// [`task_bytes`] share of the rows read.
 pub(crate) fn for_each_row_block<T, F>(
     par: Parallelism,
     out: &mut [T],
@@ -349,7 +350,9 @@ pub(crate) fn for_each_row_block<T, F>(
     T: Send,
     F: Fn(usize, &mut [T]) + Sync,
 {
-    let rows_per_task = (TASK_BYTES / row_bytes.max(1)).max(1);
+    let row_bytes = row_bytes.max(1);
+    let rows = out.len() / dim.max(1);
+    let rows_per_task = (task_bytes(rows.saturating_mul(row_bytes)) / row_bytes).max(1);
     let plan = par.plan(core::mem::size_of_val(out), PARALLEL_MIN_BYTES);
     for_each_chunk(plan, out, rows_per_task * dim, |task, block| {
         f(task * rows_per_task, block)

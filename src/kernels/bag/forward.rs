@@ -7,7 +7,7 @@ use crate::bags::Bags;
 use crate::error::EmbeddingError;
 use crate::index::{Index, ValidIds};
 use crate::kernels::row_format::{Cols, F32Rows, OnRows, RowFormat, RowSpan, Slot};
-use crate::kernels::tuning::{bag_ahead, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES, TASK_BYTES};
+use crate::kernels::tuning::{bag_ahead, task_bytes, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES};
 use crate::parallel::{for_each_chunk, for_each_chunk_pair, Parallelism};
 use crate::pooling::{Mode, Pooling};
 use crate::simd::prefetch::BagHints;
@@ -178,7 +178,7 @@ pub(super) fn forward_on<I: Index, T: RowFormat, S: Slot>(
     // are); whether a smaller call is worth sharing, the whole work.
     let work = ids.len().saturating_mul(dim).saturating_mul(4);
     let plan = par.plan_sized(table.bytes().min(work), work, PARALLEL_MIN_BYTES);
-    let bags_per_task = (TASK_BYTES / (dim * 4)).max(1);
+    let bags_per_task = (task_bytes(core::mem::size_of_val(out)) / (dim * 4)).max(1);
     let chunk = bags_per_task * dim;
     if is_max {
         for_each_chunk_pair(plan, (out, chunk), (max_indices, chunk), |k, o, m| {

@@ -59,7 +59,8 @@
 //!    replaces, so ties keep the earlier id and a NaN never replaces; a NaN
 //!    in the first row stays), and the position it came from, as the bits
 //!    of an `f32` lane chosen with the same compare mask as the value.
-//! 6. **Threads.** Tasks of whole bags, about `TASK_BYTES` of output each;
+//! 6. **Threads.** Tasks of whole bags, about a 64th of the output each
+//!    and at least `TASK_BYTES` (`task_bytes`);
 //!    tasks are disjoint, so the result cannot depend on the thread count.
 //! 7. **Backward** (sum and mean) is the grouped backward of
 //!    [`grouped`](super::grouped) with each position's gradient row taken
