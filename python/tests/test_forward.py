@@ -1,5 +1,10 @@
 """Forward passes against PyTorch's modules, bit for bit, on random cases."""
 
+import os
+import subprocess
+import sys
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -305,3 +310,38 @@ def test_fresh_bag_gradients_are_written_whole(monkeypatch, mode):
 def test_the_extension_names_its_optimisation_level():
     # Read by bench/compare.py, which refuses to time an unoptimised build.
     assert ek._native.OPT_LEVEL in {"0", "1", "2", "3", "s", "z"}
+
+
+def test_the_importing_main_thread_works_in_the_pool():
+    # The module joins the main thread that imports it to the crate's pool, so that
+    # its calls work on themselves; other threads hand their calls to the pool.
+    assert ek._native.caller_in_pool()
+    seen = []
+    other = threading.Thread(target=lambda: seen.append(ek._native.caller_in_pool()))
+    other.start()
+    other.join()
+    assert seen == [False]
+    # Opted out at import, and imported from a thread other than the main one.
+    code = "import embedding_kernels as ek; print(ek._native.caller_in_pool())"
+    waits = dict(os.environ, EMBEDDING_KERNELS_CALLER_WAITS="1")
+    run = subprocess.run([sys.executable, "-c", code], env=waits, capture_output=True, text=True)
+    assert run.stdout.strip() == "False", run.stderr
+    code = (
+        "import threading\n"
+        "out = []\n"
+        "def f():\n"
+        "    import embedding_kernels as ek\n"
+        "    out.append(ek._native.caller_in_pool())\n"
+        "t = threading.Thread(target=f); t.start(); t.join(); print(out[0])\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.stdout.strip() == "False", run.stderr
+    # The lookup from the main thread in the pool gives the same values as from another.
+    weight = np.random.default_rng(5).standard_normal((5_000, 96), dtype=np.float32)
+    ids = np.random.default_rng(6).integers(0, 5_000, 40_000)
+    here = ek.embedding(weight, ids)
+    there = []
+    other = threading.Thread(target=lambda: there.append(ek.embedding(weight, ids)))
+    other.start()
+    other.join()
+    assert np.array_equal(here.view(np.uint32), there[0].view(np.uint32))
