@@ -109,6 +109,7 @@ pub(crate) fn embedding_bag<'py>(
     padding_idx: Option<i64>,
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<BagPair<'py>> {
+    crate::pool::ready()?;
     let table = Table::extract(weight, "weight")?;
     let view = TableRef::f32(table.slice(), table.dim).map_err(error)?;
     let args = BagArgs {
@@ -201,6 +202,7 @@ pub(crate) fn embedding_bag_backward<'py>(
     max_indices: Option<&Bound<'py, PyAny>>,
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+    crate::pool::ready()?;
     let ids = Ids::extract(ids, "ids")?;
     let bags = bags(&ids, offsets, include_last_offset)?;
     let mode = self::mode(mode)?;
@@ -261,6 +263,7 @@ pub(crate) fn embedding_bag_sparse_backward<'py>(
     padding_idx: Option<i64>,
     scale_grad_by_freq: bool,
 ) -> PyResult<SparsePair<'py>> {
+    crate::pool::ready()?;
     let ids = Ids::extract(ids, "ids")?;
     let bags = bags(&ids, offsets, include_last_offset)?;
     let mode = self::mode(mode)?;

@@ -27,6 +27,7 @@ pub(crate) fn embedding<'py>(
     padding_idx: Option<i64>,
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+    crate::pool::ready()?;
     let table = Table::extract(weight, "weight")?;
     let ids = Ids::extract(ids, "ids")?;
     padding(padding_idx, table.rows)?;
@@ -60,6 +61,7 @@ pub(crate) fn embedding_dense_backward<'py>(
     scale_grad_by_freq: bool,
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+    crate::pool::ready()?;
     let ids = Ids::extract(ids, "ids")?;
     let (grad, dim) = grad_output(grad_out, ids.shape())?;
     let pad = padding(padding_idx, num_embeddings)?;
@@ -97,6 +99,7 @@ pub(crate) fn embedding_sparse_backward<'py>(
     padding_idx: Option<i64>,
     scale_grad_by_freq: bool,
 ) -> PyResult<SparsePair<'py>> {
+    crate::pool::ready()?;
     let ids = Ids::extract(ids, "ids")?;
     let (grad, dim) = grad_output(grad_out, ids.shape())?;
     let pad = padding(padding_idx, num_embeddings)?;

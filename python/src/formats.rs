@@ -193,6 +193,7 @@ pub(crate) fn prepack<'py>(
     weight: &Bound<'py, PyAny>,
     format: &str,
 ) -> PyResult<Bound<'py, PyArrayDyn<u8>>> {
+    crate::pool::ready()?;
     let format = row_wise(format)?;
     let table = crate::convert::Table::extract(weight, "weight")?;
     let row_bytes = format
@@ -216,6 +217,7 @@ pub(crate) fn dequantize<'py>(
     embedding_dim: Option<usize>,
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+    crate::pool::ready()?;
     let rw = row_wise(format)?;
     let table = AnyTable::extract(packed, Some(format), embedding_dim)?;
     let Stored::Packed(bytes, _) = &table.stored else {
@@ -249,6 +251,7 @@ pub(crate) fn table_embedding<'py>(
     embedding_dim: Option<usize>,
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+    crate::pool::ready()?;
     let table = AnyTable::extract(table, format, embedding_dim)?;
     let view = table.table_ref()?;
     let ids = Ids::extract(ids, "ids")?;
@@ -290,6 +293,7 @@ pub(crate) fn table_embedding_bag<'py>(
     embedding_dim: Option<usize>,
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<crate::bag::BagPair<'py>> {
+    crate::pool::ready()?;
     let table = AnyTable::extract(table, format, embedding_dim)?;
     let view = table.table_ref()?;
     let args = BagArgs {

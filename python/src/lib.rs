@@ -22,56 +22,24 @@
 //! `OPT_LEVEL` is the optimisation level the extension was built at (`"3"`
 //! from `pip install`, `"0"` from CI's quick build), for timing scripts.
 //!
-//! The thread that imports the module, when it is Python's main thread, joins
-//! the crate's rayon pool as its first thread: a kernel called from it then
-//! works on its own call with the pool's other threads, as PyTorch's calling
-//! thread is one of its OpenMP threads, instead of handing the call to the
-//! pool and sleeping until it is done. The pool has `RAYON_NUM_THREADS`
-//! threads (as set at import), the calling thread one of them; calls from
-//! other threads run on the others. `EMBEDDING_KERNELS_CALLER_WAITS` (set to
-//! anything at import) keeps rayon's own pool, which every calling thread
-//! waits on. `caller_in_pool()` says whether the calling thread is in it.
+//! The kernels run on the crate's rayon pool, which the main thread that
+//! imported the module joins (`pool.rs`); `caller_in_pool()` says whether the
+//! calling thread is in it.
 
 mod bag;
 mod convert;
 mod embedding;
 mod formats;
+mod pool;
 mod step;
 
 use pyo3::prelude::*;
 
-/// Makes the crate's rayon pool with the importing thread in it, when that
-/// is Python's main thread and `EMBEDDING_KERNELS_CALLER_WAITS` is not set.
-/// A pool already made (a second import in another interpreter) is kept.
-fn join_pool(py: Python<'_>) -> PyResult<()> {
-    if std::env::var_os("EMBEDDING_KERNELS_CALLER_WAITS").is_some() {
-        return Ok(());
-    }
-    let threading = py.import("threading")?;
-    let main = threading.call_method0("main_thread")?;
-    if !main.is(&threading.call_method0("current_thread")?) {
-        return Ok(());
-    }
-    // Fails only when the global pool exists already: then it stays as it is.
-    let _ = rayon::ThreadPoolBuilder::new()
-        .use_current_thread()
-        .build_global();
-    Ok(())
-}
-
-/// Whether the calling thread is one of the crate's pool threads: the main
-/// thread that imported the module, unless `EMBEDDING_KERNELS_CALLER_WAITS`
-/// was set.
-#[pyfunction]
-fn caller_in_pool() -> bool {
-    rayon::current_thread_index().is_some()
-}
-
 #[pymodule]
 #[pyo3(name = "_native")]
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    join_pool(m.py())?;
-    m.add_function(wrap_pyfunction!(caller_in_pool, m)?)?;
+    pool::at_import(m.py())?;
+    m.add_function(wrap_pyfunction!(pool::caller_in_pool, m)?)?;
     m.add_function(wrap_pyfunction!(embedding::embedding, m)?)?;
     m.add_function(wrap_pyfunction!(embedding::embedding_dense_backward, m)?)?;
     m.add_function(wrap_pyfunction!(embedding::embedding_sparse_backward, m)?)?;

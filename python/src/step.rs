@@ -240,6 +240,7 @@ pub(crate) fn embedding_sparse_sgd_step<'py>(
     padding_idx: Option<i64>,
     scale_grad_by_freq: bool,
 ) -> PyResult<()> {
+    crate::pool::ready()?;
     let weight = Weight::extract(weight)?;
     let batch = Batch::lookup(&weight, ids, grad_out, padding_idx, scale_grad_by_freq)?;
     sgd(py, weight, batch, lr, weight_decay)
@@ -280,6 +281,7 @@ pub(crate) fn embedding_sparse_adagrad_step<'py>(
     padding_idx: Option<i64>,
     scale_grad_by_freq: bool,
 ) -> PyResult<()> {
+    crate::pool::ready()?;
     let weight = Weight::extract(weight)?;
     let batch = Batch::lookup(&weight, ids, grad_out, padding_idx, scale_grad_by_freq)?;
     let args = AdagradArgs {
@@ -317,6 +319,7 @@ pub(crate) fn embedding_bag_sparse_sgd_step<'py>(
     padding_idx: Option<i64>,
     scale_grad_by_freq: bool,
 ) -> PyResult<()> {
+    crate::pool::ready()?;
     let weight = Weight::extract(weight)?;
     let batch = Batch::bags(
         &weight,
@@ -361,6 +364,7 @@ pub(crate) fn embedding_bag_sparse_adagrad_step<'py>(
     padding_idx: Option<i64>,
     scale_grad_by_freq: bool,
 ) -> PyResult<()> {
+    crate::pool::ready()?;
     let weight = Weight::extract(weight)?;
     let batch = Batch::bags(
         &weight,

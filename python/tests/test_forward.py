@@ -312,31 +312,32 @@ def test_the_extension_names_its_optimisation_level():
     assert ek._native.OPT_LEVEL in {"0", "1", "2", "3", "s", "z"}
 
 
+def _python(code, **env):
+    """Runs `code` in a fresh interpreter (with `env` added); its stdout, stripped."""
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(os.environ, **env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip()
+
+
+@pytest.mark.skipif(
+    "EMBEDDING_KERNELS_CALLER_WAITS" in os.environ, reason="the main thread opted out of the pool"
+)
 def test_the_importing_main_thread_works_in_the_pool():
-    # The module joins the main thread that imports it to the crate's pool, so that
-    # its calls work on themselves; other threads hand their calls to the pool.
+    # The main thread that imported the module is in the crate's pool, so that its
+    # calls work on themselves; other threads hand their calls to the pool.
     assert ek._native.caller_in_pool()
     seen = []
     other = threading.Thread(target=lambda: seen.append(ek._native.caller_in_pool()))
     other.start()
     other.join()
     assert seen == [False]
-    # Opted out at import, and imported from a thread other than the main one.
-    code = "import embedding_kernels as ek; print(ek._native.caller_in_pool())"
-    waits = dict(os.environ, EMBEDDING_KERNELS_CALLER_WAITS="1")
-    run = subprocess.run([sys.executable, "-c", code], env=waits, capture_output=True, text=True)
-    assert run.stdout.strip() == "False", run.stderr
-    code = (
-        "import threading\n"
-        "out = []\n"
-        "def f():\n"
-        "    import embedding_kernels as ek\n"
-        "    out.append(ek._native.caller_in_pool())\n"
-        "t = threading.Thread(target=f); t.start(); t.join(); print(out[0])\n"
-    )
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert run.stdout.strip() == "False", run.stderr
-    # The lookup from the main thread in the pool gives the same values as from another.
+    # The lookup from the main thread in the pool gives the bits of one from another.
     weight = np.random.default_rng(5).standard_normal((5_000, 96), dtype=np.float32)
     ids = np.random.default_rng(6).integers(0, 5_000, 40_000)
     here = ek.embedding(weight, ids)
@@ -345,3 +346,54 @@ def test_the_importing_main_thread_works_in_the_pool():
     other.start()
     other.join()
     assert np.array_equal(here.view(np.uint32), there[0].view(np.uint32))
+
+
+def test_the_pool_follows_the_environment_and_the_importing_thread():
+    code = "import embedding_kernels as ek; print(ek._native.caller_in_pool())"
+    assert _python(code) == "True"
+    assert _python(code, EMBEDDING_KERNELS_CALLER_WAITS="1") == "False"
+    imported_elsewhere = (
+        "import threading\n"
+        "out = []\n"
+        "def f():\n"
+        "    import embedding_kernels as ek\n"
+        "    out.append(ek._native.caller_in_pool())\n"
+        "t = threading.Thread(target=f); t.start(); t.join(); print(out[0])\n"
+    )
+    assert _python(imported_elsewhere) == "False"
+    # A pool of one thread (the main one): a large call from another thread runs on
+    # that thread rather than waiting for the pool.
+    one = (
+        "import threading, numpy as np, embedding_kernels as ek\n"
+        "w = np.ones((100_000, 64), np.float32); ids = np.arange(200_000) % 100_000\n"
+        "a = ek.embedding(w, ids); out = []\n"
+        "t = threading.Thread(target=lambda: out.append(ek.embedding(w, ids)))\n"
+        "t.start(); t.join(); print(np.array_equal(a, out[0]))\n"
+    )
+    assert _python(one, RAYON_NUM_THREADS="1") == "True"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_runs_on_its_main_thread_and_refuses_other_threads():
+    code = (
+        "import os, threading, warnings, numpy as np, embedding_kernels as ek\n"
+        "warnings.simplefilter('ignore', DeprecationWarning)\n"
+        "w = np.random.default_rng(1).standard_normal((50_000, 64), dtype=np.float32)\n"
+        "ids = np.random.default_rng(2).integers(0, 50_000, 100_000)\n"
+        "want = ek.embedding(w, ids)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    ok = np.array_equal(ek.embedding(w, ids), want)\n"
+        "    seen = []\n"
+        "    def other():\n"
+        "        try:\n"
+        "            ek.embedding(w, ids)\n"
+        "            seen.append('ran')\n"
+        "        except RuntimeError as e:\n"
+        "            seen.append('fork' in str(e))\n"
+        "    t = threading.Thread(target=other); t.start(); t.join()\n"
+        "    os._exit(0 if ok and seen == [True] else 3)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print(os.waitstatus_to_exitcode(status))\n"
+    )
+    assert _python(code) == "0"

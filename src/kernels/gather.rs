@@ -38,8 +38,8 @@
 
 use super::row_format::Slot;
 use super::tuning::{
-    gather_ahead, gather_hints_in_l1, gather_streams_pay, GATHER_STREAM_MIN_BYTES,
-    GATHER_STREAM_MIN_DIM, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES, task_bytes,
+    gather_ahead, gather_hints_in_l1, gather_streams_pay, task_bytes, GATHER_STREAM_MIN_BYTES,
+    GATHER_STREAM_MIN_DIM, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES,
 };
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};

@@ -36,22 +36,29 @@ pub(crate) const SCATTER_PARALLEL_MIN_BYTES: usize = 8 << 20;
 /// close together on a call of a few hundred KiB.
 pub(crate) const TASK_BYTES: usize = 16 << 10;
 
-/// About how many tasks a large gather or bag forward is cut into: tasks of
-/// [`TASK_BYTES`] would be thousands (3 277 for gpt2's gather), and each
-/// one costs its hand-off and warms its first rows again. Two threads end
-/// within one task, a sixty-fourth of the call, of each other. The crate's
-/// gather into a held buffer, two threads, tasks of 16 KiB against a
-/// sixty-fourth of the output (2026-11-26, the Zen 5 host, medians of five
-/// rounds of 0.3 s, a test program): minilm 253 → 233 µs, gpt2 2 310 →
-/// 2 195, recsys 1 765 → 1 690, narrow 850 → 825; a thirty-second and a
-/// hundred-and-twenty-eighth measured within ±3 % of a sixty-fourth.
+/// About how many tasks a large gather or bag forward is cut into, with up
+/// to 8 threads (8 tasks a thread beyond): tasks of [`TASK_BYTES`] would be
+/// thousands (3 277 for gpt2's gather), and each one costs its hand-off and
+/// warms its first rows again, while with 8 tasks a thread the threads end
+/// within an eighth of a thread's share of each other. The crate's gather
+/// into a held buffer, two threads, tasks of 16 KiB against a sixty-fourth
+/// of the output (2026-11-26, the Zen 5 host, medians of 0.3 s, rounds 1-4
+/// of one process, a test program): minilm 247-260 → 230-236 µs, gpt2
+/// 2 294-2 358 → 2 166-2 225, recsys 1 741-1 796 → 1 664-1 722, narrow
+/// 831-858 → 818-846; a thirty-second and a hundred-and-twenty-eighth
+/// measured within ±3 % of a sixty-fourth.
 pub(crate) const TASKS_PER_CALL: usize = 64;
 
+/// Tasks a thread of the current pool gets at least, when there are more
+/// than `TASKS_PER_CALL / 8` threads.
+const TASKS_PER_THREAD: usize = 8;
+
 /// The bytes of a task of a gather or bag forward that reads or writes
-/// `bytes` in all: a [`TASKS_PER_CALL`]th of them, and at least
-/// [`TASK_BYTES`].
+/// `bytes` in all: a [`TASKS_PER_CALL`]th of them (or less, with more than
+/// 8 threads in the pool), and at least [`TASK_BYTES`].
 pub(crate) fn task_bytes(bytes: usize) -> usize {
-    (bytes / TASKS_PER_CALL).max(TASK_BYTES)
+    let tasks = TASKS_PER_CALL.max(TASKS_PER_THREAD * rayon::current_num_threads());
+    (bytes / tasks).max(TASK_BYTES)
 }
 
 /// A grouped-backward task's share of the work, in bytes of gradient read
