@@ -66,28 +66,17 @@ import platform
 import time
 import warnings
 
-THREADS_DEFAULT = 2
+import numpy as np
+import torch
+from torch import nn
 
-
-def _threads_from_argv():
-    """``--threads`` as given, read before the imports below: the extension
-    makes its rayon pool when it is imported, from ``RAYON_NUM_THREADS``."""
-    early = argparse.ArgumentParser(add_help=False)
-    early.add_argument("--threads", type=int, default=THREADS_DEFAULT)
-    return early.parse_known_args()[0].threads
-
-
-os.environ["RAYON_NUM_THREADS"] = str(_threads_from_argv())
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
-import embedding_kernels as ek  # noqa: E402
-import embedding_kernels.torch as ekt  # noqa: E402
+import embedding_kernels as ek
+import embedding_kernels.torch as ekt
 
 # PyTorch's Adagrad warns on every sparse step that it skips its invariant checks.
 warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
+
+THREADS_DEFAULT = 2
 
 WORKLOADS = {
     # name: (num_embeddings, embedding_dim, num_ids), as benches/common/mod.rs
@@ -317,6 +306,8 @@ def main():
             "`pip install ./python` builds the optimised one to time"
         )
     torch.set_num_threads(args.threads)
+    # The extension makes its rayon pool on its first kernel call, below.
+    os.environ["RAYON_NUM_THREADS"] = str(args.threads)
     timer = Timer(args.warmup_s, args.burst_s, args.budget_s, args.min_calls)
 
     print(

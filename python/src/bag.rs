@@ -8,6 +8,7 @@ use crate::convert::{
     error, grad_output, invalid, output, padding, readonly, slice, with_ids, writable, Ids, Table,
 };
 use crate::embedding::{sparse_pair, SparsePair};
+use crate::pool;
 use embedding_kernels::formats::TableRef;
 use embedding_kernels::{
     bag_backward, bag_max_backward, bag_sparse_backward, table_bag_forward, Bags, Mode, Pooling,
@@ -109,7 +110,6 @@ pub(crate) fn embedding_bag<'py>(
     padding_idx: Option<i64>,
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<BagPair<'py>> {
-    crate::pool::ready()?;
     let table = Table::extract(weight, "weight")?;
     let view = TableRef::f32(table.slice(), table.dim).map_err(error)?;
     let args = BagArgs {
@@ -168,12 +168,11 @@ pub(crate) fn forward_on<'py>(
             scale_grad_by_freq: false,
         };
         let ids = ids.slice();
-        py.detach(|| {
+        pool::run(py, || {
             with_ids!(ids, |i| table_bag_forward(
                 table, i, &bags, &pooling, dst, max_dst
             ))
-        })
-        .map_err(error)?;
+        })?;
     }
     Ok((out, max_indices))
 }
@@ -202,7 +201,6 @@ pub(crate) fn embedding_bag_backward<'py>(
     max_indices: Option<&Bound<'py, PyAny>>,
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
-    crate::pool::ready()?;
     let ids = Ids::extract(ids, "ids")?;
     let bags = bags(&ids, offsets, include_last_offset)?;
     let mode = self::mode(mode)?;
@@ -226,7 +224,7 @@ pub(crate) fn embedding_bag_backward<'py>(
         match &maxima {
             Some(m) => {
                 let m = slice(m);
-                py.detach(|| bag_max_backward(g, dim, m, dst))
+                pool::run(py, || bag_max_backward(g, dim, m, dst))
             }
             None => {
                 let pooling = Pooling {
@@ -236,10 +234,11 @@ pub(crate) fn embedding_bag_backward<'py>(
                     scale_grad_by_freq,
                 };
                 let ids = ids.slice();
-                py.detach(|| with_ids!(ids, |i| bag_backward(g, dim, i, &bags, &pooling, dst)))
+                pool::run(py, || {
+                    with_ids!(ids, |i| bag_backward(g, dim, i, &bags, &pooling, dst))
+                })
             }
-        }
-        .map_err(error)?;
+        }?;
     }
     Ok(out)
 }
@@ -263,7 +262,6 @@ pub(crate) fn embedding_bag_sparse_backward<'py>(
     padding_idx: Option<i64>,
     scale_grad_by_freq: bool,
 ) -> PyResult<SparsePair<'py>> {
-    crate::pool::ready()?;
     let ids = Ids::extract(ids, "ids")?;
     let bags = bags(&ids, offsets, include_last_offset)?;
     let mode = self::mode(mode)?;
@@ -277,17 +275,15 @@ pub(crate) fn embedding_bag_sparse_backward<'py>(
         scale_grad_by_freq,
     };
     let (g, ids) = (slice(&grad), ids.slice());
-    let sparse = py
-        .detach(|| {
-            with_ids!(ids, |i| bag_sparse_backward(
-                g,
-                dim,
-                i,
-                &bags,
-                &pooling,
-                num_embeddings
-            ))
-        })
-        .map_err(error)?;
+    let sparse = pool::run(py, || {
+        with_ids!(ids, |i| bag_sparse_backward(
+            g,
+            dim,
+            i,
+            &bags,
+            &pooling,
+            num_embeddings
+        ))
+    })?;
     sparse_pair(py, sparse)
 }

@@ -1,8 +1,9 @@
 //! The lookup (`F.embedding`) and its dense and sparse backward.
 
 use crate::convert::{
-    error, grad_output, invalid, output, padding, slice, with_ids, writable, Ids, Table,
+    grad_output, invalid, output, padding, slice, with_ids, writable, Ids, Table,
 };
+use crate::pool;
 use embedding_kernels::{dense_backward, gather, sparse_backward, SparseGrad};
 use numpy::{PyArray1, PyArrayDyn, PyArrayMethods};
 use pyo3::prelude::*;
@@ -27,7 +28,6 @@ pub(crate) fn embedding<'py>(
     padding_idx: Option<i64>,
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
-    crate::pool::ready()?;
     let table = Table::extract(weight, "weight")?;
     let ids = Ids::extract(ids, "ids")?;
     padding(padding_idx, table.rows)?;
@@ -38,8 +38,7 @@ pub(crate) fn embedding<'py>(
         let mut guard = writable(&out, "out")?;
         let dst = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
         let (src, dim, ids) = (table.slice(), table.dim, ids.slice());
-        py.detach(|| with_ids!(ids, |i| gather(src, dim, i, dst)))
-            .map_err(error)?;
+        pool::run(py, || with_ids!(ids, |i| gather(src, dim, i, dst)))?;
     }
     Ok(out)
 }
@@ -61,7 +60,6 @@ pub(crate) fn embedding_dense_backward<'py>(
     scale_grad_by_freq: bool,
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
-    crate::pool::ready()?;
     let ids = Ids::extract(ids, "ids")?;
     let (grad, dim) = grad_output(grad_out, ids.shape())?;
     let pad = padding(padding_idx, num_embeddings)?;
@@ -70,7 +68,7 @@ pub(crate) fn embedding_dense_backward<'py>(
         let mut guard = writable(&out, "out")?;
         let dst = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
         let (g, ids) = (slice(&grad), ids.slice());
-        py.detach(|| {
+        pool::run(py, || {
             with_ids!(ids, |i| dense_backward(
                 g,
                 dim,
@@ -79,8 +77,7 @@ pub(crate) fn embedding_dense_backward<'py>(
                 scale_grad_by_freq,
                 dst
             ))
-        })
-        .map_err(error)?;
+        })?;
     }
     Ok(out)
 }
@@ -99,23 +96,20 @@ pub(crate) fn embedding_sparse_backward<'py>(
     padding_idx: Option<i64>,
     scale_grad_by_freq: bool,
 ) -> PyResult<SparsePair<'py>> {
-    crate::pool::ready()?;
     let ids = Ids::extract(ids, "ids")?;
     let (grad, dim) = grad_output(grad_out, ids.shape())?;
     let pad = padding(padding_idx, num_embeddings)?;
     let (g, ids) = (slice(&grad), ids.slice());
-    let sparse = py
-        .detach(|| {
-            with_ids!(ids, |i| sparse_backward(
-                g,
-                dim,
-                i,
-                num_embeddings,
-                pad,
-                scale_grad_by_freq
-            ))
-        })
-        .map_err(error)?;
+    let sparse = pool::run(py, || {
+        with_ids!(ids, |i| sparse_backward(
+            g,
+            dim,
+            i,
+            num_embeddings,
+            pad,
+            scale_grad_by_freq
+        ))
+    })?;
     sparse_pair(py, sparse)
 }
 

@@ -18,6 +18,7 @@
 
 use crate::bag::BagArgs;
 use crate::convert::{error, invalid, output, readonly, slice, with_ids, writable, Ids};
+use crate::pool;
 use embedding_kernels::formats::{Format, PackedTable, RowWise, TableRef};
 use embedding_kernels::table_gather;
 use half::slice::HalfBitsSliceExt;
@@ -193,14 +194,13 @@ pub(crate) fn prepack<'py>(
     weight: &Bound<'py, PyAny>,
     format: &str,
 ) -> PyResult<Bound<'py, PyArrayDyn<u8>>> {
-    crate::pool::ready()?;
     let format = row_wise(format)?;
     let table = crate::convert::Table::extract(weight, "weight")?;
     let row_bytes = format
         .row_bytes(table.dim)
         .ok_or_else(|| invalid(format!("rows of {} values cannot be sized", table.dim)))?;
     let (src, dim) = (table.slice(), table.dim);
-    let packed = py.detach(|| format.prepack(src, dim)).map_err(error)?;
+    let packed = pool::run(py, || format.prepack(src, dim))?;
     PyArray1::from_vec(py, packed).reshape(vec![table.rows, row_bytes])
 }
 
@@ -217,7 +217,6 @@ pub(crate) fn dequantize<'py>(
     embedding_dim: Option<usize>,
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
-    crate::pool::ready()?;
     let rw = row_wise(format)?;
     let table = AnyTable::extract(packed, Some(format), embedding_dim)?;
     let Stored::Packed(bytes, _) = &table.stored else {
@@ -229,7 +228,7 @@ pub(crate) fn dequantize<'py>(
         let mut guard = writable(&out, "out")?;
         let dst = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
         let src = slice(bytes);
-        py.detach(|| rw.dequantize(src, dim, dst)).map_err(error)?;
+        pool::run(py, || rw.dequantize(src, dim, dst))?;
     }
     Ok(out)
 }
@@ -251,7 +250,6 @@ pub(crate) fn table_embedding<'py>(
     embedding_dim: Option<usize>,
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
-    crate::pool::ready()?;
     let table = AnyTable::extract(table, format, embedding_dim)?;
     let view = table.table_ref()?;
     let ids = Ids::extract(ids, "ids")?;
@@ -262,8 +260,7 @@ pub(crate) fn table_embedding<'py>(
         let mut guard = writable(&out, "out")?;
         let dst = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
         let ids = ids.slice();
-        py.detach(|| with_ids!(ids, |i| table_gather(view, i, dst)))
-            .map_err(error)?;
+        pool::run(py, || with_ids!(ids, |i| table_gather(view, i, dst)))?;
     }
     Ok(out)
 }
@@ -293,7 +290,6 @@ pub(crate) fn table_embedding_bag<'py>(
     embedding_dim: Option<usize>,
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<crate::bag::BagPair<'py>> {
-    crate::pool::ready()?;
     let table = AnyTable::extract(table, format, embedding_dim)?;
     let view = table.table_ref()?;
     let args = BagArgs {

@@ -15,7 +15,10 @@
 //! every call, alone; a call from any other thread would wait for threads
 //! that are gone, so it raises `RuntimeError` instead.
 
+use crate::convert::error;
+use embedding_kernels::EmbeddingError;
 use pyo3::exceptions::PyRuntimeError;
+use pyo3::marker::Ungil;
 use pyo3::prelude::*;
 use std::error::Error;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -54,11 +57,21 @@ fn after_fork_in_child() {
     FORKED_WITH_POOL.store(MADE.get().is_some(), Ordering::Relaxed);
 }
 
+/// Runs a kernel call `f` with the GIL released, once the pool is ready
+/// ([`ready`]); its error as the Python exception (`convert::error`). Every
+/// kernel of the module runs through here.
+pub(crate) fn run<T: Send>(
+    py: Python<'_>,
+    f: impl Ungil + FnOnce() -> Result<T, EmbeddingError>,
+) -> PyResult<T> {
+    ready()?;
+    py.detach(f).map_err(error)
+}
+
 /// Makes the pool on the first call; refuses a call that the pool cannot
-/// run. Every kernel entry calls it before releasing the GIL. Nothing here
-/// touches Python, so the `OnceLock` cannot wait on a thread that waits for
-/// the GIL.
-pub(crate) fn ready() -> PyResult<()> {
+/// run. Nothing here touches Python, so the `OnceLock` cannot wait on a
+/// thread that waits for the GIL.
+fn ready() -> PyResult<()> {
     let made = MADE.get_or_init(|| {
         let mut builder = rayon::ThreadPoolBuilder::new();
         if MAIN.get() == Some(&std::thread::current().id()) {

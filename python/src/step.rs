@@ -6,8 +6,9 @@
 
 use crate::bag::{bags, mode, sample_weights};
 use crate::convert::{
-    error, grad_output, invalid, padding, slice, table_in_place, with_ids, writable, Ids,
+    grad_output, invalid, padding, slice, table_in_place, with_ids, writable, Ids,
 };
+use crate::pool;
 use embedding_kernels::{
     bag_sparse_step, sparse_step, AdagradOn, Bags, Mode, Pooling, Sgd, SparseOptimizer,
 };
@@ -134,9 +135,9 @@ impl<'py> Batch<'py> {
         );
         let scale = self.scale_grad_by_freq;
         match &self.bags {
-            None => {
-                py.detach(|| with_ids!(ids, |i| sparse_step(w, dim, g, i, pad, scale, optimizer)))
-            }
+            None => pool::run(py, || {
+                with_ids!(ids, |i| sparse_step(w, dim, g, i, pad, scale, optimizer))
+            }),
             Some(b) => {
                 let pooling = Pooling {
                     mode: b.mode,
@@ -145,14 +146,13 @@ impl<'py> Batch<'py> {
                     scale_grad_by_freq: scale,
                 };
                 let bags = &b.bags;
-                py.detach(|| {
+                pool::run(py, || {
                     with_ids!(ids, |i| bag_sparse_step(
                         w, dim, g, i, bags, &pooling, optimizer
                     ))
                 })
             }
         }
-        .map_err(error)
     }
 }
 
@@ -240,7 +240,6 @@ pub(crate) fn embedding_sparse_sgd_step<'py>(
     padding_idx: Option<i64>,
     scale_grad_by_freq: bool,
 ) -> PyResult<()> {
-    crate::pool::ready()?;
     let weight = Weight::extract(weight)?;
     let batch = Batch::lookup(&weight, ids, grad_out, padding_idx, scale_grad_by_freq)?;
     sgd(py, weight, batch, lr, weight_decay)
@@ -281,7 +280,6 @@ pub(crate) fn embedding_sparse_adagrad_step<'py>(
     padding_idx: Option<i64>,
     scale_grad_by_freq: bool,
 ) -> PyResult<()> {
-    crate::pool::ready()?;
     let weight = Weight::extract(weight)?;
     let batch = Batch::lookup(&weight, ids, grad_out, padding_idx, scale_grad_by_freq)?;
     let args = AdagradArgs {
@@ -319,7 +317,6 @@ pub(crate) fn embedding_bag_sparse_sgd_step<'py>(
     padding_idx: Option<i64>,
     scale_grad_by_freq: bool,
 ) -> PyResult<()> {
-    crate::pool::ready()?;
     let weight = Weight::extract(weight)?;
     let batch = Batch::bags(
         &weight,
@@ -364,7 +361,6 @@ pub(crate) fn embedding_bag_sparse_adagrad_step<'py>(
     padding_idx: Option<i64>,
     scale_grad_by_freq: bool,
 ) -> PyResult<()> {
-    crate::pool::ready()?;
     let weight = Weight::extract(weight)?;
     let batch = Batch::bags(
         &weight,

@@ -313,10 +313,12 @@ def test_the_extension_names_its_optimisation_level():
 
 
 def _python(code, **env):
-    """Runs `code` in a fresh interpreter (with `env` added); its stdout, stripped."""
+    """Runs `code` in a fresh interpreter with `env` added (and the pool's opt-out
+    only if `env` sets it); its stdout, stripped."""
+    base = {k: v for k, v in os.environ.items() if k != "EMBEDDING_KERNELS_CALLER_WAITS"}
     run = subprocess.run(
         [sys.executable, "-c", code],
-        env=dict(os.environ, **env),
+        env=dict(base, **env),
         capture_output=True,
         text=True,
         timeout=120,
