@@ -31,7 +31,8 @@ use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::kernels::{
     bag_backward_valid, bag_max_backward, bag_sparse_backward_with, bag_step, check_backward_rows,
-    check_forward_rows, check_forward_unallocated, forward_valid, forward_valid_fresh,
+    check_forward_rows, check_forward_shapes, check_forward_unallocated, forward_valid,
+    forward_valid_fresh, ids_first, CallIds,
 };
 use crate::optim::SparseOptimizer;
 use crate::parallel::{in_pool, Parallelism};
@@ -292,17 +293,35 @@ impl EmbeddingBag {
             let dim = self.embedding_dim();
             let rows = self.table.num_embeddings();
             let par = self.table.parallelism();
-            let (valid, len) = check_forward_unallocated(par, rows, dim, ids, bags, &pooling)?;
-            let mut values = crate::buffer::with_capacity(len, "output")?;
+            // Without `max_norm` the forward's tasks check the ids, each
+            // those it reads; `max_norm` needs them checked to renormalise
+            // the rows first.
+            let (call_ids, len) = if self.table.max_norm().is_some() {
+                let (valid, len) = check_forward_unallocated(par, rows, dim, ids, bags, &pooling)?;
+                (CallIds::Checked(valid), len)
+            } else {
+                let len = check_forward_shapes(rows, dim, ids, bags, &pooling)?;
+                (
+                    CallIds::InTasks {
+                        ids,
+                        num_embeddings: rows,
+                    },
+                    len,
+                )
+            };
+            let mut values =
+                ids_first(par, ids, rows, crate::buffer::with_capacity(len, "output"))?;
             let mut max_indices = if self.mode == Mode::Max {
-                crate::buffer::zeroed(len, "max_indices")?
+                ids_first(par, ids, rows, crate::buffer::zeroed(len, "max_indices"))?
             } else {
                 Vec::new()
             };
-            self.table.renorm_rows(valid)?;
+            if let CallIds::Checked(valid) = call_ids {
+                self.table.renorm_rows(valid)?;
+            }
             let weight = self.table.weight();
             let at = &mut max_indices[..];
-            forward_valid_fresh(par, weight, dim, valid, bags, &pooling, &mut values, at)?;
+            forward_valid_fresh(par, weight, dim, call_ids, bags, &pooling, &mut values, at)?;
             Ok(BagOutput {
                 values,
                 shape: [bags.len(), self.embedding_dim()],

@@ -94,11 +94,14 @@ impl_unsigned!(u32, u64, usize);
 impl_signed!(i32, i64);
 
 /// Ids that have been checked against a row count: every one of them is a
-/// valid row. Only [`ValidIds::new`] makes one, so a kernel that takes this
-/// type cannot be handed an unchecked id.
+/// valid row. Only [`ValidIds::new`] and [`ValidIds::window`] make one, so a
+/// kernel that takes this type cannot be handed an unchecked id.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ValidIds<'a, I: Index> {
+    /// The checked ids: position `base + k` is `ids[k]`.
     ids: &'a [I],
+    /// The position of `ids[0]` in the caller's ids (0 but for a window).
+    base: usize,
     num_embeddings: usize,
 }
 
@@ -198,8 +201,33 @@ impl<'a, I: Index> ValidIds<'a, I> {
         }
         Ok(ValidIds {
             ids,
+            base: 0,
             num_embeddings,
         })
+    }
+
+    /// The ids at `positions` of `ids`, checked against `num_embeddings` by
+    /// one scan on this thread, or `None` if one of them is not a row. The
+    /// window keeps the positions of `ids`: [`row`](Self::row) and
+    /// [`slice`](Self::slice) take positions in `positions`, for a task that
+    /// reads no other id of a call (a bag forward whose tasks check their
+    /// own ids). `None` too if `positions` does not lie in `ids`.
+    pub(crate) fn window(
+        ids: &'a [I],
+        positions: core::ops::Range<usize>,
+        num_embeddings: usize,
+    ) -> Option<Self> {
+        let base = positions.start;
+        let ids = ids.get(positions)?;
+        let bound = num_embeddings as u64;
+        match Isa::detect().run(FirstBadBlock { ids, bound }) {
+            Some(_) => None,
+            None => Some(ValidIds {
+                ids,
+                base,
+                num_embeddings,
+            }),
+        }
     }
 
     /// Whether [`new_with`](Self::new_with) splits the check of `ids`
@@ -210,7 +238,7 @@ impl<'a, I: Index> ValidIds<'a, I> {
             && ids.len() > CHECK_TASK_BLOCKS * CHECK_BLOCK
     }
 
-    /// How many ids there are.
+    /// How many ids there are (in a window, its own).
     #[inline]
     pub(crate) fn len(&self) -> usize {
         self.ids.len()
@@ -231,12 +259,20 @@ impl<'a, I: Index> ValidIds<'a, I> {
     /// The row of id number `position`.
     ///
     /// # Panics
-    /// If `position >= self.len()`, like slice indexing.
+    /// If `position` is not one of the checked ones (`position >=
+    /// self.len()`, or outside a window), like slice indexing.
     #[inline(always)]
     pub(crate) fn row(&self, position: usize) -> usize {
         // Every id was checked to lie in `0..num_embeddings`, so its plain
-        // conversion is its row.
-        sealed::Sealed::checked_row(self.ids[position])
+        // conversion is its row. Outside a window `base` is 0 and `position`
+        // the index; a position before a window's wraps past every index.
+        sealed::Sealed::checked_row(self.ids[position.wrapping_sub(self.base)])
+    }
+
+    /// The ids themselves.
+    #[cfg(test)]
+    pub(crate) fn as_slice(&self) -> &'a [I] {
+        self.ids
     }
 
     /// The rows of all ids, in order.
@@ -245,11 +281,18 @@ impl<'a, I: Index> ValidIds<'a, I> {
         self.ids.iter().map(|&id| sealed::Sealed::checked_row(id))
     }
 
-    /// The ids of `range`, still checked.
+    /// The ids at positions `range`, still checked, their positions
+    /// counted from 0 again.
+    ///
+    /// # Panics
+    /// If `range` does not lie in the checked positions, like slice indexing.
     #[inline]
     pub(crate) fn slice(&self, range: core::ops::Range<usize>) -> ValidIds<'a, I> {
+        let from = range.start.wrapping_sub(self.base);
+        let to = range.end.wrapping_sub(self.base);
         ValidIds {
-            ids: &self.ids[range],
+            ids: &self.ids[from..to],
+            base: 0,
             num_embeddings: self.num_embeddings,
         }
     }

@@ -43,8 +43,8 @@ use crate::formats::{Format, OwnedTable};
 use crate::index::{Index, ValidIds};
 use crate::io::FileError;
 use crate::kernels::{
-    check_forward_rows, check_forward_unallocated, forward_fresh, table_bag_forward_with,
-    table_gather_with,
+    check_forward_rows, check_forward_shapes, forward_fresh, ids_first, table_bag_forward_with,
+    table_gather_with, CallIds,
 };
 use crate::parallel::{in_pool, Parallelism};
 use crate::pooling::{Mode, Pooling};
@@ -183,20 +183,25 @@ impl QuantizedEmbeddingBag {
         in_pool(ValidIds::splits(self.parallelism, ids), || {
             let pooling = self.pooling(per_sample_weights);
             let (rows, dim) = (self.num_embeddings(), self.embedding_dim());
-            let (valid, len) =
-                check_forward_unallocated(self.parallelism, rows, dim, ids, bags, &pooling)?;
-            let mut values = crate::buffer::with_capacity(len, "output")?;
+            // The forward's tasks check the ids, each those it reads.
+            let par = self.parallelism;
+            let len = check_forward_shapes(rows, dim, ids, bags, &pooling)?;
+            let values = crate::buffer::with_capacity(len, "output");
+            let mut values = ids_first(par, ids, rows, values)?;
             let max = self.mode == Mode::Max;
             let mut max_indices = if max {
-                crate::buffer::zeroed(len, "max_indices")?
+                ids_first(par, ids, rows, crate::buffer::zeroed(len, "max_indices"))?
             } else {
                 Vec::new()
             };
             let (table, at) = (self.table.as_ref(), &mut max_indices[..]);
             forward_fresh(
-                self.parallelism,
+                par,
                 table,
-                valid,
+                CallIds::InTasks {
+                    ids,
+                    num_embeddings: rows,
+                },
                 bags,
                 &pooling,
                 &mut values,

@@ -28,11 +28,13 @@
 //! "empty" bag) in the reference, and `inf × 0` is NaN where the reference
 //! skips the term. The comparison is only exact for non-zero weights.
 
+use embedding_kernels::formats::Format;
 use embedding_kernels::{
     bag_backward_with, bag_forward, bag_forward_with, bag_max_backward, bag_sparse_backward_with,
     Bags, Mode, Pooling,
 };
 use embedding_kernels::{reference, EmbeddingError, Index, Operand, Parallelism};
+use embedding_kernels::{EmbeddingBag, EmbeddingBagOptions, QuantizedEmbeddingBag};
 use proptest::prelude::*;
 
 mod common;
@@ -691,10 +693,27 @@ where
                     .map(|_| ()),
                 )
             });
-            (forward, backward, out, indices, grad)
+            // The layers' allocating forwards, whose tasks check the ids.
+            let options = EmbeddingBagOptions {
+                mode,
+                padding_idx: d.padding_idx.map(|p| p as i64),
+                ..EmbeddingBagOptions::default()
+            };
+            let weights = pooling.per_sample_weights;
+            let mut layer = EmbeddingBag::from_pretrained(d.table.clone(), d.dim, true, options)
+                .unwrap()
+                .with_parallelism(par);
+            let quantized = QuantizedEmbeddingBag::from_float(&layer, Format::F16).unwrap();
+            let layers = [
+                layer.forward(&d.ids, &d.bags, weights).map(|_| ()),
+                quantized.forward(&d.ids, &d.bags, weights).map(|_| ()),
+            ];
+            (forward, backward, out, indices, grad, layers)
         });
-        for (path, (forward, backward, out, indices, grad)) in results {
+        for (path, (forward, backward, out, indices, grad, layers)) in results {
             prop_assert_eq!(&forward, &want, "{} {}", mode, path);
+            prop_assert_eq!(&layers[0], &want, "layer {} {}", mode, path);
+            prop_assert_eq!(&layers[1], &want, "f16 layer {} {}", mode, path);
             if let Some((dense, sparse)) = backward {
                 prop_assert_eq!(&dense, &want, "dense backward {} {}", mode, path);
                 prop_assert_eq!(&sparse, &want, "sparse backward {} {}", mode, path);

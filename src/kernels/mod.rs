@@ -38,8 +38,9 @@ pub use token_position::{
 };
 
 pub(crate) use bag::{
-    bag_backward_valid, bag_step, check_backward_rows, check_forward_rows,
-    check_forward_unallocated, forward_fresh, forward_valid, forward_valid_fresh,
+    bag_backward_valid, bag_step, check_backward_rows, check_forward_rows, check_forward_shapes,
+    check_forward_unallocated, forward_fresh, forward_valid, forward_valid_fresh, ids_first,
+    CallIds,
 };
 pub(crate) use gather::{check as check_gather, gather_fresh, gather_valid};
 pub(crate) use grouped::{

@@ -13,6 +13,7 @@ use crate::pooling::{Mode, Pooling};
 use crate::simd::prefetch::BagHints;
 use crate::simd::{Body, Isa, Lanes};
 use core::ops::Range;
+use core::sync::atomic::{AtomicBool, Ordering};
 
 /// The forward after [`check_forward`](super::check_forward): it cannot
 /// fail.
@@ -30,47 +31,124 @@ pub(crate) fn forward_valid<I: Index>(
 ) {
     let isa = Isa::detect();
     let table = F32Rows { table, dim };
-    forward_on(isa, par, table, ids, bags, pooling, out, max_indices);
+    forward_on(
+        isa,
+        par,
+        table,
+        CallIds::Checked(ids),
+        bags,
+        pooling,
+        out,
+        max_indices,
+    );
+}
+
+/// The ids of a bag forward: checked before the call, or checked by its
+/// tasks.
+#[derive(Clone, Copy)]
+pub(crate) enum CallIds<'i, I: Index> {
+    /// Every id checked, by [`ValidIds::new_with`].
+    Checked(ValidIds<'i, I>),
+    /// Not checked yet: each task checks the positions it reads (its bags'
+    /// and the `ahead` after them) before it reads a row, and writes nothing
+    /// if one is not a row of `num_embeddings`. Only for an output nobody
+    /// sees until the call succeeds ([`forward_fresh`]); the ids outside
+    /// every bag are the caller's to check.
+    InTasks { ids: &'i [I], num_embeddings: usize },
 }
 
 /// [`forward_valid`] into a fresh output: `values` (emptied, and reserved
 /// here if the caller has not) gets the `bags × dim` values, each written
 /// once (no zeroing first), in huge pages when it spans one.
 ///
+/// With [`CallIds::InTasks`] the ids are checked inside the forward's tasks
+/// rather than by a pass of their own before it: a call of many ids on
+/// narrow rows (262 144 ids of 16 columns) spent a sixth of its time on
+/// that pass and the hand-off to the pool it needed. The ids outside every
+/// bag are checked first, on this thread.
+///
 /// # Errors
-/// [`EmbeddingError::SizeOverflow`] or
-/// [`EmbeddingError::AllocationFailed`] for the output; then `values` is
-/// empty.
+/// [`EmbeddingError::IndexOutOfRange`] for the first id that is not a row
+/// (before [`EmbeddingError::AllocationFailed`], as if checked first), then
+/// [`EmbeddingError::SizeOverflow`] or [`EmbeddingError::AllocationFailed`]
+/// for the output; then `values` is empty.
 // `forward_valid`'s arguments, the output a `Vec`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward_fresh<I: Index, T: RowFormat>(
     isa: Isa,
     par: Parallelism,
     table: T,
-    ids: ValidIds<'_, I>,
+    ids: CallIds<'_, I>,
     bags: &Bags,
     pooling: &Pooling<'_>,
     values: &mut Vec<f32>,
     max_indices: &mut [i64],
 ) -> Result<(), EmbeddingError> {
-    let fresh = crate::memory::fresh_floats(values, bags.len(), table.dim())?;
-    let len = fresh.len();
-    forward_on(isa, par, table, ids, bags, pooling, fresh, max_indices);
-    // SAFETY: `forward_on` wrote all of `spare_capacity_mut()[..len]`:
-    // with `dim == 0` or no bags `len` is 0; otherwise its tasks split
-    // `fresh` into runs of whole bags and, for each bag, `sum::pool` or
-    // `max::pool` stores every column block of the row (`each_block`
-    // covers columns `0..dim`) or, for a bag that kept no row, zeroes the
-    // whole row; for rows of one column block (`sum::one_block`),
-    // `sum::pool_each` stores that block, the whole row, of each bag of the
-    // run, or zeroes the row of a bag that kept none. `forward_on` returns
-    // after every task. The capacity is `len` or more
-    // (`memory::fresh_floats` reserved `bags × dim`, `len`, values).
-    #[allow(unsafe_code)]
-    unsafe {
-        values.set_len(len)
+    values.clear();
+    if let CallIds::InTasks {
+        ids,
+        num_embeddings,
+    } = ids
+    {
+        let outside = [0..bags.starts()[0], bags.starts()[bags.len()]..ids.len()];
+        let untouched = table.dim() == 0 || bags.is_empty();
+        if untouched
+            || outside
+                .iter()
+                .any(|p| ValidIds::window(ids, p.clone(), num_embeddings).is_none())
+        {
+            // No task would check them, or one outside the bags is bad:
+            // the whole check finds the first bad one.
+            let valid = ValidIds::new_with(par, ids, num_embeddings)?;
+            let ids = CallIds::Checked(valid);
+            return forward_fresh(isa, par, table, ids, bags, pooling, values, max_indices);
+        }
+    }
+    let fresh = match crate::memory::fresh_floats(values, bags.len(), table.dim()) {
+        Ok(fresh) => fresh,
+        Err(e) => {
+            // A bad id is the error a caller sees first.
+            if let CallIds::InTasks {
+                ids,
+                num_embeddings,
+            } = ids
+            {
+                ValidIds::new_with(par, ids, num_embeddings)?;
+            }
+            return Err(e);
+        }
     };
-    Ok(())
+    let len = fresh.len();
+    if forward_on(isa, par, table, ids, bags, pooling, fresh, max_indices) {
+        // SAFETY: `forward_on` returned `true`, so it wrote all of
+        // `spare_capacity_mut()[..len]`: with `dim == 0` or no bags `len` is
+        // 0; otherwise its tasks split `fresh` into runs of whole bags and,
+        // for each bag, `sum::pool` or `max::pool` stores every column block
+        // of the row (`each_block` covers columns `0..dim`) or, for a bag
+        // that kept no row, zeroes the whole row; for rows of one column
+        // block (`sum::one_block`), `sum::pool_each` stores that block, the
+        // whole row, of each bag of the run, or zeroes the row of a bag that
+        // kept none. A task returns without writing only when its ids fail
+        // their check, and then `forward_on` returns `false`. It returns
+        // after every task. The capacity is `len` or more
+        // (`memory::fresh_floats` reserved `bags × dim`, `len`, values).
+        #[allow(unsafe_code)]
+        unsafe {
+            values.set_len(len)
+        };
+        return Ok(());
+    }
+    // A task found an id that is not a row and wrote none of its bags: the
+    // whole check reports the first. (Checked ids stop no task, so they are
+    // never run again.)
+    let ids = match ids {
+        CallIds::InTasks {
+            ids,
+            num_embeddings,
+        } => CallIds::Checked(ValidIds::new_with(par, ids, num_embeddings)?),
+        checked => checked,
+    };
+    forward_fresh(isa, par, table, ids, bags, pooling, values, max_indices)
 }
 
 /// [`forward_on`]'s arguments but the table: the bag forward as an
@@ -89,7 +167,7 @@ pub(super) struct Forward<'a, 'i, I: Index, S = f32> {
 pub(super) struct FreshForward<'a, 'i, I: Index> {
     pub(super) isa: Isa,
     pub(super) par: Parallelism,
-    pub(super) ids: ValidIds<'i, I>,
+    pub(super) ids: CallIds<'i, I>,
     pub(super) bags: &'a Bags,
     pub(super) pooling: &'a Pooling<'a>,
     pub(super) values: &'a mut Vec<f32>,
@@ -126,44 +204,70 @@ impl<I: Index, S: Slot> OnRows for Forward<'_, '_, I, S> {
             out,
             max_indices,
         } = self;
+        let ids = CallIds::Checked(ids);
         forward_on(isa, par, table, ids, bags, pooling, out, max_indices);
     }
 }
 
 /// [`forward_valid`] on a chosen instruction set and table format; the
-/// tests run each.
+/// tests run each. Returns whether every bag was written: `false` when the
+/// ids were [`CallIds::InTasks`] and a task found one that is not a row
+/// (that task wrote nothing; others may have written theirs).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn forward_on<I: Index, T: RowFormat, S: Slot>(
     isa: Isa,
     par: Parallelism,
     table: T,
-    ids: ValidIds<'_, I>,
+    ids: CallIds<'_, I>,
     bags: &Bags,
     pooling: &Pooling<'_>,
     out: &mut [S],
     max_indices: &mut [i64],
-) {
+) -> bool {
     let is_max = pooling.mode == Mode::Max;
     let dim = table.dim();
     if dim == 0 || bags.is_empty() {
-        return;
+        return true;
     }
-    let rows = Rows {
+    // No hints for a table that sits in the caches (see tuning.rs).
+    let ahead = if table.bytes() < PREFETCH_MIN_TABLE_BYTES {
+        0
+    } else {
+        bag_ahead(table.row_bytes(), T::PACKED)
+    };
+    let rows = |ids| Rows {
         table,
         dim,
         ids,
         padding_idx: pooling.padding_idx,
-        // No hints for a table that sits in the caches (see tuning.rs).
-        ahead: if table.bytes() < PREFETCH_MIN_TABLE_BYTES {
-            0
-        } else {
-            bag_ahead(table.row_bytes(), T::PACKED)
-        },
+        ahead,
         hints: table.bag_hints(),
     };
+    let limit = bags.starts()[bags.len()];
+    let stopped = AtomicBool::new(false);
     let task = |first_bag: usize, out: &mut [S], max_indices: &mut [i64]| {
+        let ids = match ids {
+            CallIds::Checked(valid) => valid,
+            CallIds::InTasks {
+                ids,
+                num_embeddings,
+            } => {
+                // The positions the task reads: its bags' and the rows
+                // hinted `ahead` after them (up to the call's last).
+                let first = bags.starts()[first_bag];
+                let end = bags.starts()[first_bag + out.len() / dim];
+                let window = first..limit.min(end.saturating_add(ahead));
+                match ValidIds::window(ids, window, num_embeddings) {
+                    Some(valid) => valid,
+                    None => {
+                        stopped.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                }
+            }
+        };
         isa.run(BagTask {
-            rows,
+            rows: rows(ids),
             bags,
             pooling,
             first_bag,
@@ -176,7 +280,11 @@ pub(super) fn forward_on<I: Index, T: RowFormat, S: Slot>(
     // stored bytes say). The pool's threshold counts at most the table's
     // size (a table in cache is read at cache speed however many ids there
     // are); whether a smaller call is worth sharing, the whole work.
-    let work = ids.len().saturating_mul(dim).saturating_mul(4);
+    let count = match ids {
+        CallIds::Checked(valid) => valid.len(),
+        CallIds::InTasks { ids, .. } => ids.len(),
+    };
+    let work = count.saturating_mul(dim).saturating_mul(4);
     let plan = par.plan_sized(table.bytes().min(work), work, PARALLEL_MIN_BYTES);
     let bags_per_task = (task_bytes(core::mem::size_of_val(out)) / (dim * 4)).max(1);
     let chunk = bags_per_task * dim;
@@ -187,6 +295,7 @@ pub(super) fn forward_on<I: Index, T: RowFormat, S: Slot>(
     } else {
         for_each_chunk(plan, out, chunk, |k, o| task(k * bags_per_task, o, &mut []));
     }
+    !stopped.into_inner()
 }
 
 /// What every block of every bag reads: the table, the checked ids, the
@@ -364,7 +473,7 @@ impl<I: Index, T: RowFormat, S: Slot> Body for BagTask<'_, '_, I, T, S> {
         // in order, and the next one then starts with its rows on the way,
         // not cold (packed bag sums 0.94-1.00x the time of hints that stop
         // at the task's end: docs/benchmarks.md, "Wide rows into L1 on a
-        // roomy L1").
+        // roomy L1"). Ids checked by the task cover those positions.
         let limit = bags.starts()[bags.len()];
         // Warm the first rows: a task taken out of order starts cold.
         for p in first..limit.min(first + rows.ahead) {

@@ -82,7 +82,7 @@ pub use backward::{
     bag_backward, bag_backward_with, bag_max_backward, bag_max_backward_with, bag_sparse_backward,
     bag_sparse_backward_with, bag_sparse_step, bag_sparse_step_with,
 };
-pub(crate) use forward::forward_valid;
+pub(crate) use forward::{forward_valid, CallIds};
 
 use crate::bags::Bags;
 use crate::error::{EmbeddingError, Operand};
@@ -191,12 +191,41 @@ pub(crate) fn check_forward_unallocated<'a, I: Index>(
     bags: &Bags,
     pooling: &Pooling<'_>,
 ) -> Result<(ValidIds<'a, I>, usize), EmbeddingError> {
+    let out_len = check_forward_shapes(rows, dim, ids, bags, pooling)?;
+    Ok((ValidIds::new_with(par, ids, rows)?, out_len))
+}
+
+/// `allocated`, or its error unless an id of `ids` is not a row of `rows`:
+/// then that error, as if every id had been checked before anything was
+/// allocated (the order a caller of a fresh forward sees with the ids left
+/// to the tasks).
+pub(crate) fn ids_first<T, I: Index>(
+    par: Parallelism,
+    ids: &[I],
+    rows: usize,
+    allocated: Result<T, EmbeddingError>,
+) -> Result<T, EmbeddingError> {
+    allocated.or_else(|e| {
+        ValidIds::new_with(par, ids, rows)?;
+        Err(e)
+    })
+}
+
+/// [`check_forward_unallocated`] less the ids, for a forward into a fresh
+/// output whose tasks check them ([`CallIds::InTasks`]): the output length.
+pub(crate) fn check_forward_shapes<I: Index>(
+    rows: usize,
+    dim: usize,
+    ids: &[I],
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+) -> Result<usize, EmbeddingError> {
     check_pooling(rows, ids, bags, pooling)?;
     let out_len = rows_len(bags.len(), dim)?;
     if pooling.mode == Mode::Max {
         check_max_bag_lengths(bags)?;
     }
-    Ok((ValidIds::new_with(par, ids, rows)?, out_len))
+    Ok(out_len)
 }
 
 /// `out[b, :]` = the pooled rows of bag `b`, for every bag; with
@@ -258,20 +287,23 @@ pub fn bag_forward_with<I: Index>(
 }
 
 /// [`forward_valid`] into a fresh output, for a layer that allocates it
-/// (after [`check_forward_unallocated`]): `values` (emptied, and reserved
-/// if the caller has not) gets the `bags × dim` values, each written once
-/// (no zeroing first).
+/// (after [`check_forward_unallocated`], or [`check_forward_shapes`] with
+/// the ids left to the tasks): `values` (emptied, and reserved if the
+/// caller has not) gets the `bags × dim` values, each written once (no
+/// zeroing first).
 ///
 /// # Errors
-/// [`EmbeddingError::SizeOverflow`] or
-/// [`EmbeddingError::AllocationFailed`] for the output.
+/// With [`CallIds::InTasks`], [`EmbeddingError::IndexOutOfRange`] for the
+/// first bad id; [`EmbeddingError::SizeOverflow`] or
+/// [`EmbeddingError::AllocationFailed`] for the output. Then `values` is
+/// empty (and `max_indices` holds nothing to read).
 // `forward_valid`'s arguments, the output a `Vec`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward_valid_fresh<I: Index>(
     par: Parallelism,
     table: &[f32],
     dim: usize,
-    ids: ValidIds<'_, I>,
+    ids: CallIds<'_, I>,
     bags: &Bags,
     pooling: &Pooling<'_>,
     values: &mut Vec<f32>,
@@ -288,7 +320,7 @@ pub(crate) fn forward_valid_fresh<I: Index>(
 pub(crate) fn forward_fresh<I: Index>(
     par: Parallelism,
     table: TableRef<'_>,
-    ids: ValidIds<'_, I>,
+    ids: CallIds<'_, I>,
     bags: &Bags,
     pooling: &Pooling<'_>,
     values: &mut Vec<f32>,

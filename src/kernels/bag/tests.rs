@@ -1,6 +1,6 @@
 //! The bag forward on every instruction set against the reference.
 
-use super::forward::forward_on;
+use super::forward::{forward_on, CallIds};
 use super::*;
 use crate::kernels::row_format::Slot;
 use crate::kernels::row_format::{F32Rows, RowFormat};
@@ -32,8 +32,9 @@ impl Slot for Written {
 }
 
 /// [`forward_on`] into `out` and `at` (prefilled by the caller), and again
-/// into an output of [`Written`]s: every value of that one must be written,
-/// and hold the bits of `out`.
+/// into outputs of [`Written`]s, once with the ids checked and once with
+/// the tasks checking them ([`CallIds::InTasks`]): every value of those
+/// must be written, and hold the bits of `out`.
 #[allow(clippy::too_many_arguments)]
 fn forward_both<T: RowFormat>(
     isa: Isa,
@@ -45,25 +46,37 @@ fn forward_both<T: RowFormat>(
     out: &mut [f32],
     at: &mut [i64],
 ) {
-    let mut fresh = vec![Written(None); out.len()];
-    let mut fresh_at = vec![-9; at.len()];
-    forward_on(
-        isa,
-        par,
-        table,
-        ids,
-        bags,
-        pooling,
-        &mut fresh,
-        &mut fresh_at,
-    );
-    forward_on(isa, par, table, ids, bags, pooling, out, at);
+    let checked = CallIds::Checked(ids);
+    assert!(forward_on(isa, par, table, checked, bags, pooling, out, at));
     let bits: Vec<Written> = out.iter().map(|v| Written(Some(v.to_bits()))).collect();
-    assert_eq!(fresh, bits, "the fresh output differs ({isa:?} {par:?})");
-    assert_eq!(
-        fresh_at, at,
-        "the fresh output's winners differ ({isa:?} {par:?})"
-    );
+    let in_tasks = CallIds::InTasks {
+        ids: ids.as_slice(),
+        num_embeddings: ids.num_embeddings(),
+    };
+    for (how, call_ids) in [("checked", checked), ("in tasks", in_tasks)] {
+        let mut fresh = vec![Written(None); out.len()];
+        let mut fresh_at = vec![-9; at.len()];
+        let fresh_out = &mut fresh;
+        let all = forward_on(
+            isa,
+            par,
+            table,
+            call_ids,
+            bags,
+            pooling,
+            fresh_out,
+            &mut fresh_at,
+        );
+        assert!(all, "a task stopped on good ids ({how} {isa:?} {par:?})");
+        assert_eq!(
+            fresh, bits,
+            "the fresh output differs ({how} {isa:?} {par:?})"
+        );
+        assert_eq!(
+            fresh_at, at,
+            "the fresh output's winners differ ({how} {isa:?} {par:?})"
+        );
+    }
 }
 
 /// Bags that hold no id, alone or before one that does, give zeros (and
@@ -452,6 +465,125 @@ fn tables_read_with_hints_give_the_reference_bits() {
                         assert_eq!(first_difference(&out, &want), None, "{what}");
                     }
                 }
+            }
+        }
+    }
+}
+
+/// With the ids left to the forward's tasks ([`CallIds::InTasks`]), a bad
+/// id anywhere (a task's first or last position, among the rows the task
+/// before hints ahead, in the last bag, past the last bag) gives the error
+/// of the whole check, the first bad id's, and an empty output, on one
+/// thread and on two; and good ids give the checked forward's bits, those
+/// past the last bag included.
+#[test]
+fn ids_checked_in_tasks_give_the_first_bad_one() {
+    // A table past `PREFETCH_MIN_TABLE_BYTES`, so the bags hint ahead, and
+    // 4 096 bags of 16 columns: 256 KiB of output, 16 tasks of 256 bags.
+    let (rows, dim, bags_n) = (10_000usize, 16usize, 4096usize);
+    let mut seed = 11;
+    let table: Vec<f32> = (0..rows * dim)
+        .map(|_| (mix(&mut seed) % 2001) as f32 / 1000.0 - 1.0)
+        .collect();
+    let mut offsets = vec![0usize];
+    for _ in 0..bags_n {
+        let last = offsets[offsets.len() - 1];
+        offsets.push(last + mix(&mut seed) as usize % 24);
+    }
+    let limit = offsets[bags_n];
+    // Ten ids past the last offset, which belong to no bag.
+    let n = limit + 10;
+    let good: Vec<i64> = (0..n)
+        .map(|_| (mix(&mut seed) % rows as u64) as i64)
+        .collect();
+    let bags = Bags::from_offsets(&offsets, n, true).unwrap();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    let table = F32Rows { table: &table, dim };
+    let second_task = offsets[256];
+    let positions = [
+        0,
+        1,
+        second_task - 1,
+        second_task,
+        second_task + 2,
+        offsets[bags_n - 1],
+        limit - 1,
+        limit,
+        n - 1,
+    ];
+    for mode in [Mode::Sum, Mode::Mean, Mode::Max] {
+        let pooling = Pooling {
+            mode,
+            ..Pooling::default()
+        };
+        let len = if mode == Mode::Max { bags_n * dim } else { 0 };
+        for par in [Parallelism::Serial, Parallelism::Rayon] {
+            let fresh = |ids: &[i64], values: &mut Vec<f32>, at: &mut [i64]| {
+                let call_ids = CallIds::InTasks {
+                    ids,
+                    num_embeddings: rows,
+                };
+                pool.install(|| {
+                    forward::forward_fresh(
+                        Isa::detect(),
+                        par,
+                        table,
+                        call_ids,
+                        &bags,
+                        &pooling,
+                        values,
+                        at,
+                    )
+                })
+            };
+            let valid = ValidIds::new(&good, rows).unwrap();
+            let mut want = vec![f32::NAN; bags_n * dim];
+            let mut want_at = vec![0; len];
+            let checked = CallIds::Checked(valid);
+            let isa = Isa::detect();
+            pool.install(|| {
+                forward_on(
+                    isa,
+                    par,
+                    table,
+                    checked,
+                    &bags,
+                    &pooling,
+                    &mut want,
+                    &mut want_at,
+                )
+            });
+            let mut values = Vec::new();
+            let mut at = vec![0; len];
+            fresh(&good, &mut values, &mut at).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&values), bits(&want), "{mode:?} {par:?}");
+            assert_eq!(at, want_at, "{mode:?} {par:?}");
+            for (k, &position) in positions.iter().enumerate() {
+                let mut ids = good.clone();
+                let bad = [-1, rows as i64, i64::MAX][k % 3];
+                ids[position] = bad;
+                // A later bad id does not hide this one.
+                if position + 5 < n {
+                    ids[position + 5] = -7;
+                }
+                let want = ValidIds::new(&ids, rows).unwrap_err();
+                assert_eq!(
+                    want,
+                    EmbeddingError::IndexOutOfRange {
+                        position,
+                        index: i128::from(bad),
+                        num_embeddings: rows
+                    }
+                );
+                let mut values = vec![1.0; 3];
+                let got = fresh(&ids, &mut values, &mut at);
+                let what = format!("{mode:?} {par:?} bad {bad} at {position}");
+                assert_eq!(got, Err(want), "{what}");
+                assert!(values.is_empty(), "{what}");
             }
         }
     }
