@@ -278,8 +278,10 @@ impl EmbeddingBag {
     /// # Errors
     /// A shape error (including [`EmbeddingError::SizeOverflow`] for
     /// `bags × embedding_dim`), [`EmbeddingError::PerSampleWeightsNeedSum`]
-    /// or [`EmbeddingError::IndexOutOfRange`] (all checked before anything
-    /// is allocated), then [`EmbeddingError::AllocationFailed`] for the
+    /// or [`EmbeddingError::IndexOutOfRange`] (the shapes are checked before
+    /// anything is allocated; without `max_norm` the forward's tasks check
+    /// the ids, each those it reads, and a bad id is reported as the first
+    /// one of the call), then [`EmbeddingError::AllocationFailed`] for the
     /// outputs or the renormalisation's workspace; then nothing has changed,
     /// the table included.
     pub fn forward<I: Index>(

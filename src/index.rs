@@ -94,15 +94,24 @@ impl_unsigned!(u32, u64, usize);
 impl_signed!(i32, i64);
 
 /// Ids that have been checked against a row count: every one of them is a
-/// valid row. Only [`ValidIds::new`] and [`ValidIds::window`] make one, so a
-/// kernel that takes this type cannot be handed an unchecked id.
+/// valid row. Only [`ValidIds::new_with`] (and [`ValidIds::new`]) make one
+/// from unchecked ids, so a kernel that takes this type cannot be handed an
+/// unchecked id.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ValidIds<'a, I: Index> {
-    /// The checked ids: position `base + k` is `ids[k]`.
     ids: &'a [I],
-    /// The position of `ids[0]` in the caller's ids (0 but for a window).
-    base: usize,
     num_embeddings: usize,
+}
+
+/// Some of a call's ids, checked, under the positions they have among all
+/// of them: what one task of a bag forward reads when the tasks check
+/// their own ids ([`IdsWindow::check`]), or all of a call's checked ids
+/// ([`IdsWindow::all`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct IdsWindow<'a, I: Index> {
+    /// Position `base + k` of the call's ids is `ids`' `k`.
+    ids: ValidIds<'a, I>,
+    base: usize,
 }
 
 /// How many ids the vectorised scan checks before it looks for an early exit.
@@ -112,9 +121,10 @@ const CHECK_BLOCK: usize = 1024;
 /// first thing a call does) across the pool: a call with that many ids is
 /// split next anyway, and the other threads would wait out a serial scan.
 /// narrow's bag sum through `EmbeddingBag::forward` (262 144 `i64` ids, 2
-/// MiB), two threads, a test program alternating the two builds four
-/// times (2026-11-24, medians of 2 s of calls): 294-351 µs with the serial
-/// scan, 254-266 µs split.
+/// MiB; that call now checks its ids in its tasks, as every bag forward
+/// into a fresh output does), two threads, a test program alternating the
+/// two builds four times (2026-11-24, medians of 2 s of calls): 294-351 µs
+/// with the serial scan, 254-266 µs split.
 const CHECK_PARALLEL_MIN_BYTES: usize = 1 << 20;
 
 /// How many blocks of [`CHECK_BLOCK`] ids a task of a split scan checks
@@ -201,33 +211,8 @@ impl<'a, I: Index> ValidIds<'a, I> {
         }
         Ok(ValidIds {
             ids,
-            base: 0,
             num_embeddings,
         })
-    }
-
-    /// The ids at `positions` of `ids`, checked against `num_embeddings` by
-    /// one scan on this thread, or `None` if one of them is not a row. The
-    /// window keeps the positions of `ids`: [`row`](Self::row) and
-    /// [`slice`](Self::slice) take positions in `positions`, for a task that
-    /// reads no other id of a call (a bag forward whose tasks check their
-    /// own ids). `None` too if `positions` does not lie in `ids`.
-    pub(crate) fn window(
-        ids: &'a [I],
-        positions: core::ops::Range<usize>,
-        num_embeddings: usize,
-    ) -> Option<Self> {
-        let base = positions.start;
-        let ids = ids.get(positions)?;
-        let bound = num_embeddings as u64;
-        match Isa::detect().run(FirstBadBlock { ids, bound }) {
-            Some(_) => None,
-            None => Some(ValidIds {
-                ids,
-                base,
-                num_embeddings,
-            }),
-        }
     }
 
     /// Whether [`new_with`](Self::new_with) splits the check of `ids`
@@ -238,7 +223,7 @@ impl<'a, I: Index> ValidIds<'a, I> {
             && ids.len() > CHECK_TASK_BLOCKS * CHECK_BLOCK
     }
 
-    /// How many ids there are (in a window, its own).
+    /// How many ids there are.
     #[inline]
     pub(crate) fn len(&self) -> usize {
         self.ids.len()
@@ -259,14 +244,12 @@ impl<'a, I: Index> ValidIds<'a, I> {
     /// The row of id number `position`.
     ///
     /// # Panics
-    /// If `position` is not one of the checked ones (`position >=
-    /// self.len()`, or outside a window), like slice indexing.
+    /// If `position >= self.len()`, like slice indexing.
     #[inline(always)]
     pub(crate) fn row(&self, position: usize) -> usize {
         // Every id was checked to lie in `0..num_embeddings`, so its plain
-        // conversion is its row. Outside a window `base` is 0 and `position`
-        // the index; a position before a window's wraps past every index.
-        sealed::Sealed::checked_row(self.ids[position.wrapping_sub(self.base)])
+        // conversion is its row.
+        sealed::Sealed::checked_row(self.ids[position])
     }
 
     /// The ids themselves.
@@ -281,20 +264,66 @@ impl<'a, I: Index> ValidIds<'a, I> {
         self.ids.iter().map(|&id| sealed::Sealed::checked_row(id))
     }
 
-    /// The ids at positions `range`, still checked, their positions
-    /// counted from 0 again.
+    /// The ids of `range`, still checked.
+    #[inline]
+    pub(crate) fn slice(&self, range: core::ops::Range<usize>) -> ValidIds<'a, I> {
+        ValidIds {
+            ids: &self.ids[range],
+            num_embeddings: self.num_embeddings,
+        }
+    }
+}
+
+impl<'a, I: Index> IdsWindow<'a, I> {
+    /// All of a call's checked ids.
+    #[inline]
+    pub(crate) fn all(ids: ValidIds<'a, I>) -> Self {
+        IdsWindow { ids, base: 0 }
+    }
+
+    /// The ids at `positions` of `ids`, checked against `num_embeddings` by
+    /// one scan on this thread (the thread's widest instruction set), or
+    /// `None` if one of them is not a row, or `positions` does not lie in
+    /// `ids`.
+    pub(crate) fn check(
+        ids: &'a [I],
+        positions: core::ops::Range<usize>,
+        num_embeddings: usize,
+    ) -> Option<Self> {
+        let base = positions.start;
+        let ids = ids.get(positions)?;
+        let bound = num_embeddings as u64;
+        match Isa::detect().run(FirstBadBlock { ids, bound }) {
+            Some(_) => None,
+            None => Some(IdsWindow {
+                ids: ValidIds {
+                    ids,
+                    num_embeddings,
+                },
+                base,
+            }),
+        }
+    }
+
+    /// The row of the id at `position` (of the call's ids).
     ///
     /// # Panics
-    /// If `range` does not lie in the checked positions, like slice indexing.
+    /// If `position` is not in the window, like slice indexing (a position
+    /// before it wraps past every index).
+    #[inline(always)]
+    pub(crate) fn row(&self, position: usize) -> usize {
+        self.ids.row(position.wrapping_sub(self.base))
+    }
+
+    /// The ids at positions `range` (of the call's ids), still checked, as
+    /// ids of their own (positions from 0).
+    ///
+    /// # Panics
+    /// If `range` does not lie in the window, like slice indexing.
     #[inline]
     pub(crate) fn slice(&self, range: core::ops::Range<usize>) -> ValidIds<'a, I> {
         let from = range.start.wrapping_sub(self.base);
-        let to = range.end.wrapping_sub(self.base);
-        ValidIds {
-            ids: &self.ids[from..to],
-            base: 0,
-            num_embeddings: self.num_embeddings,
-        }
+        self.ids.slice(from..range.end.wrapping_sub(self.base))
     }
 }
 

@@ -206,7 +206,9 @@ pub(crate) fn for_each_chunk_pair<A, B, F>(
 /// has two threads or more, and the calling thread is none of the pool's:
 /// a call that hands the pool two pieces of work one after the other (the
 /// split id check, then the kernel) then puts its caller to sleep and wakes
-/// it once, not twice. Otherwise runs `f` here.
+/// it once, not twice. (The bag layers' fresh forwards, whose tasks check
+/// their ids, pass the same condition: a call with that many ids goes to
+/// the pool anyway.) Otherwise runs `f` here.
 pub(crate) fn in_pool<R: Send>(inside: bool, f: impl FnOnce() -> R + Send) -> R {
     if inside && rayon::current_thread_index().is_none() && rayon::current_num_threads() > 1 {
         rayon::scope(|_| f())

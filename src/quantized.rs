@@ -171,9 +171,10 @@ impl QuantizedEmbeddingBag {
     /// values, and with max mode the winning ids.
     ///
     /// # Errors
-    /// As [`table_bag_forward`](crate::table_bag_forward) (checked before
-    /// anything is allocated), then [`EmbeddingError::AllocationFailed`] for
-    /// the outputs.
+    /// As [`table_bag_forward`](crate::table_bag_forward) (the shapes
+    /// checked before anything is allocated, the ids by the forward's tasks,
+    /// a bad one reported as the first one of the call), then
+    /// [`EmbeddingError::AllocationFailed`] for the outputs.
     pub fn forward<I: Index>(
         &self,
         ids: &[I],

@@ -805,6 +805,25 @@ proptest! {
             _ => { check_forward::<usize, u64>(&c)?; check_backward::<usize, u64>(&c)?; }
         }
     }
+
+    /// A bad id in a large call: several tasks, most tables large enough
+    /// that the bags hint rows ahead, so the layers' tasks check windows
+    /// that reach into the next task's bags.
+    #[test]
+    fn large_calls_report_the_first_bad_id(
+        c in large_case(),
+        position in any::<usize>(),
+        pick in any::<usize>(),
+        pair in 0..5u8,
+    ) {
+        match pair {
+            0 => check_bad_id::<u32, i64>(&c, position, pick)?,
+            1 => check_bad_id::<i32, u32>(&c, position, pick)?,
+            2 => check_bad_id::<u64, i32>(&c, position, pick)?,
+            3 => check_bad_id::<i64, usize>(&c, position, pick)?,
+            _ => check_bad_id::<usize, u64>(&c, position, pick)?,
+        }
+    }
 }
 
 /// Every forward entry point (serial, split, plain) and the reference

@@ -234,6 +234,16 @@ fn every_check_comes_before_the_allocation_it_guards() {
     let quantized = QuantizedEmbedding::from_table(table);
     assert_eq!(quantized.forward(&[0u32], &[1]).unwrap_err(), bad);
 
+    // The bag layers' forwards leave the ids to their tasks, but report a
+    // bad one before an output they could not allocate.
+    for mode in [Mode::Sum, Mode::Max] {
+        let table = OwnedTable::from_le_bytes(Format::F16, HUGE_FLOATS, &[]).unwrap();
+        let quantized = QuantizedEmbeddingBag::from_table(table, mode, None, false).unwrap();
+        let bags = Bags::fixed(1, 1).unwrap();
+        let got = quantized.forward(&[0u32], &bags, None).unwrap_err();
+        assert_eq!(got, bad, "{mode}");
+    }
+
     // The one-hot oracle checks its ids before its matrix, too.
     assert_eq!(
         one_hot(&[-1i64], HUGE_FLOATS).unwrap_err(),

@@ -4,8 +4,8 @@
 
 use super::{max, sum};
 use crate::bags::Bags;
-use crate::error::EmbeddingError;
-use crate::index::{Index, ValidIds};
+use crate::error::{EmbeddingError, Operand};
+use crate::index::{IdsWindow, Index, ValidIds};
 use crate::kernels::row_format::{Cols, F32Rows, OnRows, RowFormat, RowSpan, Slot};
 use crate::kernels::tuning::{bag_ahead, task_bytes, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES};
 use crate::parallel::{for_each_chunk, for_each_chunk_pair, Parallelism};
@@ -51,9 +51,10 @@ pub(crate) enum CallIds<'i, I: Index> {
     Checked(ValidIds<'i, I>),
     /// Not checked yet: each task checks the positions it reads (its bags'
     /// and the `ahead` after them) before it reads a row, and writes nothing
-    /// if one is not a row of `num_embeddings`. Only for an output nobody
-    /// sees until the call succeeds ([`forward_fresh`]); the ids outside
-    /// every bag are the caller's to check.
+    /// if one is not a row of `num_embeddings` (nor once another task found
+    /// one). Only for an output nobody sees until the call succeeds
+    /// ([`forward_fresh`]); the ids outside every bag, which no task reads,
+    /// are the caller's to check ([`forward_fresh`] does).
     InTasks { ids: &'i [I], num_embeddings: usize },
 }
 
@@ -85,17 +86,24 @@ pub(crate) fn forward_fresh<I: Index, T: RowFormat>(
     max_indices: &mut [i64],
 ) -> Result<(), EmbeddingError> {
     values.clear();
+    if pooling.mode == Mode::Max {
+        // Max's tasks pair runs of `values` with runs of `max_indices`:
+        // one shorter than the other would leave values unwritten.
+        let len = crate::shape::rows_len(bags.len(), table.dim())?;
+        crate::shape::check_len(Operand::MaxIndices, len, max_indices.len())?;
+    }
     if let CallIds::InTasks {
         ids,
         num_embeddings,
     } = ids
     {
+        debug_assert_eq!(bags.num_ids(), ids.len(), "bags made for other ids");
         let outside = [0..bags.starts()[0], bags.starts()[bags.len()]..ids.len()];
         let untouched = table.dim() == 0 || bags.is_empty();
         if untouched
             || outside
                 .iter()
-                .any(|p| ValidIds::window(ids, p.clone(), num_embeddings).is_none())
+                .any(|p| IdsWindow::check(ids, p.clone(), num_embeddings).is_none())
         {
             // No task would check them, or one outside the bags is bad:
             // the whole check finds the first bad one.
@@ -107,11 +115,15 @@ pub(crate) fn forward_fresh<I: Index, T: RowFormat>(
     let fresh = match crate::memory::fresh_floats(values, bags.len(), table.dim()) {
         Ok(fresh) => fresh,
         Err(e) => {
-            // A bad id is the error a caller sees first.
-            if let CallIds::InTasks {
-                ids,
-                num_embeddings,
-            } = ids
+            // A bad id is the error a caller sees before a refused
+            // allocation (and after a size that overflows).
+            if let (
+                CallIds::InTasks {
+                    ids,
+                    num_embeddings,
+                },
+                EmbeddingError::AllocationFailed { .. },
+            ) = (ids, &e)
             {
                 ValidIds::new_with(par, ids, num_embeddings)?;
             }
@@ -128,8 +140,10 @@ pub(crate) fn forward_fresh<I: Index, T: RowFormat>(
         // that kept no row, zeroes the whole row; for rows of one column
         // block (`sum::one_block`), `sum::pool_each` stores that block, the
         // whole row, of each bag of the run, or zeroes the row of a bag that
-        // kept none. A task returns without writing only when its ids fail
-        // their check, and then `forward_on` returns `false`. It returns
+        // kept none; in max mode `max_indices` holds `len` values too
+        // (checked above), so the paired runs cover both. A task returns
+        // without writing only when its ids fail their check or another
+        // task's did, and then `forward_on` returns `false`. It returns
         // after every task. The capacity is `len` or more
         // (`memory::fresh_floats` reserved `bags × dim`, `len`, values).
         #[allow(unsafe_code)]
@@ -212,7 +226,9 @@ impl<I: Index, S: Slot> OnRows for Forward<'_, '_, I, S> {
 /// [`forward_valid`] on a chosen instruction set and table format; the
 /// tests run each. Returns whether every bag was written: `false` when the
 /// ids were [`CallIds::InTasks`] and a task found one that is not a row
-/// (that task wrote nothing; others may have written theirs).
+/// (that task, and those that started after, wrote nothing; others may have
+/// written theirs). With [`CallIds::InTasks`] the ids outside every bag are
+/// not checked here.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn forward_on<I: Index, T: RowFormat, S: Slot>(
     isa: Isa,
@@ -247,7 +263,9 @@ pub(super) fn forward_on<I: Index, T: RowFormat, S: Slot>(
     let stopped = AtomicBool::new(false);
     let task = |first_bag: usize, out: &mut [S], max_indices: &mut [i64]| {
         let ids = match ids {
-            CallIds::Checked(valid) => valid,
+            CallIds::Checked(valid) => IdsWindow::all(valid),
+            // The call is lost: no need to read more.
+            CallIds::InTasks { .. } if stopped.load(Ordering::Relaxed) => return,
             CallIds::InTasks {
                 ids,
                 num_embeddings,
@@ -257,7 +275,7 @@ pub(super) fn forward_on<I: Index, T: RowFormat, S: Slot>(
                 let first = bags.starts()[first_bag];
                 let end = bags.starts()[first_bag + out.len() / dim];
                 let window = first..limit.min(end.saturating_add(ahead));
-                match ValidIds::window(ids, window, num_embeddings) {
+                match IdsWindow::check(ids, window, num_embeddings) {
                     Some(valid) => valid,
                     None => {
                         stopped.store(true, Ordering::Relaxed);
@@ -304,7 +322,7 @@ pub(super) fn forward_on<I: Index, T: RowFormat, S: Slot>(
 pub(super) struct Rows<'i, I: Index, T> {
     pub(super) table: T,
     pub(super) dim: usize,
-    pub(super) ids: ValidIds<'i, I>,
+    pub(super) ids: IdsWindow<'i, I>,
     pub(super) padding_idx: Option<usize>,
     /// How many positions ahead rows are prefetched; 0 for none.
     pub(super) ahead: usize,

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! check table, bags, weights, out, max_indices, every id   (nothing written)
+//!     (a fresh output: every id but the bags', which each task checks first)
 //! for each task of whole bags (split across threads):
 //!     for each bag b, for each column block (sum: 384 columns with
 //!     AVX-512, 128 with AVX, 64 without; then the smaller blocks, then the
@@ -28,7 +29,11 @@
 //!
 //! 1. **Checks first.** The offsets are checked once into [`Bags`] (start at
 //!    0, never decrease, never pass the number of ids), every id by
-//!    [`ValidIds`], the buffers by length; then the loop cannot fail.
+//!    [`ValidIds`], the buffers by length; then the loop cannot fail. A
+//!    forward into a fresh output the caller sees only on success checks
+//!    the ids inside its tasks instead, each the positions it reads
+//!    ([`CallIds::InTasks`]): a task that finds a bad one writes nothing,
+//!    and the call reports the first bad id of all.
 //! 2. **Registers, not the output.** A bag is pooled one column block at a
 //!    time, the block's accumulators in registers, one pass over the bag's
 //!    rows per block (a bag of a few dozen rows stays in L1 or L2 between

@@ -474,13 +474,17 @@ fn tables_read_with_hints_give_the_reference_bits() {
 /// id anywhere (a task's first or last position, among the rows the task
 /// before hints ahead, in the last bag, past the last bag) gives the error
 /// of the whole check, the first bad id's, and an empty output, on one
-/// thread and on two; and good ids give the checked forward's bits, those
-/// past the last bag included.
+/// thread and on two, on every instruction set, for `f32` and 8-bit rows,
+/// with padding and weights; a task that meets one writes none of its bags;
+/// and good ids give the checked forward's bits, those past the last bag
+/// included.
 #[test]
 fn ids_checked_in_tasks_give_the_first_bad_one() {
+    use crate::formats::{PackedTable, RowWise};
+    use crate::kernels::row_format::Packed;
     // A table past `PREFETCH_MIN_TABLE_BYTES`, so the bags hint ahead, and
     // 4 096 bags of 16 columns: 256 KiB of output, 16 tasks of 256 bags.
-    let (rows, dim, bags_n) = (10_000usize, 16usize, 4096usize);
+    let (rows, dim, bags_n) = (40_000usize, 16usize, 4096usize);
     let mut seed = 11;
     let table: Vec<f32> = (0..rows * dim)
         .map(|_| (mix(&mut seed) % 2001) as f32 / 1000.0 - 1.0)
@@ -490,101 +494,178 @@ fn ids_checked_in_tasks_give_the_first_bad_one() {
         let last = offsets[offsets.len() - 1];
         offsets.push(last + mix(&mut seed) as usize % 24);
     }
-    let limit = offsets[bags_n];
     // Ten ids past the last offset, which belong to no bag.
-    let n = limit + 10;
-    let good: Vec<i64> = (0..n)
+    let n = offsets[bags_n] + 10;
+    let ids: Vec<i64> = (0..n)
         .map(|_| (mix(&mut seed) % rows as u64) as i64)
         .collect();
+    let weights: Vec<f32> = (0..n).map(|k| [0.5, -2.0, 3.0][k % 3]).collect();
     let bags = Bags::from_offsets(&offsets, n, true).unwrap();
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
-        .build()
-        .unwrap();
-    let table = F32Rows { table: &table, dim };
-    let second_task = offsets[256];
-    let positions = [
-        0,
-        1,
-        second_task - 1,
-        second_task,
-        second_task + 2,
-        offsets[bags_n - 1],
-        limit - 1,
-        limit,
-        n - 1,
-    ];
-    for mode in [Mode::Sum, Mode::Mean, Mode::Max] {
-        let pooling = Pooling {
-            mode,
-            ..Pooling::default()
-        };
-        let len = if mode == Mode::Max { bags_n * dim } else { 0 };
-        for par in [Parallelism::Serial, Parallelism::Rayon] {
-            let fresh = |ids: &[i64], values: &mut Vec<f32>, at: &mut [i64]| {
-                let call_ids = CallIds::InTasks {
-                    ids,
-                    num_embeddings: rows,
-                };
-                pool.install(|| {
-                    forward::forward_fresh(
-                        Isa::detect(),
-                        par,
-                        table,
-                        call_ids,
-                        &bags,
-                        &pooling,
-                        values,
-                        at,
-                    )
-                })
+    let case = InTasksCase {
+        rows,
+        ids,
+        bags,
+        offsets,
+        weights,
+    };
+    case.check(F32Rows { table: &table, dim });
+    let bytes = RowWise::Int8.prepack(&table, dim).unwrap();
+    let packed = PackedTable::new(RowWise::Int8, dim, &bytes).unwrap();
+    case.check(Packed::<8>::new(&packed));
+}
+
+/// The ids, bags and weights of [`ids_checked_in_tasks_give_the_first_bad_one`].
+struct InTasksCase {
+    rows: usize,
+    ids: Vec<i64>,
+    bags: Bags,
+    offsets: Vec<usize>,
+    weights: Vec<f32>,
+}
+
+impl InTasksCase {
+    fn check<T: RowFormat>(&self, table: T) {
+        let (rows, n, dim) = (self.rows, self.ids.len(), table.dim());
+        let (bags, offsets) = (&self.bags, &self.offsets);
+        let bags_n = bags.len();
+        let limit = offsets[bags_n];
+        let second_task = offsets[256];
+        let positions = [
+            0,
+            1,
+            second_task - 1,
+            second_task,
+            second_task + 2,
+            offsets[bags_n - 1],
+            limit - 1,
+            limit,
+            n - 1,
+        ];
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let poolings = [
+            (Mode::Sum, None, None),
+            (Mode::Sum, Some(&self.weights[..]), Some(3)),
+            (Mode::Mean, None, Some(5)),
+            (Mode::Max, None, None),
+        ];
+        for (mode, per_sample_weights, padding_idx) in poolings {
+            let pooling = Pooling {
+                mode,
+                per_sample_weights,
+                padding_idx,
+                ..Pooling::default()
             };
-            let valid = ValidIds::new(&good, rows).unwrap();
-            let mut want = vec![f32::NAN; bags_n * dim];
-            let mut want_at = vec![0; len];
-            let checked = CallIds::Checked(valid);
-            let isa = Isa::detect();
-            pool.install(|| {
-                forward_on(
-                    isa,
-                    par,
-                    table,
-                    checked,
-                    &bags,
-                    &pooling,
-                    &mut want,
-                    &mut want_at,
-                )
-            });
-            let mut values = Vec::new();
-            let mut at = vec![0; len];
-            fresh(&good, &mut values, &mut at).unwrap();
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&values), bits(&want), "{mode:?} {par:?}");
-            assert_eq!(at, want_at, "{mode:?} {par:?}");
-            for (k, &position) in positions.iter().enumerate() {
-                let mut ids = good.clone();
-                let bad = [-1, rows as i64, i64::MAX][k % 3];
-                ids[position] = bad;
-                // A later bad id does not hide this one.
-                if position + 5 < n {
-                    ids[position + 5] = -7;
-                }
-                let want = ValidIds::new(&ids, rows).unwrap_err();
-                assert_eq!(
-                    want,
-                    EmbeddingError::IndexOutOfRange {
-                        position,
-                        index: i128::from(bad),
-                        num_embeddings: rows
+            let len = if mode == Mode::Max { bags_n * dim } else { 0 };
+            for isa in Isa::all() {
+                for par in [Parallelism::Serial, Parallelism::Rayon] {
+                    let what = format!("{} {mode:?} {isa:?} {par:?}", core::any::type_name::<T>());
+                    let fresh = |ids: &[i64], values: &mut Vec<f32>, at: &mut [i64]| {
+                        let call_ids = CallIds::InTasks {
+                            ids,
+                            num_embeddings: rows,
+                        };
+                        pool.install(|| {
+                            forward::forward_fresh(
+                                isa, par, table, call_ids, bags, &pooling, values, at,
+                            )
+                        })
+                    };
+                    let valid = ValidIds::new(&self.ids, rows).unwrap();
+                    let mut want = vec![f32::NAN; bags_n * dim];
+                    let mut want_at = vec![0; len];
+                    let checked = CallIds::Checked(valid);
+                    pool.install(|| {
+                        forward_on(
+                            isa,
+                            par,
+                            table,
+                            checked,
+                            bags,
+                            &pooling,
+                            &mut want,
+                            &mut want_at,
+                        )
+                    });
+                    let mut values = Vec::new();
+                    let mut at = vec![0; len];
+                    fresh(&self.ids, &mut values, &mut at).unwrap();
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&values), bits(&want), "{what}");
+                    assert_eq!(at, want_at, "{what}");
+                    for (k, &position) in positions.iter().enumerate() {
+                        let mut ids = self.ids.clone();
+                        let bad = [-1, rows as i64, i64::MAX][k % 3];
+                        ids[position] = bad;
+                        // A later bad id does not hide this one.
+                        if position + 300 < n {
+                            ids[position + 300] = -7;
+                        }
+                        let want = EmbeddingError::IndexOutOfRange {
+                            position,
+                            index: i128::from(bad),
+                            num_embeddings: rows,
+                        };
+                        let mut values = vec![1.0; 3];
+                        let got = fresh(&ids, &mut values, &mut at);
+                        let what = format!("{what} bad {bad} at {position}");
+                        assert_eq!(got, Err(want), "{what}");
+                        assert!(values.is_empty(), "{what}");
+                        if position < limit {
+                            self.stopped_task_writes_nothing(table, &ids, position, &pooling);
+                        }
                     }
-                );
-                let mut values = vec![1.0; 3];
-                let got = fresh(&ids, &mut values, &mut at);
-                let what = format!("{mode:?} {par:?} bad {bad} at {position}");
-                assert_eq!(got, Err(want), "{what}");
-                assert!(values.is_empty(), "{what}");
+                }
             }
         }
+    }
+
+    /// `forward_on` with the ids left to the tasks and a bad id at
+    /// `position`, in a bag: it returns `false`, and the task whose bags
+    /// hold the position wrote none of them.
+    fn stopped_task_writes_nothing<T: RowFormat>(
+        &self,
+        table: T,
+        ids: &[i64],
+        position: usize,
+        pooling: &Pooling<'_>,
+    ) {
+        let (dim, bags) = (table.dim(), &self.bags);
+        let mut out = vec![Written(None); bags.len() * dim];
+        let mut at = vec![
+            0;
+            if pooling.mode == Mode::Max {
+                out.len()
+            } else {
+                0
+            }
+        ];
+        let call_ids = CallIds::InTasks {
+            ids,
+            num_embeddings: self.rows,
+        };
+        let isa = Isa::detect();
+        let par = Parallelism::Rayon;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let all = pool
+            .install(|| forward_on(isa, par, table, call_ids, bags, pooling, &mut out, &mut at));
+        assert!(!all, "bad id at {position}");
+        // The bag of the position (the last whose start is at or before
+        // it), and the run of bags its task wrote.
+        let bag = self.offsets[..bags.len()].partition_point(|&s| s <= position) - 1;
+        let out_bytes = out.len() * 4;
+        let per_task = pool.install(|| crate::kernels::tuning::task_bytes(out_bytes)) / (dim * 4);
+        let first = bag / per_task * per_task;
+        let end = (first + per_task).min(bags.len());
+        let run = &out[first * dim..end * dim];
+        assert!(
+            run.iter().all(|v| *v == Written(None)),
+            "bags {first}..{end} written around a bad id at {position} (bag {bag})"
+        );
     }
 }
