@@ -68,12 +68,21 @@ pub(crate) fn run<T: Send>(
     py.detach(f).map_err(error)
 }
 
+/// The stack of each of the pool's threads (address space: only the pages a
+/// thread touches take memory). rayon's default is Rust's 2 MiB, which an
+/// optimised build never comes near (its largest kernel frame is 48 KiB),
+/// but an unoptimised one, as CI builds the extension, keeps every local of
+/// a kernel's inlined body in a slot of its own: the bag sum's AVX-512 body
+/// took 4.3 MB, and a bag call split onto a pool thread overflowed its stack
+/// (a segmentation fault, since a library has no handler for it).
+const POOL_STACK_BYTES: usize = 16 << 20;
+
 /// Makes the pool on the first call; refuses a call that the pool cannot
 /// run. Nothing here touches Python, so the `OnceLock` cannot wait on a
 /// thread that waits for the GIL.
 fn ready() -> PyResult<()> {
     let made = MADE.get_or_init(|| {
-        let mut builder = rayon::ThreadPoolBuilder::new();
+        let mut builder = rayon::ThreadPoolBuilder::new().stack_size(POOL_STACK_BYTES);
         if MAIN.get() == Some(&std::thread::current().id()) {
             builder = builder.use_current_thread();
         }

@@ -375,6 +375,41 @@ def test_the_pool_follows_the_environment_and_the_importing_thread():
     assert _python(one, RAYON_NUM_THREADS="1") == "True"
 
 
+def test_calls_split_across_the_pool_give_the_bits_of_one_thread():
+    # Every kernel, on calls large enough that the pool's threads take part,
+    # against the same calls in a pool of one thread (the bits of any thread count);
+    # the pool's threads run the kernels' largest bodies (an unoptimised build's
+    # bag sum needs a stack of megabytes).
+    code = (
+        "import hashlib, numpy as np, embedding_kernels as ek\n"
+        "rng = np.random.default_rng(3)\n"
+        "rows, dim, n = 20_000, 384, 16_384\n"
+        "w = rng.standard_normal((rows, dim), dtype=np.float32)\n"
+        "ids = rng.integers(0, rows, n)\n"
+        "offsets = np.arange(0, n, 16)\n"
+        "g = rng.standard_normal((n // 16, dim), dtype=np.float32)\n"
+        "gl = rng.standard_normal((n, dim), dtype=np.float32)\n"
+        "outs = [ek.embedding(w, ids)]\n"
+        "for mode in ('sum', 'mean', 'max'):\n"
+        "    out, at = ek.embedding_bag(w, ids, offsets, mode=mode)\n"
+        "    outs.append(out)\n"
+        "    outs.append(ek.embedding_bag_backward(g, ids, rows, offsets, mode=mode, max_indices=at))\n"
+        "for fmt in ('f16', 'bf16', 'int8', 'int4'):\n"
+        "    t = w.astype(np.float16) if fmt == 'f16' else ek.prepack(w, fmt) if fmt != 'bf16' else (w.view(np.uint32) >> 16).astype(np.uint16)\n"
+        "    outs.append(ek.table_embedding(t, ids, format=fmt, embedding_dim=dim))\n"
+        "    outs.append(ek.table_embedding_bag(t, ids, offsets, mode='sum', format=fmt, embedding_dim=dim)[0])\n"
+        "outs.append(ek.embedding_dense_backward(gl, ids, rows))\n"
+        "outs.extend(ek.embedding_sparse_backward(gl, ids, rows))\n"
+        "outs.extend(ek.embedding_bag_sparse_backward(g, ids, rows, offsets, mode='sum'))\n"
+        "w2 = w.copy(); ek.embedding_sparse_sgd_step(w2, ids, gl, 0.1); outs.append(w2)\n"
+        "w3 = w.copy(); ek.embedding_bag_sparse_sgd_step(w3, ids, offsets, g, 0.1, mode='sum'); outs.append(w3)\n"
+        "s = np.zeros_like(w); w4 = w.copy()\n"
+        "ek.embedding_sparse_adagrad_step(w4, s, ids, gl, 0.1, 1); outs += [w4, s]\n"
+        "print(hashlib.sha256(b''.join(np.ascontiguousarray(o).tobytes() for o in outs)).hexdigest())\n"
+    )
+    assert _python(code, RAYON_NUM_THREADS="3") == _python(code, RAYON_NUM_THREADS="1")
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
 def test_a_forked_child_runs_on_its_main_thread_and_refuses_other_threads():
     code = (
