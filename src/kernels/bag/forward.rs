@@ -64,9 +64,10 @@ pub(crate) enum CallIds<'i, I: Index> {
 ///
 /// With [`CallIds::InTasks`] the ids are checked inside the forward's tasks
 /// rather than by a pass of their own before it: a call of many ids on
-/// narrow rows (262 144 ids of 16 columns) spent a sixth of its time on
-/// that pass and the hand-off to the pool it needed. The ids outside every
-/// bag are checked first, on this thread.
+/// narrow rows (262 144 ids of 16 columns) spent about 15 % of its time on
+/// that pass and the hand-off to the pool it needed, and about half as much
+/// on the tasks' checks (docs/benchmarks.md, "Ids checked in the bag
+/// tasks"). The ids outside every bag are checked first, on this thread.
 ///
 /// # Errors
 /// [`EmbeddingError::IndexOutOfRange`] for the first id that is not a row
