@@ -99,37 +99,25 @@ pub(crate) fn forward_fresh<I: Index, T: RowFormat>(
     } = ids
     {
         debug_assert_eq!(bags.num_ids(), ids.len(), "bags made for other ids");
-        let outside = [0..bags.starts()[0], bags.starts()[bags.len()]..ids.len()];
+        // Bags start at position 0, so the ids no task reads are those past
+        // the last bag's end.
+        let past_the_bags = bags.starts()[bags.len()]..ids.len();
         let untouched = table.dim() == 0 || bags.is_empty();
-        if untouched
-            || outside
-                .iter()
-                .any(|p| IdsWindow::check(ids, p.clone(), num_embeddings).is_none())
-        {
-            // No task would check them, or one outside the bags is bad:
-            // the whole check finds the first bad one.
+        if untouched || IdsWindow::check(ids, past_the_bags, num_embeddings).is_none() {
+            // No task would check them, or one past the bags is bad: the
+            // whole check finds the first bad one.
             let valid = ValidIds::new_with(par, ids, num_embeddings)?;
             let ids = CallIds::Checked(valid);
             return forward_fresh(isa, par, table, ids, bags, pooling, values, max_indices);
         }
     }
-    let fresh = match crate::memory::fresh_floats(values, bags.len(), table.dim()) {
-        Ok(fresh) => fresh,
-        Err(e) => {
-            // A bad id is the error a caller sees before a refused
-            // allocation (and after a size that overflows).
-            if let (
-                CallIds::InTasks {
-                    ids,
-                    num_embeddings,
-                },
-                EmbeddingError::AllocationFailed { .. },
-            ) = (ids, &e)
-            {
-                ValidIds::new_with(par, ids, num_embeddings)?;
-            }
-            return Err(e);
-        }
+    let fresh = crate::memory::fresh_floats(values, bags.len(), table.dim());
+    let fresh = match ids {
+        CallIds::InTasks {
+            ids,
+            num_embeddings,
+        } => super::ids_first(par, ids, num_embeddings, fresh)?,
+        CallIds::Checked(_) => fresh?,
     };
     let len = fresh.len();
     if forward_on(isa, par, table, ids, bags, pooling, fresh, max_indices) {

@@ -200,10 +200,11 @@ pub(crate) fn check_forward_unallocated<'a, I: Index>(
     Ok((ValidIds::new_with(par, ids, rows)?, out_len))
 }
 
-/// `allocated`, or its error unless an id of `ids` is not a row of `rows`:
-/// then that error, as if every id had been checked before anything was
-/// allocated (the order a caller of a fresh forward sees with the ids left
-/// to the tasks).
+/// `allocated`, or its error; but when the allocator refused
+/// ([`EmbeddingError::AllocationFailed`]) and an id of `ids` is not a row of
+/// `rows`, that id's error, as if every id had been checked before anything
+/// was allocated (the order a caller of a fresh forward sees with the ids
+/// left to the tasks; a size that overflows still comes first).
 pub(crate) fn ids_first<T, I: Index>(
     par: Parallelism,
     ids: &[I],
@@ -211,7 +212,9 @@ pub(crate) fn ids_first<T, I: Index>(
     allocated: Result<T, EmbeddingError>,
 ) -> Result<T, EmbeddingError> {
     allocated.or_else(|e| {
-        ValidIds::new_with(par, ids, rows)?;
+        if let EmbeddingError::AllocationFailed { .. } = e {
+            ValidIds::new_with(par, ids, rows)?;
+        }
         Err(e)
     })
 }
