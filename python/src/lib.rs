@@ -24,7 +24,8 @@
 //!
 //! The kernels run on the crate's rayon pool, which the main thread that
 //! imported the module joins (`pool.rs`); `caller_in_pool()` says whether the
-//! calling thread is in it.
+//! calling thread is in it, `pool_thread_spinning()` whether one of its
+//! threads is spinning after a call.
 
 mod bag;
 mod convert;
@@ -40,6 +41,7 @@ use pyo3::prelude::*;
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     pool::at_import(m.py())?;
     m.add_function(wrap_pyfunction!(pool::caller_in_pool, m)?)?;
+    m.add_function(wrap_pyfunction!(pool::pool_thread_spinning, m)?)?;
     m.add_function(wrap_pyfunction!(embedding::embedding, m)?)?;
     m.add_function(wrap_pyfunction!(embedding::embedding_dense_backward, m)?)?;
     m.add_function(wrap_pyfunction!(embedding::embedding_sparse_backward, m)?)?;

@@ -10,6 +10,11 @@
 //! until it is done. `EMBEDDING_KERNELS_CALLER_WAITS`, set to any value at
 //! import, keeps rayon's own pool, which every calling thread waits on.
 //!
+//! After each call one pool thread keeps looking for work for 100 µs
+//! (`EMBEDDING_KERNELS_SPIN_US`), as PyTorch's OpenMP threads spin after an
+//! op, so that a call made from Python a few µs after the last one finds it
+//! awake ([`linger`]).
+//!
 //! A fork copies the pool but not its threads. In a child of a process that
 //! had made its pool, the main thread (if it is in the pool) still runs
 //! every call, alone; a call from any other thread would wait for threads
@@ -18,12 +23,12 @@
 use crate::convert::error;
 use embedding_kernels::EmbeddingError;
 use pyo3::exceptions::PyRuntimeError;
-use pyo3::marker::Ungil;
 use pyo3::prelude::*;
 use std::error::Error;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::thread::ThreadId;
+use std::time::Instant;
 
 /// The importing thread, when it is Python's main thread and the caller is
 /// to work in the pool (set once, at import).
@@ -44,6 +49,18 @@ pub(crate) fn at_import(py: Python<'_>) -> PyResult<()> {
     if main.is(&here) && std::env::var_os("EMBEDDING_KERNELS_CALLER_WAITS").is_none() {
         let _ = MAIN.set(std::thread::current().id());
     }
+    if let Some(us) = std::env::var_os("EMBEDDING_KERNELS_SPIN_US") {
+        let us = us
+            .to_str()
+            .and_then(|us| us.trim().parse::<u64>().ok())
+            .filter(|&us| us <= 1_000_000)
+            .ok_or_else(|| {
+                pyo3::exceptions::PyValueError::new_err(format!(
+                    "EMBEDDING_KERNELS_SPIN_US must be a whole number of microseconds from 0 to 1000000, got {us:?}"
+                ))
+            })?;
+        SPIN_NS.store(us * 1_000, Ordering::Relaxed);
+    }
     let kwargs = pyo3::types::PyDict::new(py);
     kwargs.set_item("after_in_child", wrap_pyfunction!(after_fork_in_child, py)?)?;
     py.import("os")?
@@ -58,14 +75,98 @@ fn after_fork_in_child() {
 }
 
 /// Runs a kernel call `f` with the GIL released, once the pool is ready
-/// ([`ready`]); its error as the Python exception (`convert::error`). Every
-/// kernel of the module runs through here.
+/// ([`ready`]), and leaves a pool thread spinning after it ([`linger`]); its
+/// error as the Python exception (`convert::error`). Every kernel of the
+/// module runs through here.
 pub(crate) fn run<T: Send>(
     py: Python<'_>,
-    f: impl Ungil + FnOnce() -> Result<T, EmbeddingError>,
+    f: impl Send + FnOnce() -> Result<T, EmbeddingError>,
 ) -> PyResult<T> {
     ready()?;
-    py.detach(f).map_err(error)
+    let result = py.detach(|| {
+        mark_busy();
+        let result = f();
+        linger();
+        result
+    });
+    result.map_err(error)
+}
+
+/// How long a pool thread keeps looking for work after the last kernel
+/// call started or ended, in ns: `EMBEDDING_KERNELS_SPIN_US` at import (µs,
+/// 0 for never), else [`DEFAULT_SPIN_US`].
+static SPIN_NS: AtomicU64 = AtomicU64::new(DEFAULT_SPIN_US * 1_000);
+
+/// rayon's idle threads sleep a few µs after their work runs out, and waking
+/// one costs a split call 20-30 µs on this project's machine: a NumPy bag
+/// sum on minilm took 95 µs back to back and 125 µs with 20 µs of Python
+/// between calls, about what a module call spends around its kernel. 100 µs
+/// covers that with room; PyTorch's OpenMP threads spin for longer.
+const DEFAULT_SPIN_US: u64 = 100;
+
+/// Whether a pool thread is in [`linger`]'s job (at most one is).
+static LINGERING: AtomicBool = AtomicBool::new(false);
+
+/// When the last kernel call started or ended, in ns after [`epoch`].
+static LAST_BUSY: AtomicU64 = AtomicU64::new(0);
+
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn now_ns() -> u64 {
+    u64::try_from(epoch().elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+fn mark_busy() {
+    LAST_BUSY.store(now_ns(), Ordering::Relaxed);
+}
+
+fn idle_for(spin: u64) -> bool {
+    now_ns().saturating_sub(LAST_BUSY.load(Ordering::Relaxed)) >= spin
+}
+
+/// After a call: unless one already is, has a pool thread other than the
+/// calling one look for work until no call has started or ended for the
+/// spin time. It runs what it finds (`rayon::yield_now`: the next call's
+/// tasks, as an awake idle thread would) and otherwise yields its CPU
+/// between looks, so that a thread of another pool that wants the CPU gets
+/// it. One job covers a whole loop of calls: each call's end pushes the
+/// spin's end back.
+fn linger() {
+    let spin = SPIN_NS.load(Ordering::Relaxed);
+    mark_busy();
+    if spin == 0 || rayon::current_num_threads() < 2 || LINGERING.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    rayon::spawn(move || {
+        // The calling thread, when it is in the pool, can take the job back
+        // from its own queue while it waits in a later call: it leaves it.
+        if MAIN.get() != Some(&std::thread::current().id()) {
+            loop {
+                while !idle_for(spin) {
+                    if rayon::yield_now() != Some(rayon::Yield::Executed) {
+                        std::thread::yield_now();
+                    }
+                }
+                LINGERING.store(false, Ordering::Release);
+                // A call that ended between the last look and the store saw
+                // this job and spawned none: it is served here.
+                if idle_for(spin) || LINGERING.swap(true, Ordering::AcqRel) {
+                    return;
+                }
+            }
+        }
+        LINGERING.store(false, Ordering::Release);
+    });
+}
+
+/// Whether one of the pool's threads is spinning for the next call (see the
+/// module's docs), for tests.
+#[pyfunction]
+pub(crate) fn pool_thread_spinning() -> bool {
+    LINGERING.load(Ordering::Acquire)
 }
 
 /// The stack of each of the pool's threads (address space: only the pages a

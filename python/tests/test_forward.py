@@ -407,7 +407,48 @@ def test_calls_split_across_the_pool_give_the_bits_of_one_thread():
         "ek.embedding_sparse_adagrad_step(w4, s, ids, gl, 0.1, 1); outs += [w4, s]\n"
         "print(hashlib.sha256(b''.join(np.ascontiguousarray(o).tobytes() for o in outs)).hexdigest())\n"
     )
-    assert _python(code, RAYON_NUM_THREADS="3") == _python(code, RAYON_NUM_THREADS="1")
+    one_thread = _python(code, RAYON_NUM_THREADS="1")
+    assert _python(code, RAYON_NUM_THREADS="3") == one_thread
+    # With a pool thread spinning between the calls the whole time, running the
+    # next call's tasks from inside its spin.
+    spinning = _python(code, RAYON_NUM_THREADS="3", EMBEDDING_KERNELS_SPIN_US="1000000")
+    assert spinning == one_thread
+
+
+def test_a_pool_thread_spins_after_a_call_for_the_time_set():
+    # The flag is up from a call's end until the spin runs out (0.3 s here) with no
+    # call since; calls from the main thread and another thread during the spin work.
+    code = (
+        "import threading, time, numpy as np, embedding_kernels as ek\n"
+        "w = np.random.default_rng(1).standard_normal((50_000, 64), dtype=np.float32)\n"
+        "ids = np.random.default_rng(2).integers(0, 50_000, 100_000)\n"
+        "want = ek.embedding(w, ids)\n"
+        "up = ek._native.pool_thread_spinning()\n"
+        "same = [np.array_equal(ek.embedding(w, ids), want)]\n"
+        "t = threading.Thread(target=lambda: same.append(np.array_equal(ek.embedding(w, ids), want)))\n"
+        "t.start(); t.join()\n"
+        "end = time.monotonic() + 60\n"
+        "while ek._native.pool_thread_spinning() and time.monotonic() < end:\n"
+        "    time.sleep(0.01)\n"
+        "print(up, ek._native.pool_thread_spinning(), same)\n"
+    )
+    assert _python(code, EMBEDDING_KERNELS_SPIN_US="300000") == "True False [True, True]"
+    # Never with a spin of 0, nor in a pool of one thread.
+    assert _python(code, EMBEDDING_KERNELS_SPIN_US="0") == "False False [True, True]"
+    assert _python(code, RAYON_NUM_THREADS="1") == "False False [True, True]"
+
+
+@pytest.mark.parametrize("value", ["-1", "fast", "1e3", "1000001"])
+def test_a_bad_spin_time_is_refused_at_import(value):
+    run = subprocess.run(
+        [sys.executable, "-c", "import embedding_kernels"],
+        env=dict(os.environ, EMBEDDING_KERNELS_SPIN_US=value),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode != 0
+    assert "EMBEDDING_KERNELS_SPIN_US" in run.stderr and f'"{value}"' in run.stderr
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
