@@ -24,8 +24,9 @@
 //!
 //! The kernels run on the crate's rayon pool, which the main thread that
 //! imported the module joins (`pool.rs`); `caller_in_pool()` says whether the
-//! calling thread is in it, `pool_thread_spinning()` whether one of its
-//! threads is spinning after a call.
+//! calling thread is in it, `pool_thread_spinning()` whether a job spinning
+//! for the next call is queued or running, `pool_spin_counts()` how many
+//! such jobs ran and how many tasks they ran.
 
 mod bag;
 mod convert;
@@ -42,6 +43,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     pool::at_import(m.py())?;
     m.add_function(wrap_pyfunction!(pool::caller_in_pool, m)?)?;
     m.add_function(wrap_pyfunction!(pool::pool_thread_spinning, m)?)?;
+    m.add_function(wrap_pyfunction!(pool::pool_spin_counts, m)?)?;
     m.add_function(wrap_pyfunction!(embedding::embedding, m)?)?;
     m.add_function(wrap_pyfunction!(embedding::embedding_dense_backward, m)?)?;
     m.add_function(wrap_pyfunction!(embedding::embedding_sparse_backward, m)?)?;

@@ -11,9 +11,9 @@
 //! import, keeps rayon's own pool, which every calling thread waits on.
 //!
 //! After each call one pool thread keeps looking for work for 100 µs
-//! (`EMBEDDING_KERNELS_SPIN_US`), as PyTorch's OpenMP threads spin after an
-//! op, so that a call made from Python a few µs after the last one finds it
-//! awake ([`linger`]).
+//! (`EMBEDDING_KERNELS_SPIN_US`; unless one already is), as PyTorch's OpenMP
+//! threads spin after an op, so that a call made from Python a few µs after
+//! the last one finds it awake ([`linger`]).
 //!
 //! A fork copies the pool but not its threads. In a child of a process that
 //! had made its pool, the main thread (if it is in the pool) still runs
@@ -72,6 +72,8 @@ pub(crate) fn at_import(py: Python<'_>) -> PyResult<()> {
 #[pyfunction]
 fn after_fork_in_child() {
     FORKED_WITH_POOL.store(MADE.get().is_some(), Ordering::Relaxed);
+    // The spinning thread, if any, is not in the child.
+    SPIN_JOB.store(false, Ordering::Relaxed);
 }
 
 /// Runs a kernel call `f` with the GIL released, once the pool is ready
@@ -99,16 +101,22 @@ static SPIN_NS: AtomicU64 = AtomicU64::new(DEFAULT_SPIN_US * 1_000);
 
 /// rayon's idle threads sleep a few µs after their work runs out, and waking
 /// one costs a split call 20-30 µs on this project's machine: a NumPy bag
-/// sum on minilm took 95 µs back to back and 125 µs with 20 µs of Python
-/// between calls, about what a module call spends around its kernel. 100 µs
-/// covers that with room; PyTorch's OpenMP threads spin for longer.
+/// sum on minilm took 93-95 µs back to back and 117-120 µs with 50 µs of
+/// busy waiting between calls, about what a module call spends around its
+/// kernel. 100 µs covers that with room; PyTorch's OpenMP threads spin for
+/// longer.
 const DEFAULT_SPIN_US: u64 = 100;
 
-/// Whether a pool thread is in [`linger`]'s job (at most one is).
-static LINGERING: AtomicBool = AtomicBool::new(false);
+/// Whether a spin job is queued or running (one at most).
+static SPIN_JOB: AtomicBool = AtomicBool::new(false);
 
 /// When the last kernel call started or ended, in ns after [`epoch`].
 static LAST_BUSY: AtomicU64 = AtomicU64::new(0);
+
+/// For tests: the spin jobs that ran on a pool thread, and the tasks they
+/// ran (`pool_spin_counts`).
+static SPINS: AtomicU64 = AtomicU64::new(0);
+static SPIN_TASKS: AtomicU64 = AtomicU64::new(0);
 
 fn epoch() -> Instant {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
@@ -119,54 +127,75 @@ fn now_ns() -> u64 {
     u64::try_from(epoch().elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// Notes a call's start or end (calls from several threads only move the
+/// time forward).
 fn mark_busy() {
-    LAST_BUSY.store(now_ns(), Ordering::Relaxed);
+    LAST_BUSY.fetch_max(now_ns(), Ordering::Relaxed);
 }
 
-fn idle_for(spin: u64) -> bool {
-    now_ns().saturating_sub(LAST_BUSY.load(Ordering::Relaxed)) >= spin
-}
-
-/// After a call: unless one already is, has a pool thread other than the
-/// calling one look for work until no call has started or ended for the
-/// spin time. It runs what it finds (`rayon::yield_now`: the next call's
-/// tasks, as an awake idle thread would) and otherwise yields its CPU
-/// between looks, so that a thread of another pool that wants the CPU gets
-/// it. One job covers a whole loop of calls: each call's end pushes the
-/// spin's end back.
+/// After a call: unless a spin job is queued or running, spawns one, which
+/// has a pool thread other than the calling one look for work ([`spin`]).
+/// A call that ends just as the job ends may find it still there and spawn
+/// none; the next call's end does.
 fn linger() {
-    let spin = SPIN_NS.load(Ordering::Relaxed);
+    let spin_ns = SPIN_NS.load(Ordering::Relaxed);
     mark_busy();
-    if spin == 0 || rayon::current_num_threads() < 2 || LINGERING.swap(true, Ordering::AcqRel) {
+    if spin_ns == 0 || rayon::current_num_threads() < 2 || SPIN_JOB.swap(true, Ordering::AcqRel) {
         return;
     }
     rayon::spawn(move || {
         // The calling thread, when it is in the pool, can take the job back
         // from its own queue while it waits in a later call: it leaves it.
         if MAIN.get() != Some(&std::thread::current().id()) {
-            loop {
-                while !idle_for(spin) {
-                    if rayon::yield_now() != Some(rayon::Yield::Executed) {
-                        std::thread::yield_now();
-                    }
-                }
-                LINGERING.store(false, Ordering::Release);
-                // A call that ended between the last look and the store saw
-                // this job and spawned none: it is served here.
-                if idle_for(spin) || LINGERING.swap(true, Ordering::AcqRel) {
-                    return;
-                }
-            }
+            spin(spin_ns);
         }
-        LINGERING.store(false, Ordering::Release);
+        SPIN_JOB.store(false, Ordering::Release);
     });
 }
 
-/// Whether one of the pool's threads is spinning for the next call (see the
-/// module's docs), for tests.
+/// Looks for work until no call has started or ended for `spin_ns`, or for
+/// at most `spin_ns` in all: runs what it finds (`rayon::yield_now`: the
+/// next call's tasks, as an awake idle thread would) and otherwise gives up
+/// its CPU between looks (`sched_yield`), so that a thread waiting for that
+/// CPU runs first; with nothing else to run, the thread keeps a core busy.
+///
+/// The bound on the job's own time matters when Python calls from more
+/// than one thread: a pool thread waiting inside one call can take the job
+/// (rayon runs other work while it waits), and that call resumes only when
+/// the job returns, so a job that lived as long as another thread kept
+/// calling could hold the call up for as long.
+fn spin(spin_ns: u64) {
+    SPINS.fetch_add(1, Ordering::Relaxed);
+    let start = now_ns();
+    loop {
+        let now = now_ns();
+        let idle = now.saturating_sub(LAST_BUSY.load(Ordering::Relaxed));
+        if idle >= spin_ns || now.saturating_sub(start) >= spin_ns {
+            return;
+        }
+        if rayon::yield_now() == Some(rayon::Yield::Executed) {
+            SPIN_TASKS.fetch_add(1, Ordering::Relaxed);
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Whether a spin job is queued or running (see the module's docs), for
+/// tests.
 #[pyfunction]
 pub(crate) fn pool_thread_spinning() -> bool {
-    LINGERING.load(Ordering::Acquire)
+    SPIN_JOB.load(Ordering::Acquire)
+}
+
+/// The spin jobs that ran on a pool thread so far, and the tasks they ran,
+/// for tests.
+#[pyfunction]
+pub(crate) fn pool_spin_counts() -> (u64, u64) {
+    (
+        SPINS.load(Ordering::Relaxed),
+        SPIN_TASKS.load(Ordering::Relaxed),
+    )
 }
 
 /// The stack of each of the pool's threads (address space: only the pages a

@@ -416,8 +416,8 @@ def test_calls_split_across_the_pool_give_the_bits_of_one_thread():
 
 
 def test_a_pool_thread_spins_after_a_call_for_the_time_set():
-    # The flag is up from a call's end until the spin runs out (0.3 s here) with no
-    # call since; calls from the main thread and another thread during the spin work.
+    # A spin job is queued from a call's end until the spin runs out (0.3 s here) with
+    # no call since; calls from the main thread and another thread during it work.
     code = (
         "import threading, time, numpy as np, embedding_kernels as ek\n"
         "w = np.random.default_rng(1).standard_normal((50_000, 64), dtype=np.float32)\n"
@@ -436,6 +436,33 @@ def test_a_pool_thread_spins_after_a_call_for_the_time_set():
     # Never with a spin of 0, nor in a pool of one thread.
     assert _python(code, EMBEDDING_KERNELS_SPIN_US="0") == "False False [True, True]"
     assert _python(code, RAYON_NUM_THREADS="1") == "False False [True, True]"
+
+
+def test_the_spinning_thread_runs_the_next_calls_tasks():
+    # Calls back to back from the main thread, each split across the pool: a job
+    # spins on the pool's other thread and runs their tasks from its spin, with the
+    # bits of a pool of one thread.
+    code = (
+        "import hashlib, numpy as np, embedding_kernels as ek\n"
+        "w = np.random.default_rng(1).standard_normal((50_000, 64), dtype=np.float32)\n"
+        "ids = np.random.default_rng(2).integers(0, 50_000, 200_000)\n"
+        "offsets = np.arange(0, 200_000, 16)\n"
+        "h = hashlib.sha256()\n"
+        "for _ in range(20):\n"
+        "    h.update(ek.embedding(w, ids).tobytes())\n"
+        "    h.update(ek.embedding_bag(w, ids, offsets, mode='sum')[0].tobytes())\n"
+        "jobs, tasks = ek._native.pool_spin_counts()\n"
+        "print(h.hexdigest(), jobs > 0, tasks > 0)\n"
+    )
+    alone = _python(code, RAYON_NUM_THREADS="1").split()
+    assert alone[1:] == ["False", "False"]
+    spinning = _python(code, RAYON_NUM_THREADS="2", EMBEDDING_KERNELS_SPIN_US="1000000").split()
+    assert spinning == [alone[0], "True", "True"]
+    assert _python(code, RAYON_NUM_THREADS="2", EMBEDDING_KERNELS_SPIN_US="0").split() == [
+        alone[0],
+        "False",
+        "False",
+    ]
 
 
 @pytest.mark.parametrize("value", ["-1", "fast", "1e3", "1000001"])
