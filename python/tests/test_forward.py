@@ -307,6 +307,44 @@ def test_fresh_bag_gradients_are_written_whole(monkeypatch, mode):
     assert (300, 24) in shapes
 
 
+def test_functions_write_every_element_of_the_outputs_they_allocate():
+    # Without `out`, the NumPy functions allocate their outputs as np.empty does, relying
+    # on every kernel to write each element: into an `out` of NaN and into one of zeros,
+    # each gives the bits of its own fresh output (empty bags and a padding id included).
+    rng = np.random.default_rng(9)
+    rows, dim, n = 50, 12, 40
+    w = rng.standard_normal((rows, dim), dtype=np.float32)
+    ids = rng.integers(0, rows, n)
+    ids[:3] = 4
+    offsets = np.array([0, 0, 5, 5, 17, 30])
+    g = rng.standard_normal((n, dim), dtype=np.float32)
+    g_bags = rng.standard_normal((len(offsets), dim), dtype=np.float32)
+    _, at = ek.embedding_bag(w, ids, offsets, mode="max")
+    packed = ek.prepack(w, "int8")
+    calls = {
+        "embedding": lambda out: ek.embedding(w, ids, padding_idx=4, out=out),
+        "dense backward": lambda out: ek.embedding_dense_backward(g, ids, rows, 4, out=out),
+        "dequantize": lambda out: ek.dequantize(packed, "int8", dim, out=out),
+        "table lookup": lambda out: ek.table_embedding(packed, ids, "int8", dim, out=out),
+    }
+    for mode in ("sum", "mean", "max"):
+        calls[f"bag {mode}"] = lambda out, mode=mode: ek.embedding_bag(
+            w, ids, offsets, mode=mode, padding_idx=4, out=out
+        )[0]
+        calls[f"table bag {mode}"] = lambda out, mode=mode: ek.table_embedding_bag(
+            packed, ids, offsets, mode=mode, format="int8", embedding_dim=dim, out=out
+        )[0]
+        calls[f"bag {mode} backward"] = lambda out, mode=mode: ek.embedding_bag_backward(
+            g_bags, ids, rows, offsets, mode=mode, padding_idx=4, max_indices=at, out=out
+        )
+    for name, call in calls.items():
+        fresh = call(None)
+        for fill in (np.nan, 0.0):
+            out = np.full(fresh.shape, fill, dtype=np.float32)
+            call(out)
+            assert np.array_equal(out.view(np.uint32), fresh.view(np.uint32)), (name, fill)
+
+
 def test_the_extension_names_its_optimisation_level():
     # Read by bench/compare.py, which refuses to time an unoptimised build.
     assert ek._native.OPT_LEVEL in {"0", "1", "2", "3", "s", "z"}

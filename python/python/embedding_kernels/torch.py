@@ -75,9 +75,10 @@ def _array(tensor: Tensor):
 def _fresh(shape) -> "np.ndarray":
     """A fresh float32 array for a kernel that writes every element of it: ``np.empty``.
 
-    Not zeroed: the NumPy functions zero the outputs they allocate, 11 µs of a 41 µs call
-    on the tiny workload (1 MB out), and the kernel overwrites them. On an error the array
-    is dropped, so nobody sees what it held. NumPy's allocation, not ``torch.empty``:
+    Not zeroed, like the outputs the NumPy functions allocate themselves; made here and
+    passed as ``out`` so that the tests can hand the modules NaN-filled arrays instead and
+    check that nothing of them survives. On an error the array is dropped, so nobody sees
+    what it held. NumPy's allocation, not ``torch.empty``:
     NumPy asks for huge pages for large arrays (``madvise``), and the first touch of a
     fresh 48 MB output in 4 KiB pages took twice as long (gpt2's lookup, 33 against 13 ms,
     2026-11-24)."""
