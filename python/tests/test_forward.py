@@ -350,17 +350,22 @@ def test_the_extension_names_its_optimisation_level():
     assert ek._native.OPT_LEVEL in {"0", "1", "2", "3", "s", "z"}
 
 
-def _python(code, **env):
+def _run(code, **env):
     """Runs `code` in a fresh interpreter with `env` added (and the pool's opt-out
-    only if `env` sets it); its stdout, stripped."""
+    only if `env` sets it)."""
     base = {k: v for k, v in os.environ.items() if k != "EMBEDDING_KERNELS_CALLER_WAITS"}
-    run = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", code],
         env=dict(base, **env),
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def _python(code, **env):
+    """`_run`'s stdout, stripped, from a run that succeeded."""
+    run = _run(code, **env)
     assert run.returncode == 0, run.stderr
     return run.stdout.strip()
 
@@ -447,8 +452,8 @@ def test_calls_split_across_the_pool_give_the_bits_of_one_thread():
     )
     one_thread = _python(code, RAYON_NUM_THREADS="1")
     assert _python(code, RAYON_NUM_THREADS="3") == one_thread
-    # With a pool thread spinning between the calls the whole time, running the
-    # next call's tasks from inside its spin.
+    # With a pool thread spinning between the calls, running the next call's tasks
+    # from inside its spin.
     spinning = _python(code, RAYON_NUM_THREADS="3", EMBEDDING_KERNELS_SPIN_US="1000000")
     assert spinning == one_thread
 
@@ -505,13 +510,7 @@ def test_the_spinning_thread_runs_the_next_calls_tasks():
 
 @pytest.mark.parametrize("value", ["-1", "fast", "1e3", "1000001"])
 def test_a_bad_spin_time_is_refused_at_import(value):
-    run = subprocess.run(
-        [sys.executable, "-c", "import embedding_kernels"],
-        env=dict(os.environ, EMBEDDING_KERNELS_SPIN_US=value),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = _run("import embedding_kernels", EMBEDDING_KERNELS_SPIN_US=value)
     assert run.returncode != 0
     assert "EMBEDDING_KERNELS_SPIN_US" in run.stderr and f'"{value}"' in run.stderr
 
