@@ -90,19 +90,23 @@ pub(crate) const GATHER_STREAM_MIN_BYTES: usize = 16 << 20;
 pub(crate) const GATHER_STREAM_MIN_DIM: usize = 128;
 
 /// Whether [`gather`](crate::gather)'s streaming stores pay on this CPU:
-/// not on AMD's family 26 (Zen 5), as `/proc/cpuinfo` names it, where plain
-/// stores took gpt2's gather (48 MiB out) to 0.62-0.91x the time in eleven
-/// processes, warm and with the caches flushed between calls, and recsys's
-/// (32 MiB) to 0.56-1.16x (0.80x at the median of nine: it swings with the
-/// host's state); on the Zen 4 host where the threshold was chosen they
-/// made them 1.10-1.39x faster (docs/benchmarks.md, "Streaming stores on
-/// Zen 5").
-/// Other CPUs, unmeasured, and other systems keep the streaming stores.
+/// only on AMD's family 25 (Zen 3 and Zen 4, as `/proc/cpuinfo` names it),
+/// where they made recsys's and gpt2's gathers 1.10-1.39x faster on the Zen
+/// 4 host that chose the threshold. Elsewhere plain stores: on AMD's family
+/// 26 (Zen 5) plain stores took gpt2's gather (48 MiB out) to 0.62-0.91x the
+/// time in eleven processes, and recsys's (32 MiB) to 0.56-1.16x; on an
+/// Intel family 6 host (Xeon, model 207, a 300 MiB L3) streaming took
+/// recsys's two-thread gather from 1.8-2.1 to 2.2-3.9 ms into a buffer that
+/// is 16-byte aligned (a `Vec<f32>` of its size, so each 512-byte row spans
+/// nine lines, two of them shared with its neighbours), and streaming only
+/// rows' whole lines was no faster than plain stores (docs/benchmarks.md,
+/// "Streaming stores on Zen 5" and "An Intel host"). Other CPUs are
+/// unmeasured and take plain stores, which are never far behind.
 pub(crate) fn gather_streams_pay() -> bool {
     static PAYS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *PAYS.get_or_init(|| {
         let entry = first_processor().unwrap_or_default();
-        cpu_family(&entry) != Some(("AuthenticAMD", 26))
+        cpu_family(&entry) == Some(("AuthenticAMD", 25))
     })
 }
 
