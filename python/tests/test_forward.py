@@ -229,6 +229,8 @@ def test_fresh_outputs_are_written_whole(monkeypatch):
         return np.full(shape, np.nan, dtype=np.float32)
 
     monkeypatch.setattr(ekt, "_fresh", nan_filled)
+    # No gradient array kept from an earlier test: this one's comes from `_fresh`.
+    ekt.empty_cache()
     theirs, ours = pair_embedding(300, 40, 9, padding_idx=3)
     ids = torch.randint(0, 300, (7, 90), generator=torch.Generator().manual_seed(1))
     ids[0, :5] = 3
@@ -303,8 +305,48 @@ def test_fresh_bag_gradients_are_written_whole(monkeypatch, mode):
         return np.full(shape, np.nan, dtype=np.float32)
 
     monkeypatch.setattr(ekt, "_fresh", nan_filled)
+    ekt.empty_cache()
     assert_bitwise(gradient(), want)
     assert (300, 24) in shapes
+
+
+def test_a_dense_gradient_reuses_the_array_nobody_holds():
+    """A dense backward writes into the array of the last gradient of its shape once
+    nothing else holds it (after ``weight.grad = None``), with PyTorch's bits; never into
+    a gradient the caller still holds; accumulation into a held ``weight.grad`` is
+    PyTorch's; ``empty_cache()`` lets the arrays go."""
+    ekt.empty_cache()
+    theirs, ours = pair_embedding(200, 16, 11)
+    g = torch.Generator().manual_seed(12)
+
+    def step(scale):
+        ids = torch.randint(0, 200, (6, 25), generator=g)
+        grad_out = torch.randn(6, 25, 16, generator=g) * scale
+        for module in (theirs, ours):
+            (module(ids) * grad_out).sum().backward()
+        assert_bitwise(ours.weight.grad, theirs.weight.grad)
+
+    def clear():
+        ours.weight.grad = theirs.weight.grad = None
+
+    step(1.0)
+    kept = ours.weight.grad
+    kept_bits = kept.clone()
+    clear()
+    step(2.0)
+    # `kept` was held, so the second gradient is a new array, and `kept` is untouched.
+    assert ours.weight.grad.data_ptr() != kept.data_ptr()
+    assert_bitwise(kept, kept_bits)
+    del kept
+    second = ours.weight.grad.data_ptr()
+    clear()
+    step(3.0)
+    assert ours.weight.grad.data_ptr() == second, "the free array is written again"
+    step(4.0)  # accumulated into the held weight.grad, as PyTorch does
+    clear()
+    ekt.empty_cache()
+    assert not ekt._spare_grads
+    step(5.0)
 
 
 def test_functions_write_every_element_of_the_outputs_they_allocate():
