@@ -310,43 +310,60 @@ def test_fresh_bag_gradients_are_written_whole(monkeypatch, mode):
     assert (300, 24) in shapes
 
 
-def test_a_dense_gradient_reuses_the_array_nobody_holds():
-    """A dense backward writes into the array of the last gradient of its shape once
+def test_a_dense_gradient_reuses_the_array_nobody_holds(monkeypatch):
+    """A dense backward writes into an array of an earlier gradient of its shape once
     nothing else holds it (after ``weight.grad = None``), with PyTorch's bits; never into
     a gradient the caller still holds; accumulation into a held ``weight.grad`` is
-    PyTorch's; ``empty_cache()`` lets the arrays go."""
+    PyTorch's; two tables of one shape keep an array each; ``empty_cache()`` lets the
+    arrays go."""
+    made = []
+    fresh = ekt._fresh
+
+    def counted(shape):
+        made.append(tuple(shape))
+        return fresh(shape)
+
+    def gradients_made():  # the lookups' outputs come from `_fresh` too
+        return made.count((200, 16))
+
+    monkeypatch.setattr(ekt, "_fresh", counted)
     ekt.empty_cache()
-    theirs, ours = pair_embedding(200, 16, 11)
+    pairs = [pair_embedding(200, 16, 11), pair_embedding(200, 16, 13)]
     g = torch.Generator().manual_seed(12)
 
     def step(scale):
-        ids = torch.randint(0, 200, (6, 25), generator=g)
-        grad_out = torch.randn(6, 25, 16, generator=g) * scale
-        for module in (theirs, ours):
-            (module(ids) * grad_out).sum().backward()
-        assert_bitwise(ours.weight.grad, theirs.weight.grad)
+        for theirs, ours in pairs:
+            ids = torch.randint(0, 200, (6, 25), generator=g)
+            grad_out = torch.randn(6, 25, 16, generator=g) * scale
+            for module in (theirs, ours):
+                (module(ids) * grad_out).sum().backward()
+            assert_bitwise(ours.weight.grad, theirs.weight.grad)
 
     def clear():
-        ours.weight.grad = theirs.weight.grad = None
+        for theirs, ours in pairs:
+            ours.weight.grad = theirs.weight.grad = None
+
+    gradients = lambda: [ours.weight.grad for _, ours in pairs]  # noqa: E731
 
     step(1.0)
-    kept = ours.weight.grad
-    kept_bits = kept.clone()
+    assert gradients_made() == 2
+    kept = gradients()
+    kept_bits = [k.clone() for k in kept]
     clear()
     step(2.0)
-    # `kept` was held, so the second gradient is a new array, and `kept` is untouched.
-    assert ours.weight.grad.data_ptr() != kept.data_ptr()
-    assert_bitwise(kept, kept_bits)
-    del kept
-    second = ours.weight.grad.data_ptr()
+    # Both first gradients are held: two new arrays, and the held ones are untouched.
+    assert gradients_made() == 4
+    for k, bits in zip(kept, kept_bits):
+        assert_bitwise(k, bits)
+    del kept, k
     clear()
     step(3.0)
-    assert ours.weight.grad.data_ptr() == second, "the free array is written again"
+    assert gradients_made() == 4, "free arrays are written again"
     step(4.0)  # accumulated into the held weight.grad, as PyTorch does
     clear()
     ekt.empty_cache()
-    assert not ekt._spare_grads
     step(5.0)
+    assert gradients_made() == 6
 
 
 def test_functions_write_every_element_of_the_outputs_they_allocate():

@@ -101,7 +101,8 @@ pub(crate) const GATHER_STREAM_MIN_DIM: usize = 128;
 /// nine lines, two of them shared with its neighbours), and streaming only
 /// rows' whole lines was no faster than plain stores (docs/benchmarks.md,
 /// "Streaming stores on Zen 5" and "An Intel host"). Other CPUs are
-/// unmeasured and take plain stores, which are never far behind.
+/// unmeasured and take plain stores, which are never far behind, as do
+/// systems without `/proc/cpuinfo`.
 pub(crate) fn gather_streams_pay() -> bool {
     static PAYS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *PAYS.get_or_init(|| {

@@ -86,32 +86,37 @@ def _fresh(shape) -> "np.ndarray":
     return np.empty(shape, dtype=np.float32)
 
 
-# The last dense gradient array handed out for each shape (see `_dense_grad`), at
-# most `_SPARE_SHAPES` shapes, the oldest dropped first.
-_spare_grads: dict = {}
-_SPARE_SHAPES = 8
+# The dense gradient arrays handed out last (see `_dense_grad`), oldest first: at most
+# `_SPARE_ARRAYS` of them, of any shapes.
+_spare_grads: list = []
+_SPARE_ARRAYS = 8
+# An object held by this dict alone: `_dense_grad` counts its references as it counts a
+# free array's (in a local variable of the same frame), so the test does not depend on
+# how a Python version counts a local's references (3.14 counts one fewer).
+_probe = {"probe": object()}
 
 
 def _dense_grad(shape) -> "np.ndarray":
     """An array for a dense gradient of ``shape`` that the backward writes whole.
 
-    The array handed out last for this shape, once nothing but this cache holds it
+    An array of this shape handed out before, once nothing but this cache holds it
     (the training loop's ``zero_grad()`` dropped the tensor made from it), else a new
-    one from ``_fresh``, kept in its place. A step that frees its gradient and makes
-    another one every time then writes into memory it has written before: a fresh
-    array's first touch, one page fault per page, took minilm's dense backward
-    (30 522 x 384) from 2.4-2.9 ms into a held array to 8.9-12.4 ms."""
-    spare = _spare_grads.get(shape)
-    # Held by the dict, by `spare` and by getrefcount's argument: by nobody else.
-    # A reference taken before the test, so a thread that gets this array counts
-    # in any other thread's test.
-    if spare is not None and sys.getrefcount(spare) == 3:
-        return spare
+    one from ``_fresh``, kept for the next time. A step that frees its gradient and
+    makes another one every time then writes into memory it has written before: a
+    fresh array's first touch, one page fault per page, took minilm's dense backward
+    (30 522 x 384) from 2.4-2.9 ms into a held array to 8.9-12.4 ms. Two tables of one
+    shape get an array each."""
+    probe = _probe["probe"]
+    for spare in _spare_grads:
+        # Held by the list and by `spare`, as `probe` by the dict and by `probe`: by
+        # nobody else. `spare` holds it from here on, so another thread testing the
+        # same array meanwhile counts one more and leaves it.
+        if spare.shape == shape and sys.getrefcount(spare) == sys.getrefcount(probe):
+            return spare
     grad = _fresh(shape)
-    _spare_grads.pop(shape, None)
-    if len(_spare_grads) >= _SPARE_SHAPES:
-        _spare_grads.pop(next(iter(_spare_grads)))
-    _spare_grads[shape] = grad
+    _spare_grads.append(grad)
+    if len(_spare_grads) > _SPARE_ARRAYS:
+        del _spare_grads[0]
     return grad
 
 
@@ -119,10 +124,10 @@ def empty_cache() -> None:
     """Lets go of the dense gradient arrays kept for reuse.
 
     The dense backward of ``Embedding`` and ``EmbeddingBag`` (``sparse=False``) keeps
-    the last gradient array it made for each table shape (up to eight shapes) and
-    writes the next gradient of that shape into it once nothing else holds it, as
-    after ``optimizer.zero_grad()``: the memory of one gradient per shape stays
-    allocated between steps. Call this to return it, as ``torch.cuda.empty_cache()``
+    the last gradient arrays it made (up to eight) and writes the next gradient of a
+    shape into one of them once nothing else holds it, as after
+    ``optimizer.zero_grad()``: the memory of one gradient per table stays allocated
+    between steps. Call this to return it, as ``torch.cuda.empty_cache()``
     returns the memory PyTorch's CUDA allocator keeps."""
     _spare_grads.clear()
 
