@@ -343,11 +343,9 @@ def test_a_dense_gradient_reuses_the_array_nobody_holds(monkeypatch):
         for theirs, ours in pairs:
             ours.weight.grad = theirs.weight.grad = None
 
-    gradients = lambda: [ours.weight.grad for _, ours in pairs]  # noqa: E731
-
     step(1.0)
     assert gradients_made() == 2
-    kept = gradients()
+    kept = [ours.weight.grad for _, ours in pairs]
     kept_bits = [k.clone() for k in kept]
     clear()
     step(2.0)

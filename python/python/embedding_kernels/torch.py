@@ -90,10 +90,10 @@ def _fresh(shape) -> "np.ndarray":
 # `_SPARE_ARRAYS` of them, of any shapes.
 _spare_grads: list = []
 _SPARE_ARRAYS = 8
-# An object held by this dict alone: `_dense_grad` counts its references as it counts a
-# free array's (in a local variable of the same frame), so the test does not depend on
+# An object held by this module alone: `_dense_grad` counts its references as it counts
+# a free array's (in a local variable of the same frame), so the test does not depend on
 # how a Python version counts a local's references (3.14 counts one fewer).
-_probe = {"probe": object()}
+_PROBE = object()
 
 
 def _dense_grad(shape) -> "np.ndarray":
@@ -106,9 +106,9 @@ def _dense_grad(shape) -> "np.ndarray":
     fresh array's first touch, one page fault per page, took minilm's dense backward
     (30 522 x 384) from 2.4-2.9 ms into a held array to 8.9-12.4 ms. Two tables of one
     shape get an array each."""
-    probe = _probe["probe"]
+    probe = _PROBE
     for spare in _spare_grads:
-        # Held by the list and by `spare`, as `probe` by the dict and by `probe`: by
+        # Held by the list and by `spare`, as `probe` by the module and by `probe`: by
         # nobody else. `spare` holds it from here on, so another thread testing the
         # same array meanwhile counts one more and leaves it.
         if spare.shape == shape and sys.getrefcount(spare) == sys.getrefcount(probe):
