@@ -556,21 +556,23 @@ class Embedding(_Table):
             self.reset_parameters()
 
     def forward(self, input: Tensor) -> Tensor:
-        _check_table(self.weight)
+        # `self.weight` is an `nn.Module` attribute lookup (a Python call): read it once.
+        weight = self.weight
+        _check_table(weight)
         _check_ids(input, "input")
         if self.max_norm is not None:
             # Every id is checked before the table changes.
-            _native.embedding(_array(self.weight), _array(input))
+            _native.embedding(_array(weight), _array(input))
             with torch.no_grad():
-                torch.embedding_renorm_(self.weight, input, self.max_norm, self.norm_type)
-        if not _needs_graph(self.weight):
-            return _lookup(self.weight, input, self.padding_idx)
+                torch.embedding_renorm_(weight, input, self.max_norm, self.norm_type)
+        if not (weight.requires_grad and torch.is_grad_enabled()):
+            return _lookup(weight, input, self.padding_idx)
         if self._step_in_backward is not None:
             return _StepInBackward.apply(
-                self.weight, input, self.padding_idx, self.scale_grad_by_freq, self._step_in_backward
+                weight, input, self.padding_idx, self.scale_grad_by_freq, self._step_in_backward
             )
         return _EmbeddingFunction.apply(
-            self.weight, input, self.padding_idx, self.scale_grad_by_freq, self.sparse
+            weight, input, self.padding_idx, self.scale_grad_by_freq, self.sparse
         )
 
     def extra_repr(self) -> str:
@@ -801,7 +803,8 @@ class EmbeddingBag(_Table):
         offsets: Optional[Tensor] = None,
         per_sample_weights: Optional[Tensor] = None,
     ) -> Tensor:
-        _check_table(self.weight)
+        weight = self.weight  # one `nn.Module` attribute lookup (see `Embedding.forward`)
+        _check_table(weight)
         _check_ids(input, "input")
         if offsets is not None:
             _check_ids(offsets, "offsets")
@@ -816,17 +819,17 @@ class EmbeddingBag(_Table):
         )
         if self.max_norm is not None:
             # Every argument and id is checked before the table changes.
-            _bag_forward(self.weight, per_sample_weights, input, offsets, options)
+            _bag_forward(weight, per_sample_weights, input, offsets, options)
             with torch.no_grad():
-                torch.embedding_renorm_(self.weight, input, self.max_norm, self.norm_type)
-        if not _needs_graph(self.weight, per_sample_weights):
-            out, _ = _bag_forward(self.weight, per_sample_weights, input, offsets, options)
+                torch.embedding_renorm_(weight, input, self.max_norm, self.norm_type)
+        if not _needs_graph(weight, per_sample_weights):
+            out, _ = _bag_forward(weight, per_sample_weights, input, offsets, options)
             return torch.from_numpy(out)
-        if self._step_in_backward is not None and self.weight.requires_grad:
+        if self._step_in_backward is not None and weight.requires_grad:
             return _BagStepInBackward.apply(
-                self.weight, per_sample_weights, input, offsets, options, self._step_in_backward
+                weight, per_sample_weights, input, offsets, options, self._step_in_backward
             )
-        return _BagFunction.apply(self.weight, per_sample_weights, input, offsets, options)
+        return _BagFunction.apply(weight, per_sample_weights, input, offsets, options)
 
     def _check_fused(self) -> None:
         if self.mode == "max":
