@@ -12,7 +12,10 @@
 //!    bounds and never stops half way.
 //! 2. **Rows.** Each row is copied (or scaled) by `simd/row.rs`, eight
 //!    lanes at a time plus a scalar tail, so any `dim` works, in 256-bit
-//!    registers where the CPU has AVX (`simd/mod.rs`). What is done
+//!    registers where the CPU has AVX (`simd/mod.rs`); with AVX-512, rows
+//!    of 512 bytes or more are copied with stores aligned to lines, so a
+//!    `Vec` output 16 bytes past a line takes no store across two lines
+//!    (`Lanes::copy_row`). What is done
 //!    to a row is a `RowOp` type, so the fused position kernel
 //!    (`kernels/token_position.rs`) reuses this driver and loop unchanged.
 //! 3. **Prefetch.** Ids are random, so the hardware prefetcher cannot guess
@@ -27,7 +30,9 @@
 //!    hints go into L2, or into L1 where the L1 data cache is 48 KiB or
 //!    more and the rows ahead span at most 8 KiB (`gather_hints_in_l1`);
 //!    rows of one or two vectors (their own loop, `narrow_rows`) always go
-//!    into L2.
+//!    into L2. On Intel only each row's first 512 bytes are hinted
+//!    (`gather_hinted_floats`): the core's prefetchers follow the loads
+//!    along the rest.
 //! 4. **Threads.** The output is cut into blocks of whole rows, about a
 //!    64th of the call each and at least `TASK_BYTES` (`task_bytes`), and
 //!    rayon hands the blocks to the threads of the
@@ -38,8 +43,8 @@
 
 use super::row_format::Slot;
 use super::tuning::{
-    gather_ahead, gather_hints_in_l1, gather_streams_pay, task_bytes, GATHER_STREAM_MIN_BYTES,
-    GATHER_STREAM_MIN_DIM, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES,
+    gather_ahead, gather_hinted_floats, gather_hints_in_l1, gather_streams_pay, task_bytes,
+    GATHER_STREAM_MIN_BYTES, GATHER_STREAM_MIN_DIM, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES,
 };
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
@@ -426,7 +431,8 @@ struct Piece<'a, 'i, I: Index> {
 
 /// The piece's rows (as many as `out` holds, `dim` values each) into `out`
 /// through `op`, each row hinted into `L` [`gather_ahead`] rows before it
-/// is read: the loop for rows of any width.
+/// is read (the whole row, or its start: [`gather_hinted_floats`]): the
+/// loop for rows of any width.
 #[inline(always)]
 fn wide_rows<V: Lanes, I: Index, Op: RowOp, L: Level>(
     piece: Piece<'_, '_, I>,
@@ -437,15 +443,16 @@ fn wide_rows<V: Lanes, I: Index, Op: RowOp, L: Level>(
     let Piece { table, ids, first } = piece;
     let n = ids.len();
     let ahead = gather_ahead(dim);
+    let hinted = gather_hinted_floats(dim);
     // Warm the first rows too: a piece taken out of order starts cold.
     for i in first..n.min(first + ahead) {
         let start = ids.row(i) * dim;
-        prefetch::row::<L>(&table[start..start + dim]);
+        prefetch::row::<L>(&table[start..start + hinted]);
     }
     for (i, dst) in (first..).zip(out.chunks_exact_mut(dim)) {
         if i + ahead < n {
             let next = ids.row(i + ahead) * dim;
-            prefetch::row::<L>(&table[next..next + dim]);
+            prefetch::row::<L>(&table[next..next + hinted]);
         }
         let start = ids.row(i) * dim;
         op.write::<V>(dst, &table[start..start + dim]);

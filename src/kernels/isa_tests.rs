@@ -221,7 +221,8 @@ fn every_format_agrees_on_every_isa() {
 }
 
 /// Gathers from tables of 512 KiB or more (read with hints: on a 48 KiB L1
-/// into L1, but for rows of 768 into L2, `tuning::gather_hints_in_l1`; rows
+/// into L1, but for rows of 768 into L2 where whole rows are hinted, as
+/// `tuning::gather_hints_in_l1` decides; rows
 /// of one or two vectors through their own loop with the width a constant,
 /// into L2) equal the plain loop of `reference::loops`, on each instruction
 /// set (one thread, where the forced set holds) and on the pool, for the

@@ -112,6 +112,12 @@ pub(crate) trait Lanes: Copy + Send + Sync + 'static {
     fn from_f16(halves: &[u16]) -> Self;
     /// The first `WIDTH` `bf16`s (their bits) of `halves` as lanes, exactly.
     fn from_bf16(halves: &[u16]) -> Self;
+    /// `dst = src`, rows of the same length: [`row::copy_plain`] unless the
+    /// lane type has a faster way that writes the same values.
+    #[inline(always)]
+    fn copy_row(dst: &mut [f32], src: &[f32]) {
+        row::copy_plain::<Self>(dst, src);
+    }
     /// `dst = src`, or zeros when `src` is `None`, with non-temporal stores
     /// where `dst` is aligned for this register (see [`stream`]).
     fn stream(dst: &mut [f32], src: Option<&[f32]>);

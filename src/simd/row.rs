@@ -22,8 +22,18 @@ fn whole<V: Lanes>(len: usize) -> usize {
 }
 
 /// `dst = src`. The two rows must have the same length.
+///
+/// The lane type's own copy ([`Lanes::copy_row`]): [`copy_plain`], or at the
+/// AVX-512 level stores aligned to lines for long rows.
 #[inline(always)]
 pub(crate) fn copy<V: Lanes>(dst: &mut [f32], src: &[f32]) {
+    V::copy_row(dst, src);
+}
+
+/// `dst = src`, a vector at a time from the rows' starts, then a scalar
+/// tail. The two rows must have the same length.
+#[inline(always)]
+pub(crate) fn copy_plain<V: Lanes>(dst: &mut [f32], src: &[f32]) {
     debug_assert_eq!(dst.len(), src.len());
     let (d_body, d_tail) = dst.split_at_mut(whole::<V>(dst.len()));
     let (s_body, s_tail) = src.split_at(whole::<V>(src.len()));
@@ -158,6 +168,43 @@ mod tests {
             add_scaled::<V>(&mut acc_scaled, a, 1.7);
             out.extend([plain, acc, acc_scaled]);
             out
+        }
+    }
+
+    /// A copy of `src` into `dst`, by the lane type's own copy.
+    struct CopyInto<'a>(&'a mut [f32], &'a [f32]);
+
+    impl Body for CopyInto<'_> {
+        type Output = ();
+        fn run<V: Lanes>(self) {
+            copy::<V>(self.0, self.1);
+        }
+    }
+
+    /// Rows copied into every offset within a line, from two offsets, on
+    /// either side of the length from which AVX-512 aligns its stores to
+    /// lines: each gets `src`'s bits, and nothing around it is written.
+    #[test]
+    fn copies_write_the_row_alone_at_every_offset_on_every_isa() {
+        for len in [
+            0, 1, 15, 16, 17, 100, 127, 128, 129, 143, 144, 145, 300, 768,
+        ] {
+            let src: Vec<f32> = (0..len + 16).map(|i| i as f32 * 0.25 - 7.0).collect();
+            for from in [0, 5] {
+                let src = &src[from..from + len];
+                for at in 0..=16 {
+                    for isa in Isa::all() {
+                        // Seventeen offsets of one `f32` cover every place in a
+                        // line a row can start, wherever the `Vec` starts.
+                        let mut buf = vec![f32::NAN; len + 32];
+                        isa.run(CopyInto(&mut buf[at..at + len], src));
+                        let what = format!("{isa:?}, len {len}, from {from}, at {at}");
+                        assert_eq!(bits(&buf[at..at + len]), bits(src), "{what}");
+                        assert!(buf[..at].iter().all(|x| x.is_nan()), "{what}: before");
+                        assert!(buf[at + len..].iter().all(|x| x.is_nan()), "{what}: after");
+                    }
+                }
+            }
         }
     }
 
