@@ -104,11 +104,20 @@ pub(crate) const GATHER_STREAM_MIN_DIM: usize = 128;
 /// unmeasured and take plain stores, which are never far behind, as do
 /// systems without `/proc/cpuinfo`.
 pub(crate) fn gather_streams_pay() -> bool {
-    static PAYS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *PAYS.get_or_init(|| {
-        let entry = first_processor().unwrap_or_default();
-        cpu_family(&entry) == Some(("AuthenticAMD", 25))
+    this_cpu() == Some(("AuthenticAMD", 25))
+}
+
+/// The vendor and family of this machine's first processor, read from
+/// `/proc/cpuinfo` once for every rule that asks; `None` where it cannot be
+/// read.
+fn this_cpu() -> Option<(&'static str, u32)> {
+    static CPU: std::sync::OnceLock<Option<(String, u32)>> = std::sync::OnceLock::new();
+    CPU.get_or_init(|| {
+        let entry = first_processor()?;
+        cpu_family(&entry).map(|(vendor, family)| (vendor.to_owned(), family))
     })
+    .as_ref()
+    .map(|(vendor, family)| (vendor.as_str(), *family))
 }
 
 /// The first processor's entry of `/proc/cpuinfo`, read up to the blank
@@ -229,11 +238,7 @@ const GATHER_HEAD_BYTES: usize = 512;
 /// Whether this is an Intel CPU (`GenuineIntel` in `/proc/cpuinfo`), whose
 /// gathers hint only the start of each row.
 fn hints_row_heads() -> bool {
-    static INTEL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *INTEL.get_or_init(|| {
-        let entry = first_processor().unwrap_or_default();
-        cpu_family(&entry).is_some_and(|(vendor, _)| vendor == "GenuineIntel")
-    })
+    this_cpu().is_some_and(|(vendor, _)| vendor == "GenuineIntel")
 }
 
 /// The most bytes of rows a gather hints ahead into L1: a sixth of a

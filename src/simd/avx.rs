@@ -27,6 +27,7 @@
 #![allow(unsafe_code)]
 
 use super::{first, Body, Lanes, EIGHT};
+use crate::memory::LINE_BYTES;
 use core::arch::x86_64::{
     __m128i, __m256, __m256i, __m512, _mm256_add_ps, _mm256_and_si256, _mm256_blendv_ps,
     _mm256_castsi256_ps, _mm256_cmp_ps, _mm256_cvtepi32_ps, _mm256_cvtepu16_epi32,
@@ -567,8 +568,8 @@ impl Avx512 {
     }
 }
 
-/// The bytes of a cache line, which an `Avx512` vector fills.
-const LINE_BYTES: usize = SIXTEEN * core::mem::size_of::<f32>();
+// `copy_by_lines` counts a line's `f32`s as one `Avx512` vector's lanes.
+const _: () = assert!(LINE_BYTES == SIXTEEN * core::mem::size_of::<f32>());
 
 /// [`Lanes::stream`] with 32-byte stores. A function of its own, compiled
 /// with AVX, so that the closure inside it is too (a closure is compiled

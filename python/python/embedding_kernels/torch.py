@@ -139,12 +139,18 @@ def _lookup(weight: Tensor, ids: Tensor, padding_idx: Optional[int]) -> Tensor:
     return torch.from_numpy(out)
 
 
-def _needs_graph(*tensors: Optional[Tensor]) -> bool:
-    """Whether autograd records a call on ``tensors``: grad mode is on and one requires grad.
+def _needs_graph(weight: Tensor, per_sample_weights: Optional[Tensor] = None) -> bool:
+    """Whether autograd records a call on ``weight`` (and ``per_sample_weights``): grad
+    mode is on and one of them requires grad.
 
     Without it the modules call the kernels directly: the same result, without the
-    ``autograd.Function``'s cost per call."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    ``autograd.Function``'s cost per call. Called on every forward, so written out
+    rather than over a list of tensors."""
+    if not torch.is_grad_enabled():
+        return False
+    if weight.requires_grad:
+        return True
+    return per_sample_weights is not None and per_sample_weights.requires_grad
 
 
 def _check_factory(device, dtype) -> None:
@@ -565,7 +571,7 @@ class Embedding(_Table):
             _native.embedding(_array(weight), _array(input))
             with torch.no_grad():
                 torch.embedding_renorm_(weight, input, self.max_norm, self.norm_type)
-        if not (weight.requires_grad and torch.is_grad_enabled()):
+        if not _needs_graph(weight):
             return _lookup(weight, input, self.padding_idx)
         if self._step_in_backward is not None:
             return _StepInBackward.apply(
