@@ -16,6 +16,14 @@
 //! `--no-huge-pages`), the reduced ones copied there from the format's
 //! bytes. `vs f32` is the row's median over the `f32` row's median of the
 //! same op and workload: below 1, the format is faster.
+//!
+//! `lookup` and `bag_sum` are cold: before each of their calls, and before
+//! each of their memcpys, an [`Evictor`] reads a buffer of twice the
+//! last-level cache, so the rows come from memory as a new batch's rows of a
+//! large table would. Without it, a host whose last-level cache holds the
+//! rows the workload reads (recsys's 32 MiB of `f32` rows in a 300 MiB L3)
+//! serves every call after the first from that cache, and the packed rows'
+//! fewer lines save little (`--keep-caches` measures that case).
 
 use super::common::{table_buffer, Buffer, Data};
 use super::{measure, timed, Budget, Stats};
@@ -129,10 +137,76 @@ impl Stored {
     }
 }
 
+/// The last-level cache's size when `/sys` does not give it.
+const UNKNOWN_CACHE_BYTES: usize = 64 << 20;
+
+/// A buffer of twice the last-level cache, read one word a line to push
+/// everything else out of the caches.
+pub struct Evictor {
+    buf: Vec<u64>,
+}
+
+impl Evictor {
+    /// Sized from cpu0's highest-level cache in `/sys` (Linux), else from
+    /// [`UNKNOWN_CACHE_BYTES`].
+    pub fn new() -> Evictor {
+        let bytes = 2 * last_level_cache_bytes().unwrap_or(UNKNOWN_CACHE_BYTES);
+        // Ones, not zeros: every page is written, so none maps to the
+        // shared zero page.
+        Evictor {
+            buf: vec![1; bytes / 8],
+        }
+    }
+
+    /// The bytes read by each [`Evictor::evict`].
+    pub fn bytes(&self) -> usize {
+        self.buf.len() * 8
+    }
+
+    /// Reads one word of every 64-byte line of the buffer, on the pool.
+    fn evict(&self, pool: &ThreadPool) {
+        let sum: u64 = pool.install(|| {
+            self.buf
+                .par_chunks(CHUNK / 8)
+                .map(|c| c.iter().step_by(8).fold(0u64, |a, &w| a.wrapping_add(w)))
+                .reduce(|| 0, u64::wrapping_add)
+        });
+        black_box(sum);
+    }
+}
+
+/// The size of cpu0's highest-level cache, from
+/// `/sys/devices/system/cpu/cpu0/cache/index*/{level,size}` (`size` reads
+/// as `"307200K"` or `"32M"`).
+fn last_level_cache_bytes() -> Option<usize> {
+    let dir = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).ok();
+    dir.filter_map(Result::ok)
+        .filter_map(|e| {
+            let level: u32 = read(e.path().join("level"))?.trim().parse().ok()?;
+            let size = read(e.path().join("size"))?;
+            Some((level, parse_cache_size(size.trim())?))
+        })
+        .max()
+        .map(|(_, bytes)| bytes)
+}
+
+/// `"307200K"` → 314 572 800, `"32M"` → 33 554 432, `"512"` → 512.
+fn parse_cache_size(s: &str) -> Option<usize> {
+    let (digits, unit) = match s.as_bytes().last()? {
+        b'K' => (&s[..s.len() - 1], 1 << 10),
+        b'M' => (&s[..s.len() - 1], 1 << 20),
+        b'G' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    digits.parse::<usize>().ok()?.checked_mul(unit)
+}
+
 /// Everything the format rows of one workload share.
 struct Setup<'a> {
     data: &'a Data,
     pool: &'a ThreadPool,
+    evictor: Option<&'a Evictor>,
     bags: Bags,
     out: Vec<f32>,
     src: Vec<u8>,
@@ -140,9 +214,20 @@ struct Setup<'a> {
 }
 
 impl Setup<'_> {
+    /// Evicts the caches (untimed), when the rows evict them.
+    fn evict(&self) {
+        if let Some(e) = self.evictor {
+            e.evict(self.pool);
+        }
+    }
+
     /// A memcpy of `bytes` bytes, on one thread or the pool; with `warm`,
-    /// timed after [`WARM_CALLS`] untimed copies.
+    /// timed after [`WARM_CALLS`] untimed copies, else after the caches
+    /// are evicted.
     fn memcpy(&mut self, bytes: usize, pooled: bool, warm: bool) -> Duration {
+        if !warm {
+            self.evict();
+        }
         let (src, dst, pool) = (&self.src[..bytes], &mut self.dst[..bytes], self.pool);
         let mut copy = || {
             if pooled {
@@ -162,8 +247,12 @@ impl Setup<'_> {
         timed(copy)
     }
 
-    /// One call of `op` on `table`, timed.
+    /// One call of `op` on `table`, timed; `lookup` and `bag_sum` after the
+    /// caches are evicted.
     fn op(&mut self, op: FormatOp, table: TableRef<'_>) -> Duration {
+        if op != FormatOp::BagSumWarm {
+            self.evict();
+        }
         let ids = &self.data.ids[..];
         let (bags, pool) = (&self.bags, self.pool);
         let par = Parallelism::Auto;
@@ -200,6 +289,7 @@ pub fn run(
     ops: &[FormatOp],
     budget: &Budget,
     huge_pages: bool,
+    evictor: Option<&Evictor>,
     pool: &ThreadPool,
 ) -> Vec<FormatRow> {
     let w = data.w;
@@ -212,6 +302,7 @@ pub fn run(
     let s = RefCell::new(Setup {
         data,
         pool,
+        evictor,
         bags,
         out: vec![0.0; w.num_ids * w.dim],
         src: vec![1u8; most],
@@ -308,3 +399,15 @@ pub const LEGEND: &str = "format rows: the same table stored in each format; loo
   bytes = ids * stored row bytes (f32 4*dim, f16/bf16 2*dim, int8 dim+8, int4 ceil(dim/2)+4) + the f32
   output; roof GB/s = the faster memcpy of bytes/2 (1 thread or the pool), round-robin with the row;
   vs f32 = row median / the f32 row's median (below 1: faster than f32)";
+
+/// How the cold rows were measured, after [`LEGEND`].
+/// `evicted` is [`Evictor::bytes`], or `None` under `--keep-caches`.
+pub fn caches_line(evicted: Option<usize>) -> String {
+    match evicted {
+        Some(bytes) => format!(
+            "  lookup, bag_sum and their memcpys: caches evicted before each call (a read of {} MiB,\n  twice the last-level cache; --keep-caches to skip)",
+            bytes >> 20
+        ),
+        None => "  lookup, bag_sum: caches kept between calls (--keep-caches)".to_string(),
+    }
+}

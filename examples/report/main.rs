@@ -141,6 +141,12 @@ struct Args {
     #[arg(long)]
     no_formats: bool,
 
+    /// Keep the caches between the cold format rows' calls (`lookup`,
+    /// `bag_sum`) instead of evicting them with a read of twice the
+    /// last-level cache before each call.
+    #[arg(long)]
+    keep_caches: bool,
+
     /// Allocate tables and gradients as plain `vec!`s instead of in
     /// transparent huge pages (`embedding_kernels::memory::zeroed_table`).
     #[arg(long)]
@@ -505,6 +511,9 @@ struct Plan {
     candle_ops: Vec<candle_layer::CandleOp>,
     budget: Budget,
     huge_pages: bool,
+    /// Evicts the caches before the cold format rows' calls (none under
+    /// `--keep-caches`, or without format rows).
+    evictor: Option<formats::Evictor>,
 }
 
 /// The rows of one workload.
@@ -663,7 +672,8 @@ fn run_workload(
         pb.set_message(format!("{}: formats", w.name));
     }
     let (fmts, fops) = (&plan.formats[..], &plan.format_ops[..]);
-    let format_rows = formats::run(&data, fmts, fops, budget, huge_pages, pool);
+    let evictor = plan.evictor.as_ref();
+    let format_rows = formats::run(&data, fmts, fops, budget, huge_pages, evictor, pool);
     pb.inc(format_rows.len() as u64);
     if !plan.candle_ops.is_empty() {
         pb.set_message(format!("{}: candle layers", w.name));
@@ -1016,6 +1026,9 @@ struct Report {
     rows: Vec<Row>,
     layer_rows: Vec<layer::LayerRow>,
     format_rows: Vec<formats::FormatRow>,
+    /// Bytes read to evict the caches before each cold format call (none
+    /// under `--keep-caches`).
+    format_eviction_bytes: Option<usize>,
     candle_layer_rows: Vec<candle_layer::CandleRow>,
     targets: Vec<Target>,
     wall_seconds: f64,
@@ -1291,6 +1304,11 @@ gather_scaled for candle is index_select then affine (two passes); bytes use the
         formats::block(out, &report.format_rows)?;
         writeln!(out)?;
         writeln!(out, "{}", formats::LEGEND)?;
+        writeln!(
+            out,
+            "{}",
+            formats::caches_line(report.format_eviction_bytes)
+        )?;
     }
     if !report.candle_layer_rows.is_empty() {
         writeln!(out)?;
@@ -1364,6 +1382,11 @@ fn main() -> Result<(), Box<dyn Error>> {
     } else {
         or_all(&args.candle_ops, &candle_layer::CandleOp::ALL)
     };
+    let cold_format_rows = format_ops
+        .iter()
+        .any(|&op| op != formats::FormatOp::BagSumWarm);
+    let evictor =
+        (!args.keep_caches && !formats.is_empty() && cold_format_rows).then(formats::Evictor::new);
     let plan = Plan {
         kernels,
         impls,
@@ -1376,6 +1399,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             reps: args.reps.map(NonZeroUsize::get),
         },
         huge_pages: !args.no_huge_pages,
+        evictor,
     };
     let (huge_pages, budget) = (plan.huge_pages, &plan.budget);
 
@@ -1442,6 +1466,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         rows,
         layer_rows,
         format_rows,
+        format_eviction_bytes: plan.evictor.as_ref().map(formats::Evictor::bytes),
         candle_layer_rows,
         wall_seconds: started.elapsed().as_secs_f64(),
     };

@@ -518,7 +518,12 @@ fn format_table(s: &mut String, report: &Report, stamp: &Stamp) -> std::fmt::Res
             r.stats.reps
         )?;
     }
-    let legend: Vec<&str> = formats::LEGEND.lines().map(str::trim).collect();
+    let caches = formats::caches_line(report.format_eviction_bytes);
+    let legend: Vec<&str> = formats::LEGEND
+        .lines()
+        .chain(caches.lines())
+        .map(str::trim)
+        .collect();
     writeln!(s, "\n{}.\n", legend.join(" "))
 }
 
