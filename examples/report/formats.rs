@@ -1,6 +1,8 @@
 //! The format rows of the report: the lookup and the bag sum on the same
-//! table stored as `f32`, `f16`, `bf16`, 8-bit and 4-bit row-wise, each
-//! measured round-robin with a memcpy of the bytes it moves.
+//! table stored as `f32`, `f16`, `bf16`, 8-bit and 4-bit row-wise. For each
+//! op, every format's call and two memcpys of the bytes each format moves
+//! run round-robin, so `vs f32` compares calls made in the same seconds of
+//! a shared machine.
 //!
 //! | op | what is timed |
 //! | --- | --- |
@@ -22,11 +24,11 @@
 //! last-level cache, so the rows come from memory as a new batch's rows of a
 //! large table would. Without it, a host whose last-level cache holds the
 //! rows the workload reads (recsys's 32 MiB of `f32` rows in a 300 MiB L3)
-//! serves every call after the first from that cache, and the packed rows'
-//! fewer lines save little (`--keep-caches` measures that case).
+//! serves every call after the first from that cache (`--keep-caches`
+//! measures that case).
 
 use super::common::{table_buffer, Buffer, Data};
-use super::{measure, timed, Budget, Stats};
+use super::{measure_all, timed, Budget, Stats};
 use clap::ValueEnum;
 use embedding_kernels::formats::{Format, OwnedTable, PackedTable, TableRef};
 use embedding_kernels::{
@@ -309,47 +311,65 @@ pub fn run(
         dst: vec![0u8; most],
     });
     let s = &s;
+    let stored: Vec<Stored> = formats
+        .iter()
+        .map(|&format| Stored::new(data, format, huge_pages))
+        .collect();
+    let tables: Vec<TableRef<'_>> = stored.iter().map(Stored::table).collect();
+    // One budget for each format, spent on all of them round-robin.
+    let budget = Budget {
+        per_row: budget.per_row * formats.len() as u32,
+        reps: budget.reps,
+    };
     let mut rows: Vec<FormatRow> = Vec::new();
-    for &format in formats {
-        let stored = Stored::new(data, format, huge_pages);
-        let table = stored.table();
-        let row_bytes = format.row_bytes(w.dim).expect("a row fits");
-        for &op in ops {
-            let out_rows = match op {
-                FormatOp::Lookup => w.num_ids,
-                FormatOp::BagSum | FormatOp::BagSumWarm => w.num_ids / bag_size,
-            };
-            let bytes = w.num_ids * row_bytes + out_rows * w.dim * 4;
-            let warm = op == FormatOp::BagSumWarm;
-            let copied = bytes / 2;
-            let [t, a, b] = measure(
-                budget,
-                [
-                    &mut || s.borrow_mut().op(op, table),
-                    &mut || s.borrow_mut().memcpy(copied, false, warm),
-                    &mut || s.borrow_mut().memcpy(copied, true, warm),
-                ],
-            );
-            let stats = Stats::of(&t);
-            let roof_us = Stats::of(&a).median_us.min(Stats::of(&b).median_us);
-            let roofline_gbps = (2 * copied) as f64 / (roof_us * 1e3);
-            let f32_us = rows
-                .iter()
-                .find(|r| r.op == op.name() && r.format == Format::F32.name())
-                .map(|r| r.stats.median_us);
+    for &op in ops {
+        let out_rows = match op {
+            FormatOp::Lookup => w.num_ids,
+            FormatOp::BagSum | FormatOp::BagSumWarm => w.num_ids / bag_size,
+        };
+        let bytes: Vec<usize> = formats
+            .iter()
+            .map(|f| w.num_ids * f.row_bytes(w.dim).expect("a row fits") + out_rows * w.dim * 4)
+            .collect();
+        let warm = op == FormatOp::BagSumWarm;
+        // Three cases a format: the op, a one-thread memcpy and a pool-wide
+        // memcpy of half its bytes.
+        let mut cases: Vec<Box<dyn FnMut() -> Duration + '_>> = Vec::new();
+        for (&table, &b) in tables.iter().zip(&bytes) {
+            let copied = b / 2;
+            cases.push(Box::new(move || s.borrow_mut().op(op, table)));
+            cases.push(Box::new(move || s.borrow_mut().memcpy(copied, false, warm)));
+            cases.push(Box::new(move || s.borrow_mut().memcpy(copied, true, warm)));
+        }
+        let mut refs: Vec<&mut dyn FnMut() -> Duration> =
+            cases.iter_mut().map(|c| &mut **c as _).collect();
+        let samples = measure_all(&budget, &mut refs);
+        let stats: Vec<Stats> = samples.iter().map(|t| Stats::of(t)).collect();
+        let f32_us = formats
+            .iter()
+            .position(|&f| f == Format::F32)
+            .map(|i| stats[3 * i].median_us);
+        for (i, (&format, &bytes)) in formats.iter().zip(&bytes).enumerate() {
+            let [t, a, b] = [stats[3 * i], stats[3 * i + 1], stats[3 * i + 2]];
+            let roof_us = a.median_us.min(b.median_us);
+            let roofline_gbps = bytes as f64 / (roof_us * 1e3);
             rows.push(FormatRow {
                 workload: w.name,
                 op: op.name(),
                 format: format.name(),
-                stats,
+                stats: t,
                 bytes,
-                gbps: stats.gbps(bytes),
+                gbps: t.gbps(bytes),
                 roofline_gbps,
-                pct_of_roofline: 100.0 * stats.gbps(bytes) / roofline_gbps,
-                time_vs_f32: f32_us.map(|f| stats.median_us / f),
+                pct_of_roofline: 100.0 * t.gbps(bytes) / roofline_gbps,
+                time_vs_f32: f32_us
+                    .filter(|_| format != Format::F32)
+                    .map(|f| t.median_us / f),
             });
         }
     }
+    // Format by format, as printed.
+    rows.sort_by_key(|r| formats.iter().position(|f| f.name() == r.format));
     rows
 }
 

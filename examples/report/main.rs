@@ -289,16 +289,24 @@ fn measure<const N: usize>(
     budget: &Budget,
     mut cases: [&mut dyn FnMut() -> Duration; N],
 ) -> [Vec<Duration>; N] {
+    let mut samples = measure_all(budget, &mut cases).into_iter();
+    std::array::from_fn(|_| samples.next().unwrap_or_default())
+}
+
+/// [`measure`] over any number of cases (the format rows take one case a
+/// format and two memcpys each).
+fn measure_all(budget: &Budget, cases: &mut [&mut dyn FnMut() -> Duration]) -> Vec<Vec<Duration>> {
+    let n = cases.len();
     for _ in 0..WARMUP_REPS {
         for case in cases.iter_mut() {
             case();
         }
     }
-    let mut samples: [Vec<Duration>; N] = std::array::from_fn(|_| Vec::new());
+    let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); n];
     let start = Instant::now();
     for rep in 0.. {
-        for k in 0..N {
-            let i = (rep + k) % N;
+        for k in 0..n {
+            let i = (rep + k) % n;
             samples[i].push(cases[i]());
         }
         let done = rep + 1;
