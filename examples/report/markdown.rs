@@ -519,12 +519,9 @@ fn format_table(s: &mut String, report: &Report, stamp: &Stamp) -> std::fmt::Res
         )?;
     }
     let caches = formats::caches_line(report.format_eviction_bytes);
-    let legend: Vec<&str> = formats::LEGEND
-        .lines()
-        .chain(caches.lines())
-        .map(str::trim)
-        .collect();
-    writeln!(s, "\n{}.\n", legend.join(" "))
+    let caches: Vec<&str> = caches.lines().map(str::trim).collect();
+    let legend: Vec<&str> = formats::LEGEND.lines().map(str::trim).collect();
+    writeln!(s, "\n{}; {}.\n", legend.join(" "), caches.join(" "))
 }
 
 fn target_table(s: &mut String, report: &Report, stamp: &Stamp) -> std::fmt::Result {
