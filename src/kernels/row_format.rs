@@ -656,8 +656,11 @@ impl<const BITS: u32> RowFormat for Packed<'_, BITS> {
         }
     }
 
+    /// Whole blocks, never heads: one hint a block made the Intel host's
+    /// packed bags up to 1.7x slower where it made `f32` bags faster
+    /// (docs/benchmarks.md, "Table formats").
     fn bag_hints(&self) -> BagHints {
-        BagHints::for_rows(self.row_bytes())
+        BagHints::rule(self.row_bytes(), false, prefetch::roomy_l1())
     }
 
     #[inline(always)]
@@ -713,12 +716,39 @@ pub(crate) fn dispatch<O: OnRows>(table: &TableRef<'_>, op: O) -> O::Output {
 #[cfg(test)]
 mod tests {
     use super::{Packed, PlainRows, RowFormat};
+    use crate::kernels::tuning::hints_row_heads;
     use crate::memory::AlignedTable;
     use crate::simd::prefetch::{roomy_l1, BagHints};
 
+    /// Rows of a line or less are hinted whole into L1 on every CPU; wider
+    /// ones a hint a block where the CPU hints heads, else whole into L1
+    /// on a roomy L1 and into L2 on a small one.
+    #[test]
+    fn bag_hint_rule_in_every_case() {
+        for heads in [false, true] {
+            for roomy in [false, true] {
+                for bytes in [0, 1, 63, 64] {
+                    assert_eq!(BagHints::rule(bytes, heads, roomy), BagHints::L1);
+                }
+                let wide = match (heads, roomy) {
+                    (true, _) => BagHints::Head,
+                    (false, true) => BagHints::L1,
+                    (false, false) => BagHints::L2,
+                };
+                for bytes in [65, 136, 512, 3072, usize::MAX] {
+                    assert_eq!(BagHints::rule(bytes, heads, roomy), wide, "{bytes}");
+                }
+            }
+        }
+        assert_eq!(
+            BagHints::for_rows(512),
+            BagHints::rule(512, hints_row_heads(), roomy_l1())
+        );
+    }
+
     /// A bag's hints follow the row: one for a row of one line, into L1 up
-    /// to a line, and past it into L1 where the L1 data cache is roomy and
-    /// into L2 elsewhere, in every format.
+    /// to a line, and past it as [`BagHints::rule`] says: with heads where
+    /// the CPU hints them for plain rows, whole blocks for packed rows.
     #[test]
     fn bag_hints_follow_the_row_and_the_cache() {
         let table = AlignedTable::zeroed(64 * 64).unwrap();
@@ -729,11 +759,8 @@ mod tests {
             }
             .bag_hints()
         };
-        let wide = if roomy_l1() {
-            BagHints::L1
-        } else {
-            BagHints::L2
-        };
+        let wide = BagHints::rule(65, hints_row_heads(), roomy_l1());
+        let whole = BagHints::rule(65, false, roomy_l1());
         assert_eq!(plain(0, 16), BagHints::Line);
         assert_eq!(plain(1, 16), BagHints::L1, "a line's bytes, not on a line");
         assert_eq!(plain(0, 15), BagHints::L1);
@@ -742,15 +769,15 @@ mod tests {
         let bytes = vec![0u8; 64 * 1024];
         let packed = |dim: usize| Packed::<8> { bytes: &bytes, dim }.bag_hints();
         assert_eq!(packed(56), BagHints::L1, "56 codes and 8 bytes: one line");
-        assert_eq!(packed(57), wide);
-        assert_eq!(packed(384), wide);
+        assert_eq!(packed(57), whole);
+        assert_eq!(packed(384), whole);
         assert_eq!(
             Packed::<4> {
                 bytes: &bytes,
                 dim: 384
             }
             .bag_hints(),
-            wide
+            whole
         );
     }
 

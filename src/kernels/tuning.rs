@@ -187,7 +187,7 @@ pub(crate) fn gather_ahead(row_floats: usize) -> usize {
 ///
 /// The rows ahead count by the part of each that is hinted
 /// ([`gather_hinted_floats`]): on Intel, whose gathers hint only the first
-/// 512 bytes of a row, every width goes into L1 on a roomy L1.
+/// line of a row, every width goes into L1 on a roomy L1.
 #[inline]
 pub(crate) fn gather_hints_in_l1(row_floats: usize) -> bool {
     hints_in_l1(
@@ -213,7 +213,11 @@ fn hints_in_l1(row_floats: usize, heads: bool, roomy: bool) -> bool {
 /// 40 rounds) took 2 465-2 533 µs with the first 512 bytes of each row
 /// hinted into L1 against 2 805-2 877 with the whole row into L2 (what the
 /// rule by bytes chose) and 2 868 with the whole row into L1; minilm's (1.5
-/// KiB) 670 against 686 (whole rows into L1). Other vendors are unmeasured
+/// KiB) 670 against 686 (whole rows into L1). Hinting only the first line
+/// then took recsys's gather (512-byte rows, warm, four runs) to 0.93-0.98x
+/// the time of hinting its eight, and gpt2's and minilm's to 0.96-0.99x:
+/// a software prefetch on this core waits for one of L1's fill buffers,
+/// which the loads need (docs/benchmarks.md, "Table formats"). Other vendors are unmeasured
 /// and hint whole rows; so are Intel cores with an L1 of less than 48 KiB,
 /// which hint the heads into L2.
 #[inline]
@@ -232,12 +236,13 @@ fn hinted_floats(row_floats: usize, heads: bool) -> usize {
 }
 
 /// The part of a row that a gather hints where it hints only the start of
-/// each ([`gather_hinted_floats`]): eight lines.
-const GATHER_HEAD_BYTES: usize = 512;
+/// each ([`gather_hinted_floats`]): a line.
+const GATHER_HEAD_BYTES: usize = 64;
 
 /// Whether this is an Intel CPU (`GenuineIntel` in `/proc/cpuinfo`), whose
-/// gathers hint only the start of each row.
-fn hints_row_heads() -> bool {
+/// gathers hint only the start of each row, and bags the start of each
+/// block of a row (`simd::prefetch::BagHints::Head`).
+pub(crate) fn hints_row_heads() -> bool {
     this_cpu().is_some_and(|(vendor, _)| vendor == "GenuineIntel")
 }
 
@@ -372,7 +377,7 @@ mod tests {
     /// The gathers of the report's widths hint into L1 on a roomy L1 but
     /// where the hinted rows ahead span more than 8 KiB (gpt2's 4 rows of 3
     /// KiB, hinted whole), and never elsewhere; where only each row's first
-    /// 512 bytes are hinted, 4 rows ahead span 2 KiB whatever the width.
+    /// line is hinted, 4 to 32 rows ahead span at most 2 KiB.
     #[test]
     fn gathers_hint_into_l1_on_a_roomy_l1_within_8_kib_ahead() {
         for heads in [false, true] {
@@ -396,17 +401,17 @@ mod tests {
         );
     }
 
-    /// A gather hints rows of up to 512 bytes whole, and longer ones whole
-    /// or their first 512 bytes.
+    /// A gather hints rows of up to a line whole, and longer ones whole or
+    /// their first line.
     #[test]
-    fn gathers_hint_whole_rows_or_their_first_512_bytes() {
-        for floats in [0, 1, 16, 127, 128] {
+    fn gathers_hint_whole_rows_or_their_first_line() {
+        for floats in [0, 1, 15, 16] {
             assert_eq!(hinted_floats(floats, false), floats);
             assert_eq!(hinted_floats(floats, true), floats);
         }
-        for floats in [129, 384, 768, usize::MAX] {
+        for floats in [17, 128, 384, 768, usize::MAX] {
             assert_eq!(hinted_floats(floats, false), floats);
-            assert_eq!(hinted_floats(floats, true), 128, "{floats}");
+            assert_eq!(hinted_floats(floats, true), 16, "{floats}");
         }
         assert_eq!(
             gather_hinted_floats(768),

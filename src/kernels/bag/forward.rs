@@ -357,6 +357,7 @@ impl<I: Index, T: RowFormat> Rows<'_, I, T> {
                     BagHints::Line => self.fast_blocks(bag, len, cols, f, BagHints::Line),
                     BagHints::L1 => self.fast_blocks(bag, len, cols, f, BagHints::L1),
                     BagHints::L2 => self.fast_blocks(bag, len, cols, f, BagHints::L2),
+                    BagHints::Head => self.fast_blocks(bag, len, cols, f, BagHints::Head),
                 }
             } else {
                 self.fast_blocks(bag, T::row_len(self.dim), cols, f, self.hints)
