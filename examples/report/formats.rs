@@ -191,6 +191,7 @@ fn last_level_cache_bytes() -> Option<usize> {
         })
         .max()
         .map(|(_, bytes)| bytes)
+        .filter(|&bytes| bytes > 0)
 }
 
 /// `"307200K"` → 314 572 800, `"32M"` → 33 554 432, `"512"` → 512.
@@ -421,7 +422,8 @@ pub const LEGEND: &str = "format rows: the same table stored in each format; loo
   vs f32 = row median / the f32 row's median (below 1: faster than f32)";
 
 /// How the cold rows were measured, after [`LEGEND`].
-/// `evicted` is [`Evictor::bytes`], or `None` under `--keep-caches`.
+/// `evicted` is [`Evictor::bytes`], or `None` under `--keep-caches`; only
+/// for a run with cold rows ([`has_cold_rows`]).
 pub fn caches_line(evicted: Option<usize>) -> String {
     match evicted {
         Some(bytes) => format!(
@@ -430,4 +432,10 @@ pub fn caches_line(evicted: Option<usize>) -> String {
         ),
         None => "  lookup, bag_sum: caches kept between calls (--keep-caches)".to_string(),
     }
+}
+
+/// Whether any of `rows` is a cold one (`lookup`, `bag_sum`), whose caches
+/// [`caches_line`] describes.
+pub fn has_cold_rows(rows: &[FormatRow]) -> bool {
+    rows.iter().any(|r| r.op != FormatOp::BagSumWarm.name())
 }

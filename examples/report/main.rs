@@ -1312,11 +1312,13 @@ gather_scaled for candle is index_select then affine (two passes); bytes use the
         formats::block(out, &report.format_rows)?;
         writeln!(out)?;
         writeln!(out, "{}", formats::LEGEND)?;
-        writeln!(
-            out,
-            "{}",
-            formats::caches_line(report.format_eviction_bytes)
-        )?;
+        if formats::has_cold_rows(&report.format_rows) {
+            writeln!(
+                out,
+                "{}",
+                formats::caches_line(report.format_eviction_bytes)
+            )?;
+        }
     }
     if !report.candle_layer_rows.is_empty() {
         writeln!(out)?;

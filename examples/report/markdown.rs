@@ -518,9 +518,12 @@ fn format_table(s: &mut String, report: &Report, stamp: &Stamp) -> std::fmt::Res
             r.stats.reps
         )?;
     }
+    let legend: Vec<&str> = formats::LEGEND.lines().map(str::trim).collect();
+    if !formats::has_cold_rows(&report.format_rows) {
+        return writeln!(s, "\n{}.\n", legend.join(" "));
+    }
     let caches = formats::caches_line(report.format_eviction_bytes);
     let caches: Vec<&str> = caches.lines().map(str::trim).collect();
-    let legend: Vec<&str> = formats::LEGEND.lines().map(str::trim).collect();
     writeln!(s, "\n{}; {}.\n", legend.join(" "), caches.join(" "))
 }
 

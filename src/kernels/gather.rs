@@ -30,7 +30,7 @@
 //!    hints go into L2, or into L1 where the L1 data cache is 48 KiB or
 //!    more and the rows ahead span at most 8 KiB (`gather_hints_in_l1`);
 //!    rows of one or two vectors (their own loop, `narrow_rows`) always go
-//!    into L2. On Intel only each row's first line is hinted
+//!    into L2. On Intel only each row's first 64 bytes are hinted
 //!    (`gather_hinted_floats`): the core's prefetchers follow the loads
 //!    along the rest.
 //! 4. **Threads.** The output is cut into blocks of whole rows, about a

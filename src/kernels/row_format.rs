@@ -452,8 +452,9 @@ impl<E: Element> RowFormat for PlainRows<'_, E> {
     }
 
     /// One hint a row where each is a whole line ([`Self::rows_are_lines`]),
-    /// else a hint per line of the block and one at its last byte
-    /// ([`BagHints::for_rows`]). Wider rows keep the last byte's hint even
+    /// else as [`BagHints::for_rows`] says: one a block on Intel with a
+    /// roomy L1, elsewhere a hint per line of the block and one at its last
+    /// byte. Wider rows keep the last byte's hint even
     /// where they start lines: without it `f32` rows were no faster and
     /// `f16` rows slower (docs/benchmarks.md, "One hint for a row of one
     /// line").
@@ -721,8 +722,8 @@ mod tests {
     use crate::simd::prefetch::{roomy_l1, BagHints};
 
     /// Rows of a line or less are hinted whole into L1 on every CPU; wider
-    /// ones a hint a block where the CPU hints heads, else whole into L1
-    /// on a roomy L1 and into L2 on a small one.
+    /// ones a hint a block where the CPU hints heads and the L1 is roomy,
+    /// else whole into L1 on a roomy L1 and into L2 on a small one.
     #[test]
     fn bag_hint_rule_in_every_case() {
         for heads in [false, true] {
@@ -731,9 +732,9 @@ mod tests {
                     assert_eq!(BagHints::rule(bytes, heads, roomy), BagHints::L1);
                 }
                 let wide = match (heads, roomy) {
-                    (true, _) => BagHints::Head,
+                    (true, true) => BagHints::Head,
                     (false, true) => BagHints::L1,
-                    (false, false) => BagHints::L2,
+                    (_, false) => BagHints::L2,
                 };
                 for bytes in [65, 136, 512, 3072, usize::MAX] {
                     assert_eq!(BagHints::rule(bytes, heads, roomy), wide, "{bytes}");

@@ -236,7 +236,7 @@ fn hinted_floats(row_floats: usize, heads: bool) -> usize {
 }
 
 /// The part of a row that a gather hints where it hints only the start of
-/// each ([`gather_hinted_floats`]): a line.
+/// each ([`gather_hinted_floats`]): 64 bytes, the line or two they span.
 const GATHER_HEAD_BYTES: usize = 64;
 
 /// Whether this is an Intel CPU (`GenuineIntel` in `/proc/cpuinfo`), whose
@@ -261,7 +261,8 @@ pub(crate) const PREFETCH_MIN_TABLE_BYTES: usize = 512 << 10;
 
 /// How many positions ahead a bag prefetches its rows at least (a count of
 /// rows, for rows of any width), into L2, or into L1 where the whole row is
-/// one line or the L1 data cache is roomy (`simd::prefetch::BagHints`).
+/// one line or the L1 data cache is roomy, one line a block on Intel
+/// (`simd::prefetch::BagHints`).
 /// Measured on gpt2 (768 columns) with a test program (medians of paired
 /// warm and cold rounds, two threads): 16 ahead took 0.76-0.85x the time of
 /// the rule by bytes above (5 rows of `f32`, 10 of `f16`), and 24 or 32

@@ -14,7 +14,10 @@
 //! any CPU (a line a row fits those buffers, and into L1 such a bag ran
 //! faster), and of any rows on a CPU with a roomy L1 (Zen 5's 48 KiB); and
 //! on such a CPU the gathers whose rows ahead span 8 KiB or less
-//! (`tuning::gather_hints_in_l1`).
+//! (`tuning::gather_hints_in_l1`). On Intel with a roomy L1, gathers hint
+//! only a row's first 64 bytes and bags of plain rows one line a block
+//! ([`BagHints::Head`]): each software prefetch there waits for a fill
+//! buffer.
 
 /// Asks the cache for every 64-byte line `row` touches, ahead of use. A
 /// hint only: it reads nothing and cannot fault, and it compiles to nothing
@@ -113,8 +116,9 @@ impl BagHints {
     /// and "Wide rows into L1 on a roomy L1"). The rule looks at the row, not
     /// the block, so a wide row's short last block follows its row.
     ///
-    /// On Intel ([`hints_row_heads`]) a row wider than a line takes one hint
-    /// a block, at its start ([`BagHints::Head`]): the rule of plain rows
+    /// On Intel ([`hints_row_heads`]) with a roomy L1, a row wider than a
+    /// line takes one hint a block, at its start ([`BagHints::Head`],
+    /// measured there only; a small L1 keeps hints into L2): the rule of plain rows
     /// (`f32`, `f16`, bf16). Packed rows ask [`rule`](Self::rule) without
     /// heads.
     ///
@@ -132,7 +136,7 @@ impl BagHints {
     pub(crate) fn rule(row_bytes: usize, heads: bool, roomy: bool) -> BagHints {
         if row_bytes <= crate::memory::LINE_BYTES {
             BagHints::L1
-        } else if heads {
+        } else if heads && roomy {
             BagHints::Head
         } else if roomy {
             BagHints::L1
