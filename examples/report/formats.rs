@@ -342,9 +342,7 @@ pub fn run(
             cases.push(Box::new(move || s.borrow_mut().memcpy(copied, false, warm)));
             cases.push(Box::new(move || s.borrow_mut().memcpy(copied, true, warm)));
         }
-        let mut refs: Vec<&mut dyn FnMut() -> Duration> =
-            cases.iter_mut().map(|c| &mut **c as _).collect();
-        let samples = measure_all(&budget, &mut refs);
+        let samples = measure_all(&budget, &mut cases);
         let stats: Vec<Stats> = samples.iter().map(|t| Stats::of(t)).collect();
         let f32_us = formats
             .iter()

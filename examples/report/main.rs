@@ -295,7 +295,7 @@ fn measure<const N: usize>(
 
 /// [`measure`] over any number of cases (the format rows take one case a
 /// format and two memcpys each).
-fn measure_all(budget: &Budget, cases: &mut [&mut dyn FnMut() -> Duration]) -> Vec<Vec<Duration>> {
+fn measure_all<C: FnMut() -> Duration>(budget: &Budget, cases: &mut [C]) -> Vec<Vec<Duration>> {
     let n = cases.len();
     for _ in 0..WARMUP_REPS {
         for case in cases.iter_mut() {

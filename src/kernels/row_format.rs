@@ -721,32 +721,6 @@ mod tests {
     use crate::memory::AlignedTable;
     use crate::simd::prefetch::{roomy_l1, BagHints};
 
-    /// Rows of a line or less are hinted whole into L1 on every CPU; wider
-    /// ones a hint a block where the CPU hints heads and the L1 is roomy,
-    /// else whole into L1 on a roomy L1 and into L2 on a small one.
-    #[test]
-    fn bag_hint_rule_in_every_case() {
-        for heads in [false, true] {
-            for roomy in [false, true] {
-                for bytes in [0, 1, 63, 64] {
-                    assert_eq!(BagHints::rule(bytes, heads, roomy), BagHints::L1);
-                }
-                let wide = match (heads, roomy) {
-                    (true, true) => BagHints::Head,
-                    (false, true) => BagHints::L1,
-                    (_, false) => BagHints::L2,
-                };
-                for bytes in [65, 136, 512, 3072, usize::MAX] {
-                    assert_eq!(BagHints::rule(bytes, heads, roomy), wide, "{bytes}");
-                }
-            }
-        }
-        assert_eq!(
-            BagHints::for_rows(512),
-            BagHints::rule(512, hints_row_heads(), roomy_l1())
-        );
-    }
-
     /// A bag's hints follow the row: one for a row of one line, into L1 up
     /// to a line, and past it as [`BagHints::rule`] says: with heads where
     /// the CPU hints them for plain rows, whole blocks for packed rows.

@@ -277,7 +277,34 @@ pub(crate) fn span<L: Level>(base: *const u8, from: usize, to: usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::{cache_size, l1_data_bytes, roomy_l1, ROOMY_L1_BYTES};
+    use super::{cache_size, l1_data_bytes, roomy_l1, BagHints, ROOMY_L1_BYTES};
+    use crate::kernels::tuning::hints_row_heads;
+
+    /// Rows of a line or less are hinted whole into L1 on every CPU; wider
+    /// ones a hint a block where the CPU hints heads and the L1 is roomy,
+    /// else whole into L1 on a roomy L1 and into L2 on a small one.
+    #[test]
+    fn bag_hint_rule_in_every_case() {
+        for heads in [false, true] {
+            for roomy in [false, true] {
+                for bytes in [0, 1, 63, 64] {
+                    assert_eq!(BagHints::rule(bytes, heads, roomy), BagHints::L1);
+                }
+                let wide = match (heads, roomy) {
+                    (true, true) => BagHints::Head,
+                    (false, true) => BagHints::L1,
+                    (_, false) => BagHints::L2,
+                };
+                for bytes in [65, 136, 512, 3072, usize::MAX] {
+                    assert_eq!(BagHints::rule(bytes, heads, roomy), wide, "{bytes}");
+                }
+            }
+        }
+        assert_eq!(
+            BagHints::for_rows(512),
+            BagHints::rule(512, hints_row_heads(), roomy_l1())
+        );
+    }
 
     /// Sizes read as Linux writes them, and nothing else.
     #[test]
