@@ -149,7 +149,7 @@ pub struct Evictor {
 }
 
 impl Evictor {
-    /// Sized from cpu0's highest-level cache in `/sys` (Linux), else from
+    /// Sized from the highest-level caches in `/sys` (Linux), else from
     /// [`UNKNOWN_CACHE_BYTES`].
     pub fn new() -> Evictor {
         let bytes = 2 * last_level_cache_bytes().unwrap_or(UNKNOWN_CACHE_BYTES);
@@ -177,21 +177,44 @@ impl Evictor {
     }
 }
 
-/// The size of cpu0's highest-level cache, from
-/// `/sys/devices/system/cpu/cpu0/cache/index*/{level,size}` (`size` reads
-/// as `"307200K"` or `"32M"`).
+/// The bytes of the highest-level caches of all the CPUs, each distinct
+/// cache counted once (two CCDs of an AMD socket, or two sockets, have one
+/// each), from `/sys/devices/system/cpu/cpu*/cache/index*/` (`level`,
+/// `size` as `"307200K"` or `"32M"`, and `shared_cpu_list`, which names the
+/// CPUs that share a cache and so tells one cache from another).
 fn last_level_cache_bytes() -> Option<usize> {
-    let dir = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
     let read = |p: std::path::PathBuf| std::fs::read_to_string(p).ok();
-    dir.filter_map(Result::ok)
-        .filter_map(|e| {
-            let level: u32 = read(e.path().join("level"))?.trim().parse().ok()?;
-            let size = read(e.path().join("size"))?;
-            Some((level, parse_cache_size(size.trim())?))
-        })
-        .max()
-        .map(|(_, bytes)| bytes)
-        .filter(|&bytes| bytes > 0)
+    let mut caches = std::collections::BTreeMap::new();
+    for cpu in std::fs::read_dir("/sys/devices/system/cpu").ok()?.flatten() {
+        let name = cpu.file_name().to_string_lossy().into_owned();
+        let numbered = name.strip_prefix("cpu").map(str::parse::<u32>);
+        if !matches!(numbered, Some(Ok(_))) {
+            continue;
+        }
+        let Ok(indexes) = std::fs::read_dir(cpu.path().join("cache")) else {
+            continue;
+        };
+        let top = indexes
+            .flatten()
+            .filter_map(|e| {
+                let level: u32 = read(e.path().join("level"))?.trim().parse().ok()?;
+                let size = parse_cache_size(read(e.path().join("size"))?.trim())?;
+                let shared = read(e.path().join("shared_cpu_list"))
+                    .map_or_else(|| name.clone(), |s| s.trim().to_string());
+                Some((level, size, shared))
+            })
+            .max();
+        if let Some((level, size, shared)) = top {
+            caches.insert((level, shared), size);
+        }
+    }
+    let top = caches.keys().map(|(level, _)| *level).max()?;
+    let bytes: usize = caches
+        .iter()
+        .filter(|((level, _), _)| *level == top)
+        .map(|(_, size)| size)
+        .sum();
+    Some(bytes).filter(|&b| b > 0)
 }
 
 /// `"307200K"` → 314 572 800, `"32M"` → 33 554 432, `"512"` → 512.
@@ -425,7 +448,7 @@ pub const LEGEND: &str = "format rows: the same table stored in each format; loo
 pub fn caches_line(evicted: Option<usize>) -> String {
     match evicted {
         Some(bytes) => format!(
-            "  lookup, bag_sum and their memcpys: caches evicted before each call (a read of {} MiB,\n  twice the last-level cache; --keep-caches to skip)",
+            "  lookup, bag_sum and their memcpys: caches evicted before each call (a read of {} MiB,\n  twice the last-level caches; --keep-caches to skip)",
             bytes >> 20
         ),
         None => "  lookup, bag_sum: caches kept between calls (--keep-caches)".to_string(),

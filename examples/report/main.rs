@@ -1150,7 +1150,13 @@ fn run_loop(args: &Args, workloads: &[Workload]) -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
-/// The command line, as it would be typed through cargo.
+/// The crate's environment variables that change what the kernels do, as
+/// the command line carries them: `EMBEDDING_KERNELS_ROW_HEADS`, which
+/// reads hint only each row's start (measuring the choices in one build).
+const KNOBS: [&str; 1] = ["EMBEDDING_KERNELS_ROW_HEADS"];
+
+/// The command line, as it would be typed through cargo, after the crate's
+/// environment variables that are set ([`KNOBS`]).
 fn command_line() -> String {
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -1162,7 +1168,13 @@ fn command_line() -> String {
             }
         })
         .collect();
-    let mut cmd = "cargo run --release --example report".to_string();
+    let mut cmd = String::new();
+    for knob in KNOBS {
+        if let Some(value) = std::env::var_os(knob) {
+            cmd.push_str(&format!("{knob}={} ", value.to_string_lossy()));
+        }
+    }
+    cmd.push_str("cargo run --release --example report");
     if !args.is_empty() {
         cmd = format!("{cmd} -- {}", args.join(" "));
     }

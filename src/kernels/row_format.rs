@@ -31,6 +31,7 @@
 //! `dim % V::WIDTH` columns zero-padded into one vector).
 
 use crate::formats::{Data, PackedTable, RowWise, TableRef};
+use crate::kernels::tuning::RowHeads;
 use crate::memory::LINE_BYTES as LINE;
 use crate::simd::prefetch::{self, BagHints, L2};
 use crate::simd::{Lanes, MAX_LANES};
@@ -462,7 +463,8 @@ impl<E: Element> RowFormat for PlainRows<'_, E> {
         if self.rows_are_lines() {
             BagHints::Line
         } else {
-            BagHints::for_rows(self.row_bytes())
+            let heads = RowHeads::here().in_bags(false, core::mem::size_of::<E>());
+            BagHints::for_rows(self.row_bytes(), heads)
         }
     }
 
@@ -657,11 +659,12 @@ impl<const BITS: u32> RowFormat for Packed<'_, BITS> {
         }
     }
 
-    /// Whole blocks, never heads: one hint a block made the Intel host's
-    /// packed bags up to 1.7x slower where it made `f32` bags faster
+    /// Whole blocks unless `RowHeads` says packed rows too (not so on any
+    /// CPU by default): one hint a block made the Intel host's packed bags
+    /// up to 1.7x slower where it made `f32` bags faster
     /// (docs/benchmarks.md, "Table formats").
     fn bag_hints(&self) -> BagHints {
-        BagHints::rule(self.row_bytes(), false, prefetch::roomy_l1())
+        BagHints::for_rows(self.row_bytes(), RowHeads::here().in_bags(true, 1))
     }
 
     #[inline(always)]
@@ -717,7 +720,7 @@ pub(crate) fn dispatch<O: OnRows>(table: &TableRef<'_>, op: O) -> O::Output {
 #[cfg(test)]
 mod tests {
     use super::{Packed, PlainRows, RowFormat};
-    use crate::kernels::tuning::hints_row_heads;
+    use crate::kernels::tuning::RowHeads;
     use crate::memory::AlignedTable;
     use crate::simd::prefetch::{roomy_l1, BagHints};
 
@@ -734,8 +737,9 @@ mod tests {
             }
             .bag_hints()
         };
-        let wide = BagHints::rule(65, hints_row_heads(), roomy_l1());
-        let whole = BagHints::rule(65, false, roomy_l1());
+        let heads = RowHeads::here();
+        let wide = BagHints::rule(65, heads.in_bags(false, 4), roomy_l1());
+        let whole = BagHints::rule(65, heads.in_bags(true, 1), roomy_l1());
         assert_eq!(plain(0, 16), BagHints::Line);
         assert_eq!(plain(1, 16), BagHints::L1, "a line's bytes, not on a line");
         assert_eq!(plain(0, 15), BagHints::L1);

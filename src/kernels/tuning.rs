@@ -192,7 +192,7 @@ pub(crate) fn gather_ahead(row_floats: usize) -> usize {
 pub(crate) fn gather_hints_in_l1(row_floats: usize) -> bool {
     hints_in_l1(
         row_floats,
-        hints_row_heads(),
+        RowHeads::here().in_gathers(),
         crate::simd::prefetch::roomy_l1(),
     )
 }
@@ -222,7 +222,7 @@ fn hints_in_l1(row_floats: usize, heads: bool, roomy: bool) -> bool {
 /// which hint the heads into L2.
 #[inline]
 pub(crate) fn gather_hinted_floats(row_floats: usize) -> usize {
-    hinted_floats(row_floats, hints_row_heads())
+    hinted_floats(row_floats, RowHeads::here().in_gathers())
 }
 
 /// [`gather_hinted_floats`] where the gather hints row heads (`heads`) or
@@ -239,11 +239,75 @@ fn hinted_floats(row_floats: usize, heads: bool) -> usize {
 /// each ([`gather_hinted_floats`]): 64 bytes, the line or two they span.
 const GATHER_HEAD_BYTES: usize = 64;
 
-/// Whether this is an Intel CPU (`GenuineIntel` in `/proc/cpuinfo`), whose
-/// gathers hint only the start of each row, and bags the start of each
-/// block of a row (`simd::prefetch::BagHints::Head`).
-pub(crate) fn hints_row_heads() -> bool {
-    this_cpu().is_some_and(|(vendor, _)| vendor == "GenuineIntel")
+/// Which reads hint only the start of each row (a gather) or of each block
+/// of a row (a bag: `simd::prefetch::BagHints::Head`) and leave the rest to
+/// the core's own prefetchers. Each choice hints heads wherever the one
+/// before it does, and in one more kind of read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum RowHeads {
+    /// Whole rows and whole blocks everywhere.
+    None,
+    /// The gathers' rows.
+    Gather,
+    /// Those, and the bags of `f32` rows.
+    F32,
+    /// Those, and the bags of half rows (`f16`, bf16): every plain row.
+    Plain,
+    /// Those, and the bags of packed rows.
+    Packed,
+}
+
+impl RowHeads {
+    /// The choice of this machine, asked once: [`RowHeads::Plain`] on an
+    /// Intel CPU (`GenuineIntel` in `/proc/cpuinfo`), where a software
+    /// prefetch waits for one of L1's fill buffers, which the loads need;
+    /// [`RowHeads::None`] elsewhere. `EMBEDDING_KERNELS_ROW_HEADS` set to
+    /// one of [`RowHeads::parse`]'s names replaces it, so that one build
+    /// can measure the choices against each other (docs/benchmarks.md,
+    /// "How to measure"); a value that names none is ignored.
+    pub(crate) fn here() -> RowHeads {
+        static HEADS: std::sync::OnceLock<RowHeads> = std::sync::OnceLock::new();
+        *HEADS.get_or_init(|| {
+            let set = std::env::var("EMBEDDING_KERNELS_ROW_HEADS").ok();
+            match set.as_deref().and_then(RowHeads::parse) {
+                Some(heads) => heads,
+                None if this_cpu().is_some_and(|(vendor, _)| vendor == "GenuineIntel") => {
+                    RowHeads::Plain
+                }
+                None => RowHeads::None,
+            }
+        })
+    }
+
+    /// The choice a name gives: `none`, `gather`, `f32`, `plain` or
+    /// `packed`, in lower case.
+    pub(crate) fn parse(name: &str) -> Option<RowHeads> {
+        Some(match name {
+            "none" => RowHeads::None,
+            "gather" => RowHeads::Gather,
+            "f32" => RowHeads::F32,
+            "plain" => RowHeads::Plain,
+            "packed" => RowHeads::Packed,
+            _ => return None,
+        })
+    }
+
+    /// Whether the gathers hint only each row's start.
+    pub(crate) fn in_gathers(self) -> bool {
+        self >= RowHeads::Gather
+    }
+
+    /// Whether a bag hints only each block's start, for packed rows
+    /// (`packed`) or plain rows of `element_bytes` a value.
+    pub(crate) fn in_bags(self, packed: bool, element_bytes: usize) -> bool {
+        if packed {
+            self >= RowHeads::Packed
+        } else if element_bytes >= 4 {
+            self >= RowHeads::F32
+        } else {
+            self >= RowHeads::Plain
+        }
+    }
 }
 
 /// The most bytes of rows a gather hints ahead into L1: a sixth of a
@@ -339,8 +403,7 @@ pub(crate) const SPARE_BYTES: usize = 32 << 20;
 #[cfg(test)]
 mod tests {
     use super::{
-        cpu_family, gather_hinted_floats, gather_hints_in_l1, hinted_floats, hints_in_l1,
-        hints_row_heads,
+        cpu_family, gather_hinted_floats, gather_hints_in_l1, hinted_floats, hints_in_l1, RowHeads,
     };
     use crate::simd::prefetch::roomy_l1;
 
@@ -375,6 +438,31 @@ mod tests {
         assert!(!vendor.is_empty());
     }
 
+    /// Each name reads as its choice and nothing else does; each choice
+    /// hints heads where the one before it does, in gathers first, then bags
+    /// of `f32`, half and packed rows.
+    #[test]
+    fn row_heads_read_by_name_and_widen_in_order() {
+        let names = ["none", "gather", "f32", "plain", "packed"];
+        let all: Vec<RowHeads> = names.iter().map(|n| RowHeads::parse(n).unwrap()).collect();
+        for bad in ["", "None", "f16", "plain ", "all"] {
+            assert_eq!(RowHeads::parse(bad), None, "{bad:?}");
+        }
+        let kinds = |h: RowHeads| {
+            [
+                h.in_gathers(),
+                h.in_bags(false, 4),
+                h.in_bags(false, 2),
+                h.in_bags(true, 1),
+            ]
+        };
+        for (k, &heads) in all.iter().enumerate() {
+            let on = kinds(heads);
+            let expected: Vec<bool> = (0..4).map(|kind| kind < k).collect();
+            assert_eq!(on.to_vec(), expected, "{}", names[k]);
+        }
+    }
+
     /// The gathers of the report's widths hint into L1 on a roomy L1 but
     /// where the hinted rows ahead span more than 8 KiB (gpt2's 4 rows of 3
     /// KiB, hinted whole), and never elsewhere; where only each row's first
@@ -398,7 +486,7 @@ mod tests {
         }
         assert_eq!(
             gather_hints_in_l1(768),
-            hints_in_l1(768, hints_row_heads(), roomy_l1())
+            hints_in_l1(768, RowHeads::here().in_gathers(), roomy_l1())
         );
     }
 
@@ -416,7 +504,7 @@ mod tests {
         }
         assert_eq!(
             gather_hinted_floats(768),
-            hinted_floats(768, hints_row_heads())
+            hinted_floats(768, RowHeads::here().in_gathers())
         );
     }
 }

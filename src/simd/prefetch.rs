@@ -116,19 +116,12 @@ impl BagHints {
     /// and "Wide rows into L1 on a roomy L1"). The rule looks at the row, not
     /// the block, so a wide row's short last block follows its row.
     ///
-    /// On Intel ([`hints_row_heads`]) with a roomy L1, a row wider than a
-    /// line takes one hint a block, at its start ([`BagHints::Head`],
-    /// measured there only; a small L1 keeps hints into L2): the rule of plain rows
-    /// (`f32`, `f16`, bf16). Packed rows ask [`rule`](Self::rule) without
-    /// heads.
-    ///
-    /// [`hints_row_heads`]: crate::kernels::tuning::hints_row_heads
-    pub(crate) fn for_rows(row_bytes: usize) -> BagHints {
-        Self::rule(
-            row_bytes,
-            crate::kernels::tuning::hints_row_heads(),
-            roomy_l1(),
-        )
+    /// Where the reads hint heads (`heads`, `tuning::RowHeads`: on Intel,
+    /// for plain rows) and the L1 is roomy, a row wider than a line takes
+    /// one hint a block, at its start ([`BagHints::Head`]; measured on Intel
+    /// only, where a small L1 keeps hints into L2).
+    pub(crate) fn for_rows(row_bytes: usize, heads: bool) -> BagHints {
+        Self::rule(row_bytes, heads, roomy_l1())
     }
 
     /// [`for_rows`](Self::for_rows) on a CPU whose bags hint block heads
@@ -278,7 +271,6 @@ pub(crate) fn span<L: Level>(base: *const u8, from: usize, to: usize) {
 #[cfg(test)]
 mod tests {
     use super::{cache_size, l1_data_bytes, roomy_l1, BagHints, ROOMY_L1_BYTES};
-    use crate::kernels::tuning::hints_row_heads;
 
     /// Rows of a line or less are hinted whole into L1 on every CPU; wider
     /// ones a hint a block where the CPU hints heads and the L1 is roomy,
@@ -300,10 +292,12 @@ mod tests {
                 }
             }
         }
-        assert_eq!(
-            BagHints::for_rows(512),
-            BagHints::rule(512, hints_row_heads(), roomy_l1())
-        );
+        for heads in [false, true] {
+            assert_eq!(
+                BagHints::for_rows(512, heads),
+                BagHints::rule(512, heads, roomy_l1())
+            );
+        }
     }
 
     /// Sizes read as Linux writes them, and nothing else.
