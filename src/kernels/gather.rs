@@ -207,6 +207,12 @@ pub(crate) trait RowOp: Copy + Send + Sync {
     /// `dim` long), with lanes `V`.
     fn write<V: Lanes>(&mut self, dst: &mut [Self::Out], src: &[f32]);
 
+    /// [`RowOp::write`] from a table that sits in the caches.
+    #[inline(always)]
+    fn write_cached<V: Lanes>(&mut self, dst: &mut [Self::Out], src: &[f32]) {
+        self.write::<V>(dst, src);
+    }
+
     /// Ends a piece of the output, before another thread may read it.
     #[inline(always)]
     fn finish(&self) {}
@@ -222,6 +228,11 @@ impl RowOp for CopyRow {
     #[inline(always)]
     fn write<V: Lanes>(&mut self, dst: &mut [f32], src: &[f32]) {
         row::copy::<V>(dst, src);
+    }
+
+    #[inline(always)]
+    fn write_cached<V: Lanes>(&mut self, dst: &mut [f32], src: &[f32]) {
+        row::copy_cached::<V>(dst, src);
     }
 }
 
@@ -388,10 +399,10 @@ impl<I: Index, Op: RowOp> Body for GatherBlock<'_, '_, I, Op> {
         let Piece { table, ids, first } = piece;
         if core::mem::size_of_val(table) < PREFETCH_MIN_TABLE_BYTES {
             // A table this small sits in the caches: hints would only
-            // cost instructions.
+            // cost instructions, and the stores set the pace.
             for (i, dst) in (first..).zip(out.chunks_exact_mut(dim)) {
                 let start = ids.row(i) * dim;
-                op.write::<V>(dst, &table[start..start + dim]);
+                op.write_cached::<V>(dst, &table[start..start + dim]);
             }
             op.finish();
             return;

@@ -490,7 +490,12 @@ impl Lanes for Avx512 {
 
     #[inline(always)]
     fn copy_row(dst: &mut [f32], src: &[f32]) {
-        Avx512::copy_by_lines(dst, src);
+        Avx512::copy_by_lines::<LINE_COPY_MIN_BYTES>(dst, src);
+    }
+
+    #[inline(always)]
+    fn copy_cached_row(dst: &mut [f32], src: &[f32]) {
+        Avx512::copy_by_lines::<CACHED_LINE_COPY_MIN_BYTES>(dst, src);
     }
 
     #[inline(always)]
@@ -514,23 +519,34 @@ impl Lanes for Avx512 {
 /// pay a masked copy at each end for few split stores saved.
 const LINE_COPY_MIN_BYTES: usize = 512;
 
+/// [`LINE_COPY_MIN_BYTES`] for rows of a table in the caches
+/// (`Lanes::copy_cached_row`), whose copy waits on its stores rather than
+/// on the rows' loads. tiny's gather (256-byte rows of a 256 KiB table,
+/// into a `Vec` 16 bytes past a page, two threads, no hints; the Intel host,
+/// the test program of [`LINE_COPY_MIN_BYTES`]) took 20-26 µs with stores
+/// within lines against 26-29 from each row's start; from memory (400 000
+/// rows of 256 bytes), 1 085 and 1 162 against 1 059 and 1 131, which is
+/// why rows of tables past the caches keep the 512 bytes.
+const CACHED_LINE_COPY_MIN_BYTES: usize = 256;
+
 impl Avx512 {
     /// [`Lanes::copy_row`] at the AVX-512 level: `dst = src` with every
-    /// 64-byte store inside one line, for rows of [`LINE_COPY_MIN_BYTES`] or
-    /// more. The values before `dst`'s first line boundary go in one masked
+    /// 64-byte store inside one line, for rows of `MIN_BYTES` or more
+    /// ([`LINE_COPY_MIN_BYTES`], or [`CACHED_LINE_COPY_MIN_BYTES`] from a
+    /// table in the caches). The values before `dst`'s first line boundary go in one masked
     /// copy, then whole lines, then the rest in another masked copy; the
     /// loads follow the stores, so they are aligned too where `src` sits at
     /// `dst`'s offset within a line (both 16 bytes past a page, say). The
     /// values written are `src`'s, whichever way they go. Rows of unequal
     /// lengths (never passed) copy the shorter length.
     #[inline(always)]
-    fn copy_by_lines(dst: &mut [f32], src: &[f32]) {
+    fn copy_by_lines<const MIN_BYTES: usize>(dst: &mut [f32], src: &[f32]) {
         debug_assert_eq!(dst.len(), src.len());
         let len = dst.len().min(src.len());
         // In `f32`s; `align_offset` may answer `usize::MAX` (never on a
         // pointer into memory, but allowed), and then the plain copy runs.
         let head = dst.as_ptr().align_offset(LINE_BYTES);
-        if len * core::mem::size_of::<f32>() < LINE_COPY_MIN_BYTES || head >= SIXTEEN {
+        if len * core::mem::size_of::<f32>() < MIN_BYTES || head >= SIXTEEN {
             return super::row::copy_plain::<Avx512>(dst, src);
         }
         let (d_head, d_rest) = dst[..len].split_at_mut(head);

@@ -30,6 +30,13 @@ pub(crate) fn copy<V: Lanes>(dst: &mut [f32], src: &[f32]) {
     V::copy_row(dst, src);
 }
 
+/// [`copy`] from a table that sits in the caches
+/// ([`Lanes::copy_cached_row`]).
+#[inline(always)]
+pub(crate) fn copy_cached<V: Lanes>(dst: &mut [f32], src: &[f32]) {
+    V::copy_cached_row(dst, src);
+}
+
 /// `dst = src`, a vector at a time from the rows' starts, then a scalar
 /// tail. The two rows must have the same length.
 #[inline(always)]
