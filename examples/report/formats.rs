@@ -21,7 +21,7 @@
 //!
 //! `lookup` and `bag_sum` are cold: before each of their calls, and before
 //! each of their memcpys, an [`Evictor`] reads a buffer of twice the
-//! last-level cache, so the rows come from memory as a new batch's rows of a
+//! last-level caches (every distinct one, summed), so the rows come from memory as a new batch's rows of a
 //! large table would. Without it, a host whose last-level cache holds the
 //! rows the workload reads (recsys's 32 MiB of `f32` rows in a 300 MiB L3)
 //! serves every call after the first from that cache (`--keep-caches`
@@ -142,6 +142,11 @@ impl Stored {
 /// The last-level cache's size when `/sys` does not give it.
 const UNKNOWN_CACHE_BYTES: usize = 64 << 20;
 
+/// The most bytes of last-level caches counted: a many-core host's dozens
+/// of caches would ask for a buffer of gigabytes, read before every cold
+/// call, where a pool of a few threads fills a few of them.
+const MAX_CACHE_BYTES: usize = 1 << 30;
+
 /// A buffer of twice the last-level cache, read one word a line to push
 /// everything else out of the caches.
 pub struct Evictor {
@@ -181,7 +186,9 @@ impl Evictor {
 /// cache counted once (two CCDs of an AMD socket, or two sockets, have one
 /// each), from `/sys/devices/system/cpu/cpu*/cache/index*/` (`level`,
 /// `size` as `"307200K"` or `"32M"`, and `shared_cpu_list`, which names the
-/// CPUs that share a cache and so tells one cache from another).
+/// CPUs that share a cache and so tells one cache from another; where it is
+/// missing, the caches of a level count as one), at most
+/// [`MAX_CACHE_BYTES`].
 fn last_level_cache_bytes() -> Option<usize> {
     let read = |p: std::path::PathBuf| std::fs::read_to_string(p).ok();
     let mut caches = std::collections::BTreeMap::new();
@@ -200,7 +207,7 @@ fn last_level_cache_bytes() -> Option<usize> {
                 let level: u32 = read(e.path().join("level"))?.trim().parse().ok()?;
                 let size = parse_cache_size(read(e.path().join("size"))?.trim())?;
                 let shared = read(e.path().join("shared_cpu_list"))
-                    .map_or_else(|| name.clone(), |s| s.trim().to_string());
+                    .map_or_else(String::new, |s| s.trim().to_string());
                 Some((level, size, shared))
             })
             .max();
@@ -214,7 +221,7 @@ fn last_level_cache_bytes() -> Option<usize> {
         .filter(|((level, _), _)| *level == top)
         .map(|(_, size)| size)
         .sum();
-    Some(bytes).filter(|&b| b > 0)
+    Some(bytes.min(MAX_CACHE_BYTES)).filter(|&b| b > 0)
 }
 
 /// `"307200K"` → 314 572 800, `"32M"` → 33 554 432, `"512"` → 512.

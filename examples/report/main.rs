@@ -35,6 +35,7 @@
 //! before the next workload is built (the recsys table alone is 512 MB).
 
 mod candle_layer;
+mod command;
 #[path = "../../benches/common/mod.rs"]
 mod common;
 mod formats;
@@ -143,7 +144,7 @@ struct Args {
 
     /// Keep the caches between the cold format rows' calls (`lookup`,
     /// `bag_sum`) instead of evicting them with a read of twice the
-    /// last-level cache before each call.
+    /// last-level caches before each call.
     #[arg(long)]
     keep_caches: bool,
 
@@ -1104,7 +1105,7 @@ fn run_loop(args: &Args, workloads: &[Workload]) -> Result<(), Box<dyn Error>> {
     if let Some(dir) = &args.markdown {
         std::fs::create_dir_all(dir)?;
     }
-    let command = command_line();
+    let command = command::line();
     let cpu = machine(1, false).cpu;
     eprintln!(
         "{:5} {:8} {:12} {:>10} {:>10} {:>7}",
@@ -1148,37 +1149,6 @@ fn run_loop(args: &Args, workloads: &[Workload]) -> Result<(), Box<dyn Error>> {
         eprintln!("wrote {}", path.display());
     }
     Ok(())
-}
-
-/// The crate's environment variables that change what the kernels do, as
-/// the command line carries them: `EMBEDDING_KERNELS_ROW_HEADS`, which
-/// reads hint only each row's start (measuring the choices in one build).
-const KNOBS: [&str; 1] = ["EMBEDDING_KERNELS_ROW_HEADS"];
-
-/// The command line, as it would be typed through cargo, after the crate's
-/// environment variables that are set ([`KNOBS`]).
-fn command_line() -> String {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .map(|a| {
-            if a.contains(|c: char| c.is_whitespace() || c == '\'') {
-                format!("'{}'", a.replace('\'', r"'\''"))
-            } else {
-                a
-            }
-        })
-        .collect();
-    let mut cmd = String::new();
-    for knob in KNOBS {
-        if let Some(value) = std::env::var_os(knob) {
-            cmd.push_str(&format!("{knob}={} ", value.to_string_lossy()));
-        }
-    }
-    cmd.push_str("cargo run --release --example report");
-    if !args.is_empty() {
-        cmd = format!("{cmd} -- {}", args.join(" "));
-    }
-    cmd
 }
 
 fn header(out: &mut dyn Write, cmd: &str, m: &Machine, budget: &Budget) -> io::Result<()> {
@@ -1450,7 +1420,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         // Fail before measuring, not after, when the folder cannot be made.
         std::fs::create_dir_all(dir)?;
     }
-    let command = command_line();
+    let command = command::line();
     let mut machine = machine(threads, huge_pages);
     pb.suspend(|| header(&mut human, &command, &machine, budget))?;
     let mut rows = Vec::new();

@@ -13,9 +13,9 @@
 //! 2. **Rows.** Each row is copied (or scaled) by `simd/row.rs`, eight
 //!    lanes at a time plus a scalar tail, so any `dim` works, in 256-bit
 //!    registers where the CPU has AVX (`simd/mod.rs`); with AVX-512, rows
-//!    of 512 bytes or more are copied with stores aligned to lines, so a
-//!    `Vec` output 16 bytes past a line takes no store across two lines
-//!    (`Lanes::copy_row`). What is done
+//!    of 512 bytes or more (256 from a table in the caches) are copied with
+//!    stores aligned to lines, so a `Vec` output 16 bytes past a line takes
+//!    no store across two lines (`Lanes::copy_row`). What is done
 //!    to a row is a `RowOp` type, so the fused position kernel
 //!    (`kernels/token_position.rs`) reuses this driver and loop unchanged.
 //! 3. **Prefetch.** Ids are random, so the hardware prefetcher cannot guess

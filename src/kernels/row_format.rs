@@ -453,12 +453,12 @@ impl<E: Element> RowFormat for PlainRows<'_, E> {
     }
 
     /// One hint a row where each is a whole line ([`Self::rows_are_lines`]),
-    /// else as [`BagHints::for_rows`] says: one a block on Intel with a
-    /// roomy L1, elsewhere a hint per line of the block and one at its last
-    /// byte. Wider rows keep the last byte's hint even
-    /// where they start lines: without it `f32` rows were no faster and
-    /// `f16` rows slower (docs/benchmarks.md, "One hint for a row of one
-    /// line").
+    /// else as [`BagHints::for_rows`] says: one a block with a roomy L1
+    /// where `RowHeads` says so for the values (on Intel, all plain rows),
+    /// elsewhere a hint per line of the block and one at its last byte.
+    /// Wider rows keep the last byte's hint even where they start lines:
+    /// without it `f32` rows were no faster and `f16` rows slower
+    /// (docs/benchmarks.md, "One hint for a row of one line").
     fn bag_hints(&self) -> BagHints {
         if self.rows_are_lines() {
             BagHints::Line
@@ -745,6 +745,9 @@ mod tests {
         assert_eq!(plain(0, 15), BagHints::L1);
         assert_eq!(plain(0, 17), wide);
         assert_eq!(plain(0, 128), wide);
+        let (table, dim) = (&vec![half::f16::ZERO; 16 * 64][..], 64);
+        let halves = BagHints::rule(128, heads.in_bags(false, 2), roomy_l1());
+        assert_eq!(PlainRows { table, dim }.bag_hints(), halves);
         let bytes = vec![0u8; 64 * 1024];
         let packed = |dim: usize| Packed::<8> { bytes: &bytes, dim }.bag_hints();
         assert_eq!(packed(56), BagHints::L1, "56 codes and 8 bytes: one line");

@@ -246,7 +246,7 @@ const GATHER_HEAD_BYTES: usize = 64;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum RowHeads {
     /// Whole rows and whole blocks everywhere.
-    None,
+    Whole,
     /// The gathers' rows.
     Gather,
     /// Those, and the bags of `f32` rows.
@@ -258,32 +258,37 @@ pub(crate) enum RowHeads {
 }
 
 impl RowHeads {
-    /// The choice of this machine, asked once: [`RowHeads::Plain`] on an
-    /// Intel CPU (`GenuineIntel` in `/proc/cpuinfo`), where a software
-    /// prefetch waits for one of L1's fill buffers, which the loads need;
-    /// [`RowHeads::None`] elsewhere. `EMBEDDING_KERNELS_ROW_HEADS` set to
-    /// one of [`RowHeads::parse`]'s names replaces it, so that one build
-    /// can measure the choices against each other (docs/benchmarks.md,
-    /// "How to measure"); a value that names none is ignored.
+    /// The choice of this machine, asked once: [`RowHeads::choose`] from
+    /// `EMBEDDING_KERNELS_ROW_HEADS` and the CPU's vendor.
     pub(crate) fn here() -> RowHeads {
         static HEADS: std::sync::OnceLock<RowHeads> = std::sync::OnceLock::new();
         *HEADS.get_or_init(|| {
             let set = std::env::var("EMBEDDING_KERNELS_ROW_HEADS").ok();
-            match set.as_deref().and_then(RowHeads::parse) {
-                Some(heads) => heads,
-                None if this_cpu().is_some_and(|(vendor, _)| vendor == "GenuineIntel") => {
-                    RowHeads::Plain
-                }
-                None => RowHeads::None,
-            }
+            RowHeads::choose(set.as_deref(), this_cpu().map(|(vendor, _)| vendor))
         })
     }
 
-    /// The choice a name gives: `none`, `gather`, `f32`, `plain` or
-    /// `packed`, in lower case.
+    /// The choice where `EMBEDDING_KERNELS_ROW_HEADS` is `set` and the CPU
+    /// is `vendor`'s: the setting where it is one of [`RowHeads::parse`]'s
+    /// names, so that one build can measure the choices against each other
+    /// (docs/benchmarks.md, "How to measure"); otherwise
+    /// [`RowHeads::Plain`] on an Intel CPU (`GenuineIntel` in
+    /// `/proc/cpuinfo`), where a software prefetch waits for one of L1's
+    /// fill buffers, which the loads need, and [`RowHeads::Whole`]
+    /// elsewhere. A value that names no choice is ignored.
+    pub(crate) fn choose(set: Option<&str>, vendor: Option<&str>) -> RowHeads {
+        match set.and_then(RowHeads::parse) {
+            Some(heads) => heads,
+            None if vendor == Some("GenuineIntel") => RowHeads::Plain,
+            None => RowHeads::Whole,
+        }
+    }
+
+    /// The choice a name gives: `none` ([`RowHeads::Whole`]), `gather`,
+    /// `f32`, `plain` or `packed`, in lower case.
     pub(crate) fn parse(name: &str) -> Option<RowHeads> {
         Some(match name {
-            "none" => RowHeads::None,
+            "none" => RowHeads::Whole,
             "gather" => RowHeads::Gather,
             "f32" => RowHeads::F32,
             "plain" => RowHeads::Plain,
@@ -440,7 +445,8 @@ mod tests {
 
     /// Each name reads as its choice and nothing else does; each choice
     /// hints heads where the one before it does, in gathers first, then bags
-    /// of `f32`, half and packed rows.
+    /// of `f32`, half and packed rows; a name set wins over the vendor, and
+    /// without one Intel hints the heads of plain rows and others none.
     #[test]
     fn row_heads_read_by_name_and_widen_in_order() {
         let names = ["none", "gather", "f32", "plain", "packed"];
@@ -460,6 +466,15 @@ mod tests {
             let on = kinds(heads);
             let expected: Vec<bool> = (0..4).map(|kind| kind < k).collect();
             assert_eq!(on.to_vec(), expected, "{}", names[k]);
+        }
+        let intel = Some("GenuineIntel");
+        assert_eq!(RowHeads::choose(None, intel), RowHeads::Plain);
+        assert_eq!(RowHeads::choose(Some("bogus"), intel), RowHeads::Plain);
+        assert_eq!(RowHeads::choose(Some("none"), intel), RowHeads::Whole);
+        for vendor in [Some("AuthenticAMD"), None] {
+            assert_eq!(RowHeads::choose(None, vendor), RowHeads::Whole);
+            assert_eq!(RowHeads::choose(Some("PLAIN"), vendor), RowHeads::Whole);
+            assert_eq!(RowHeads::choose(Some("f32"), vendor), RowHeads::F32);
         }
     }
 

@@ -525,22 +525,26 @@ const LINE_COPY_MIN_BYTES: usize = 512;
 /// into a `Vec` 16 bytes past a page, two threads, no hints; the Intel host,
 /// the test program of [`LINE_COPY_MIN_BYTES`]) took 20-26 µs with stores
 /// within lines against 26-29 from each row's start; from memory (400 000
-/// rows of 256 bytes), 1 085 and 1 162 against 1 059 and 1 131, which is
-/// why rows of tables past the caches keep the 512 bytes.
+/// rows of 256 bytes) 1 085-1 162 µs within lines against 1 059-1 131 from
+/// row starts, which is why rows of tables past the caches keep the 512
+/// bytes. Measured on Intel only, as is [`LINE_COPY_MIN_BYTES`]; both hold
+/// on every CPU with AVX-512.
 const CACHED_LINE_COPY_MIN_BYTES: usize = 256;
 
 impl Avx512 {
     /// [`Lanes::copy_row`] at the AVX-512 level: `dst = src` with every
     /// 64-byte store inside one line, for rows of `MIN_BYTES` or more
     /// ([`LINE_COPY_MIN_BYTES`], or [`CACHED_LINE_COPY_MIN_BYTES`] from a
-    /// table in the caches). The values before `dst`'s first line boundary go in one masked
-    /// copy, then whole lines, then the rest in another masked copy; the
-    /// loads follow the stores, so they are aligned too where `src` sits at
-    /// `dst`'s offset within a line (both 16 bytes past a page, say). The
-    /// values written are `src`'s, whichever way they go. Rows of unequal
-    /// lengths (never passed) copy the shorter length.
+    /// table in the caches). The values before `dst`'s first line boundary
+    /// go in one masked copy, then whole lines, then the rest in another
+    /// masked copy; the loads follow the stores, so they are aligned too
+    /// where `src` sits at `dst`'s offset within a line (both 16 bytes past
+    /// a page, say). The values written are `src`'s, whichever way they go.
+    /// Rows of unequal lengths (never passed) copy the shorter length.
     #[inline(always)]
     fn copy_by_lines<const MIN_BYTES: usize>(dst: &mut [f32], src: &[f32]) {
+        // A row shorter than a line could end before its first boundary.
+        const { assert!(MIN_BYTES >= LINE_BYTES) };
         debug_assert_eq!(dst.len(), src.len());
         let len = dst.len().min(src.len());
         // In `f32`s; `align_offset` may answer `usize::MAX` (never on a
@@ -571,8 +575,8 @@ impl Avx512 {
         let len = dst.len().min(src.len()).min(SIXTEEN);
         let mask = ((1u32 << len) - 1) as u16;
         // SAFETY: the intrinsics need AVX-512F, which every `Avx512` function
-        // runs with (see above its `Lanes` impl, whose `copy_row` is the only
-        // way here). The mask enables lanes `0..len` alone, and `len` is at
+        // runs with (see above its `Lanes` impl, whose `copy_row` and
+        // `copy_cached_row` are the only ways here). The mask enables lanes `0..len` alone, and `len` is at
         // most the length of either slice, so the load reads only `src`'s
         // values and the store writes only `dst`'s; masked-off lanes are
         // neither read nor written, and cannot fault. The pointers need no

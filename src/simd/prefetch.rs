@@ -119,7 +119,7 @@ impl BagHints {
     /// Where the reads hint heads (`heads`, `tuning::RowHeads`: on Intel,
     /// for plain rows) and the L1 is roomy, a row wider than a line takes
     /// one hint a block, at its start ([`BagHints::Head`]; measured on Intel
-    /// only, where a small L1 keeps hints into L2).
+    /// only); with a small L1 the hints go into L2 whatever `heads` says.
     pub(crate) fn for_rows(row_bytes: usize, heads: bool) -> BagHints {
         Self::rule(row_bytes, heads, roomy_l1())
     }
