@@ -13,9 +13,9 @@
 //! 2. **Rows.** Each row is copied (or scaled) by `simd/row.rs`, eight
 //!    lanes at a time plus a scalar tail, so any `dim` works, in 256-bit
 //!    registers where the CPU has AVX (`simd/mod.rs`); with AVX-512, rows
-//!    of 512 bytes or more (256 from a table in the caches) are copied with
-//!    stores aligned to lines, so a `Vec` output 16 bytes past a line takes
-//!    no store across two lines (`Lanes::copy_row`). What is done
+//!    of 512 bytes or more are copied with stores aligned to lines, so a
+//!    `Vec` output 16 bytes past a line takes no store across two lines
+//!    (`Lanes::copy_row`). What is done
 //!    to a row is a `RowOp` type, so the fused position kernel
 //!    (`kernels/token_position.rs`) reuses this driver and loop unchanged.
 //! 3. **Prefetch.** Ids are random, so the hardware prefetcher cannot guess
@@ -207,12 +207,6 @@ pub(crate) trait RowOp: Copy + Send + Sync {
     /// `dim` long), with lanes `V`.
     fn write<V: Lanes>(&mut self, dst: &mut [Self::Out], src: &[f32]);
 
-    /// [`RowOp::write`] from a table that sits in the caches.
-    #[inline(always)]
-    fn write_cached<V: Lanes>(&mut self, dst: &mut [Self::Out], src: &[f32]) {
-        self.write::<V>(dst, src);
-    }
-
     /// Ends a piece of the output, before another thread may read it.
     #[inline(always)]
     fn finish(&self) {}
@@ -228,11 +222,6 @@ impl RowOp for CopyRow {
     #[inline(always)]
     fn write<V: Lanes>(&mut self, dst: &mut [f32], src: &[f32]) {
         row::copy::<V>(dst, src);
-    }
-
-    #[inline(always)]
-    fn write_cached<V: Lanes>(&mut self, dst: &mut [f32], src: &[f32]) {
-        row::copy_cached::<V>(dst, src);
     }
 }
 
@@ -399,10 +388,10 @@ impl<I: Index, Op: RowOp> Body for GatherBlock<'_, '_, I, Op> {
         let Piece { table, ids, first } = piece;
         if core::mem::size_of_val(table) < PREFETCH_MIN_TABLE_BYTES {
             // A table this small sits in the caches: hints would only
-            // cost instructions, and the stores set the pace.
+            // cost instructions.
             for (i, dst) in (first..).zip(out.chunks_exact_mut(dim)) {
                 let start = ids.row(i) * dim;
-                op.write_cached::<V>(dst, &table[start..start + dim]);
+                op.write::<V>(dst, &table[start..start + dim]);
             }
             op.finish();
             return;

@@ -454,7 +454,7 @@ impl<E: Element> RowFormat for PlainRows<'_, E> {
 
     /// One hint a row where each is a whole line ([`Self::rows_are_lines`]),
     /// else as [`BagHints::for_rows`] says: one a block with a roomy L1
-    /// where `RowHeads` says so for the values (on Intel, all plain rows),
+    /// where `RowHeads` says so for the values (on Intel, `f32` rows),
     /// elsewhere a hint per line of the block and one at its last byte.
     /// Wider rows keep the last byte's hint even where they start lines:
     /// without it `f32` rows were no faster and `f16` rows slower

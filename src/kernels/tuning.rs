@@ -272,14 +272,19 @@ impl RowHeads {
     /// is `vendor`'s: the setting where it is one of [`RowHeads::parse`]'s
     /// names, so that one build can measure the choices against each other
     /// (docs/benchmarks.md, "How to measure"); otherwise
-    /// [`RowHeads::Plain`] on an Intel CPU (`GenuineIntel` in
+    /// [`RowHeads::F32`] on an Intel CPU (`GenuineIntel` in
     /// `/proc/cpuinfo`), where a software prefetch waits for one of L1's
     /// fill buffers, which the loads need, and [`RowHeads::Whole`]
     /// elsewhere. A value that names no choice is ignored.
+    ///
+    /// On the Intel host (family 6 model 207), bags of half rows hinted one
+    /// line a block took 1.0-1.3x the time of whole blocks from memory and
+    /// 0.9-1.1x warm, where `f32` rows took 0.70-0.90x (docs/benchmarks.md,
+    /// "Half rows keep whole blocks"); packed rows were up to 1.7x slower.
     pub(crate) fn choose(set: Option<&str>, vendor: Option<&str>) -> RowHeads {
         match set.and_then(RowHeads::parse) {
             Some(heads) => heads,
-            None if vendor == Some("GenuineIntel") => RowHeads::Plain,
+            None if vendor == Some("GenuineIntel") => RowHeads::F32,
             None => RowHeads::Whole,
         }
     }
@@ -446,7 +451,7 @@ mod tests {
     /// Each name reads as its choice and nothing else does; each choice
     /// hints heads where the one before it does, in gathers first, then bags
     /// of `f32`, half and packed rows; a name set wins over the vendor, and
-    /// without one Intel hints the heads of plain rows and others none.
+    /// without one Intel hints the heads of `f32` rows and others none.
     #[test]
     fn row_heads_read_by_name_and_widen_in_order() {
         let names = ["none", "gather", "f32", "plain", "packed"];
@@ -468,8 +473,8 @@ mod tests {
             assert_eq!(on.to_vec(), expected, "{}", names[k]);
         }
         let intel = Some("GenuineIntel");
-        assert_eq!(RowHeads::choose(None, intel), RowHeads::Plain);
-        assert_eq!(RowHeads::choose(Some("bogus"), intel), RowHeads::Plain);
+        assert_eq!(RowHeads::choose(None, intel), RowHeads::F32);
+        assert_eq!(RowHeads::choose(Some("bogus"), intel), RowHeads::F32);
         assert_eq!(RowHeads::choose(Some("none"), intel), RowHeads::Whole);
         for vendor in [Some("AuthenticAMD"), None] {
             assert_eq!(RowHeads::choose(None, vendor), RowHeads::Whole);

@@ -490,12 +490,7 @@ impl Lanes for Avx512 {
 
     #[inline(always)]
     fn copy_row(dst: &mut [f32], src: &[f32]) {
-        Avx512::copy_by_lines::<LINE_COPY_MIN_BYTES>(dst, src);
-    }
-
-    #[inline(always)]
-    fn copy_cached_row(dst: &mut [f32], src: &[f32]) {
-        Avx512::copy_by_lines::<CACHED_LINE_COPY_MIN_BYTES>(dst, src);
+        Avx512::copy_by_lines(dst, src);
     }
 
     #[inline(always)]
@@ -519,38 +514,23 @@ impl Lanes for Avx512 {
 /// pay a masked copy at each end for few split stores saved.
 const LINE_COPY_MIN_BYTES: usize = 512;
 
-/// [`LINE_COPY_MIN_BYTES`] for rows of a table in the caches
-/// (`Lanes::copy_cached_row`), whose copy waits on its stores rather than
-/// on the rows' loads. tiny's gather (256-byte rows of a 256 KiB table,
-/// into a `Vec` 16 bytes past a page, two threads, no hints; the Intel host,
-/// the test program of [`LINE_COPY_MIN_BYTES`]) took 20-26 µs with stores
-/// within lines against 26-29 from each row's start; from memory (400 000
-/// rows of 256 bytes) 1 085-1 162 µs within lines against 1 059-1 131 from
-/// row starts, which is why rows of tables past the caches keep the 512
-/// bytes. Measured on Intel only, as is [`LINE_COPY_MIN_BYTES`]; both hold
-/// on every CPU with AVX-512.
-const CACHED_LINE_COPY_MIN_BYTES: usize = 256;
-
 impl Avx512 {
     /// [`Lanes::copy_row`] at the AVX-512 level: `dst = src` with every
-    /// 64-byte store inside one line, for rows of `MIN_BYTES` or more
-    /// ([`LINE_COPY_MIN_BYTES`], or [`CACHED_LINE_COPY_MIN_BYTES`] from a
-    /// table in the caches). The values before `dst`'s first line boundary
-    /// go in one masked copy, then whole lines, then the rest in another
-    /// masked copy; the loads follow the stores, so they are aligned too
-    /// where `src` sits at `dst`'s offset within a line (both 16 bytes past
-    /// a page, say). The values written are `src`'s, whichever way they go.
-    /// Rows of unequal lengths (never passed) copy the shorter length.
+    /// 64-byte store inside one line, for rows of [`LINE_COPY_MIN_BYTES`] or
+    /// more. The values before `dst`'s first line boundary go in one masked
+    /// copy, then whole lines, then the rest in another masked copy; the
+    /// loads follow the stores, so they are aligned too where `src` sits at
+    /// `dst`'s offset within a line (both 16 bytes past a page, say). The
+    /// values written are `src`'s, whichever way they go. Rows of unequal
+    /// lengths (never passed) copy the shorter length.
     #[inline(always)]
-    fn copy_by_lines<const MIN_BYTES: usize>(dst: &mut [f32], src: &[f32]) {
-        // A row shorter than a line could end before its first boundary.
-        const { assert!(MIN_BYTES >= LINE_BYTES) };
+    fn copy_by_lines(dst: &mut [f32], src: &[f32]) {
         debug_assert_eq!(dst.len(), src.len());
         let len = dst.len().min(src.len());
         // In `f32`s; `align_offset` may answer `usize::MAX` (never on a
         // pointer into memory, but allowed), and then the plain copy runs.
         let head = dst.as_ptr().align_offset(LINE_BYTES);
-        if len * core::mem::size_of::<f32>() < MIN_BYTES || head >= SIXTEEN {
+        if len * core::mem::size_of::<f32>() < LINE_COPY_MIN_BYTES || head >= SIXTEEN {
             return super::row::copy_plain::<Avx512>(dst, src);
         }
         let (d_head, d_rest) = dst[..len].split_at_mut(head);
@@ -575,8 +555,8 @@ impl Avx512 {
         let len = dst.len().min(src.len()).min(SIXTEEN);
         let mask = ((1u32 << len) - 1) as u16;
         // SAFETY: the intrinsics need AVX-512F, which every `Avx512` function
-        // runs with (see above its `Lanes` impl, whose `copy_row` and
-        // `copy_cached_row` are the only ways here). The mask enables lanes `0..len` alone, and `len` is at
+        // runs with (see above its `Lanes` impl, whose `copy_row` is the only
+        // way here). The mask enables lanes `0..len` alone, and `len` is at
         // most the length of either slice, so the load reads only `src`'s
         // values and the store writes only `dst`'s; masked-off lanes are
         // neither read nor written, and cannot fault. The pointers need no

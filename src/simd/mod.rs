@@ -118,13 +118,6 @@ pub(crate) trait Lanes: Copy + Send + Sync + 'static {
     fn copy_row(dst: &mut [f32], src: &[f32]) {
         row::copy_plain::<Self>(dst, src);
     }
-    /// [`Lanes::copy_row`] for a row read from a table that sits in the
-    /// caches, where the copy's own stores, not the rows' loads, set its
-    /// pace.
-    #[inline(always)]
-    fn copy_cached_row(dst: &mut [f32], src: &[f32]) {
-        Self::copy_row(dst, src);
-    }
     /// `dst = src`, or zeros when `src` is `None`, with non-temporal stores
     /// where `dst` is aligned for this register (see [`stream`]).
     fn stream(dst: &mut [f32], src: Option<&[f32]>);

@@ -15,7 +15,7 @@
 //! faster), and of any rows on a CPU with a roomy L1 (Zen 5's 48 KiB); and
 //! on such a CPU the gathers whose rows ahead span 8 KiB or less
 //! (`tuning::gather_hints_in_l1`). On Intel with a roomy L1, gathers hint
-//! only a row's first 64 bytes and bags of plain rows one line a block
+//! only a row's first 64 bytes and bags of `f32` rows one line a block
 //! ([`BagHints::Head`]): each software prefetch there waits for a fill
 //! buffer.
 
@@ -117,7 +117,7 @@ impl BagHints {
     /// the block, so a wide row's short last block follows its row.
     ///
     /// Where the reads hint heads (`heads`, `tuning::RowHeads`: on Intel,
-    /// for plain rows) and the L1 is roomy, a row wider than a line takes
+    /// for `f32` rows) and the L1 is roomy, a row wider than a line takes
     /// one hint a block, at its start ([`BagHints::Head`]; measured on Intel
     /// only); with a small L1 the hints go into L2 whatever `heads` says.
     pub(crate) fn for_rows(row_bytes: usize, heads: bool) -> BagHints {

@@ -30,13 +30,6 @@ pub(crate) fn copy<V: Lanes>(dst: &mut [f32], src: &[f32]) {
     V::copy_row(dst, src);
 }
 
-/// [`copy`] from a table that sits in the caches
-/// ([`Lanes::copy_cached_row`]).
-#[inline(always)]
-pub(crate) fn copy_cached<V: Lanes>(dst: &mut [f32], src: &[f32]) {
-    V::copy_cached_row(dst, src);
-}
-
 /// `dst = src`, a vector at a time from the rows' starts, then a scalar
 /// tail. The two rows must have the same length.
 #[inline(always)]
@@ -178,42 +171,34 @@ mod tests {
         }
     }
 
-    /// A copy of `src` into `dst`, by the lane type's own copy, the one for
-    /// tables in the caches where `.2`.
-    struct CopyInto<'a>(&'a mut [f32], &'a [f32], bool);
+    /// A copy of `src` into `dst`, by the lane type's own copy.
+    struct CopyInto<'a>(&'a mut [f32], &'a [f32]);
 
     impl Body for CopyInto<'_> {
         type Output = ();
         fn run<V: Lanes>(self) {
-            if self.2 {
-                copy_cached::<V>(self.0, self.1);
-            } else {
-                copy::<V>(self.0, self.1);
-            }
+            copy::<V>(self.0, self.1);
         }
     }
 
     /// Rows copied into every offset within a line, from two offsets, on
-    /// either side of the lengths from which AVX-512 aligns its stores to
-    /// lines (64 values from a table in the caches, 128 otherwise), both
-    /// ways: each gets `src`'s bits, and nothing around it is written.
+    /// either side of the length from which AVX-512 aligns its stores to
+    /// lines: each gets `src`'s bits, and nothing around it is written.
     #[test]
     fn copies_write_the_row_alone_at_every_offset_on_every_isa() {
         for len in [
-            0, 1, 15, 16, 17, 63, 64, 65, 80, 100, 127, 128, 129, 143, 144, 145, 300, 768,
+            0, 1, 15, 16, 17, 100, 127, 128, 129, 143, 144, 145, 300, 768,
         ] {
             let src: Vec<f32> = (0..len + 16).map(|i| i as f32 * 0.25 - 7.0).collect();
             for from in [0, 5] {
                 let src = &src[from..from + len];
                 for at in 0..=16 {
-                    for (isa, cached) in
-                        Isa::all().into_iter().flat_map(|i| [(i, false), (i, true)])
-                    {
+                    for isa in Isa::all() {
                         // Seventeen offsets of one `f32` cover every place in a
                         // line a row can start, wherever the `Vec` starts.
                         let mut buf = vec![f32::NAN; len + 32];
-                        isa.run(CopyInto(&mut buf[at..at + len], src, cached));
-                        let what = format!("{isa:?} {cached}, len {len}, from {from}, at {at}");
+                        isa.run(CopyInto(&mut buf[at..at + len], src));
+                        let what = format!("{isa:?}, len {len}, from {from}, at {at}");
                         assert_eq!(bits(&buf[at..at + len]), bits(src), "{what}");
                         assert!(buf[..at].iter().all(|x| x.is_nan()), "{what}: before");
                         assert!(buf[at + len..].iter().all(|x| x.is_nan()), "{what}: after");

@@ -50,9 +50,9 @@
 //!    hints are spread evenly over the passes; the count of hints per block
 //!    is a constant. Rows of one line or less go into L1 instead, and so do
 //!    all rows where the L1 data cache is 48 KiB or more; a row that is
-//!    exactly one line takes one hint (`prefetch::BagHints`). On Intel a
-//!    plain row wider than a line takes one hint a block, at its start
-//!    (`BagHints::Head`; packed rows still hint every line). The rows
+//!    exactly one line takes one hint (`prefetch::BagHints`). On Intel an
+//!    `f32` row wider than a line takes one hint a block, at its start
+//!    (`BagHints::Head`; half and packed rows still hint every line). The rows
 //!    ahead may be the next task's, which then starts warm.
 //! 4. **Exact order.** Each bag is summed in position order, one rounded
 //!    product and one rounded sum per term (no fused multiply-add), from
