@@ -21,11 +21,11 @@
 //!
 //! `lookup` and `bag_sum` are cold: before each of their calls, and before
 //! each of their memcpys, an [`Evictor`] reads a buffer of twice the
-//! last-level caches (every distinct one, summed), so the rows come from memory as a new batch's rows of a
-//! large table would. Without it, a host whose last-level cache holds the
-//! rows the workload reads (recsys's 32 MiB of `f32` rows in a 300 MiB L3)
-//! serves every call after the first from that cache (`--keep-caches`
-//! measures that case).
+//! last-level caches (every distinct one, summed), so the rows come from
+//! memory as a new batch's rows of a large table would. Without it, a host
+//! whose last-level cache holds the rows the workload reads (recsys's 32
+//! MiB of `f32` rows in a 300 MiB L3) serves every call after the first
+//! from that cache (`--keep-caches` measures that case).
 
 use super::common::{table_buffer, Buffer, Data};
 use super::{measure_all, timed, Budget, Stats};
