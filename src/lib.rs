@@ -118,6 +118,13 @@
 //! blocks of the parallel scatter and the aligned tables of [`memory`],
 //! each site with a `SAFETY` comment; `docs/design.md` lists them.
 //!
+//! How the kernels ask for rows ahead (prefetch hints) depends on the CPU,
+//! as measured on each kind (`kernels/tuning.rs`). For measuring, the
+//! environment variable `EMBEDDING_KERNELS_ROW_HEADS` (`none`, `gather`,
+//! `f32`, `plain` or `packed`, read once) replaces the CPU's choice of which
+//! reads hint only the start of each row or block; it changes speed only,
+//! never a result.
+//!
 //! # Testing
 //!
 //! `tests/` holds property tests (proptest) that compare every kernel, id
