@@ -463,7 +463,7 @@ impl<E: Element> RowFormat for PlainRows<'_, E> {
         if self.rows_are_lines() {
             BagHints::Line
         } else {
-            let heads = RowHeads::here().in_bags(false, core::mem::size_of::<E>());
+            let heads = RowHeads::here().in_bags(Self::PACKED, Self::HALF);
             BagHints::for_rows(self.row_bytes(), heads)
         }
     }
@@ -664,7 +664,8 @@ impl<const BITS: u32> RowFormat for Packed<'_, BITS> {
     /// up to 1.7x slower where it made `f32` bags faster
     /// (docs/benchmarks.md, "Table formats").
     fn bag_hints(&self) -> BagHints {
-        BagHints::for_rows(self.row_bytes(), RowHeads::here().in_bags(true, 1))
+        let heads = RowHeads::here().in_bags(Self::PACKED, Self::HALF);
+        BagHints::for_rows(self.row_bytes(), heads)
     }
 
     #[inline(always)]
@@ -738,15 +739,15 @@ mod tests {
             .bag_hints()
         };
         let heads = RowHeads::here();
-        let wide = BagHints::rule(65, heads.in_bags(false, 4), roomy_l1());
-        let whole = BagHints::rule(65, heads.in_bags(true, 1), roomy_l1());
+        let wide = BagHints::rule(65, heads.in_bags(false, false), roomy_l1());
+        let whole = BagHints::rule(65, heads.in_bags(true, false), roomy_l1());
         assert_eq!(plain(0, 16), BagHints::Line);
         assert_eq!(plain(1, 16), BagHints::L1, "a line's bytes, not on a line");
         assert_eq!(plain(0, 15), BagHints::L1);
         assert_eq!(plain(0, 17), wide);
         assert_eq!(plain(0, 128), wide);
         let (table, dim) = (&vec![half::f16::ZERO; 16 * 64][..], 64);
-        let halves = BagHints::rule(128, heads.in_bags(false, 2), roomy_l1());
+        let halves = BagHints::rule(128, heads.in_bags(false, true), roomy_l1());
         assert_eq!(PlainRows { table, dim }.bag_hints(), halves);
         let bytes = vec![0u8; 64 * 1024];
         let packed = |dim: usize| Packed::<8> { bytes: &bytes, dim }.bag_hints();

@@ -307,15 +307,16 @@ impl RowHeads {
         self >= RowHeads::Gather
     }
 
-    /// Whether a bag hints only each block's start, for packed rows
-    /// (`packed`) or plain rows of `element_bytes` a value.
-    pub(crate) fn in_bags(self, packed: bool, element_bytes: usize) -> bool {
+    /// Whether a bag hints only each block's start, for rows of the kind
+    /// `RowFormat::PACKED` and `RowFormat::HALF` name: packed, half, or
+    /// else `f32`.
+    pub(crate) fn in_bags(self, packed: bool, half: bool) -> bool {
         if packed {
             self >= RowHeads::Packed
-        } else if element_bytes >= 4 {
-            self >= RowHeads::F32
-        } else {
+        } else if half {
             self >= RowHeads::Plain
+        } else {
+            self >= RowHeads::F32
         }
     }
 }
@@ -462,9 +463,9 @@ mod tests {
         let kinds = |h: RowHeads| {
             [
                 h.in_gathers(),
-                h.in_bags(false, 4),
-                h.in_bags(false, 2),
-                h.in_bags(true, 1),
+                h.in_bags(false, false),
+                h.in_bags(false, true),
+                h.in_bags(true, false),
             ]
         };
         for (k, &heads) in all.iter().enumerate() {
