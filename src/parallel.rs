@@ -74,6 +74,11 @@ impl Plan {
     pub(crate) fn is_pool(self) -> bool {
         self.how == How::Pool
     }
+
+    /// Whether the call is shared between its caller and one pool thread.
+    pub(crate) fn is_shared(self) -> bool {
+        self.how == How::Shared
+    }
 }
 
 impl Parallelism {

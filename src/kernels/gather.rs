@@ -34,17 +34,21 @@
 //!    (`gather_hinted_floats`): the core's prefetchers follow the loads
 //!    along the rest.
 //! 4. **Threads.** The output is cut into blocks of whole rows, about a
-//!    64th of the call each and at least `TASK_BYTES` (`task_bytes`), and
-//!    rayon hands the blocks to the threads of the
+//!    64th of the call each and at least `TASK_BYTES` (`task_bytes`); a 16th
+//!    for a call shared by its caller and one pool thread
+//!    (`shared_task_bytes`), where each block costs a hand-off between the
+//!    two. Rayon hands the blocks to the threads of the
 //!    pool the caller runs in. Blocks are disjoint, so there is nothing to
 //!    synchronise and the result cannot depend on the thread count. Below
 //!    2 MiB of output, [`Parallelism::Auto`] (the default) keeps the call on
-//!    the calling thread.
+//!    the calling thread, or shares it with one pool thread when it follows
+//!    another such call closely (calls in a loop; `parallel.rs`).
 
 use super::row_format::Slot;
 use super::tuning::{
-    gather_ahead, gather_hinted_floats, gather_hints_in_l1, gather_streams_pay, task_bytes,
-    GATHER_STREAM_MIN_BYTES, GATHER_STREAM_MIN_DIM, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES,
+    gather_ahead, gather_hinted_floats, gather_hints_in_l1, gather_streams_pay, shared_task_bytes,
+    task_bytes, GATHER_STREAM_MIN_BYTES, GATHER_STREAM_MIN_DIM, PARALLEL_MIN_BYTES,
+    PREFETCH_MIN_TABLE_BYTES,
 };
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
@@ -344,7 +348,8 @@ pub(crate) fn drive<I: Index, Op: RowOp>(
 /// Runs `f(first_row, block)` over `out` (rows of `dim` values, each read
 /// from a table row of `row_bytes`) as `par` plans a call of `out`'s bytes:
 /// the whole of it from row 0, or blocks of rows, each about a
-/// [`task_bytes`] share of the rows read.
+/// [`task_bytes`] share of the rows read ([`shared_task_bytes`] for a call
+/// shared between the caller and one pool thread).
 pub(crate) fn for_each_row_block<T, F>(
     par: Parallelism,
     out: &mut [T],
@@ -357,8 +362,14 @@ pub(crate) fn for_each_row_block<T, F>(
 {
     let row_bytes = row_bytes.max(1);
     let rows = out.len() / dim.max(1);
-    let rows_per_task = (task_bytes(rows.saturating_mul(row_bytes)) / row_bytes).max(1);
     let plan = par.plan(core::mem::size_of_val(out), PARALLEL_MIN_BYTES);
+    let read = rows.saturating_mul(row_bytes);
+    let task = if plan.is_shared() {
+        shared_task_bytes(read)
+    } else {
+        task_bytes(read)
+    };
+    let rows_per_task = (task / row_bytes).max(1);
     for_each_chunk(plan, out, rows_per_task * dim, |task, block| {
         f(task * rows_per_task, block)
     });
@@ -502,8 +513,51 @@ fn narrow_rows<V: Lanes, I: Index, Op: RowOp>(
 
 #[cfg(test)]
 mod tests {
-    use super::{check, drive, CopyRow, StreamRow, PREFETCH_MIN_TABLE_BYTES};
-    use crate::parallel::Parallelism;
+    use super::{check, drive, for_each_row_block, CopyRow, StreamRow, PREFETCH_MIN_TABLE_BYTES};
+    use crate::kernels::tuning::{SHARED_TASKS, TASKS_PER_CALL};
+    use crate::parallel::{with_forced_share, Parallelism};
+    use std::sync::Mutex;
+
+    /// The row blocks a call is cut into, as `(first_row, rows)`, in order.
+    fn blocks(par: Parallelism, rows: usize, dim: usize) -> Vec<(usize, usize)> {
+        let seen = Mutex::new(Vec::new());
+        let mut out = vec![0u8; rows * dim];
+        for_each_row_block(par, &mut out, dim, dim * 4, |first, block| {
+            seen.lock().unwrap().push((first, block.len() / dim));
+        });
+        let mut seen = seen.into_inner().unwrap();
+        seen.sort_unstable();
+        seen
+    }
+
+    /// A call shared between its caller and one pool thread is cut into
+    /// [`SHARED_TASKS`] blocks, a call handed to the pool into about
+    /// [`TASKS_PER_CALL`]: whole rows, each row once, in order.
+    #[test]
+    fn shared_calls_take_fewer_blocks_than_pool_calls() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        // tiny's gather: 4 096 rows of 256 bytes read, 1 MiB.
+        let (rows, dim) = (4096, 64);
+        let (shared, pooled) = pool.install(|| {
+            let shared = with_forced_share(|| blocks(Parallelism::Auto, rows, dim));
+            (shared, blocks(Parallelism::Rayon, rows, dim))
+        });
+        for (what, cut, tasks) in [
+            ("shared", &shared, SHARED_TASKS),
+            ("pool", &pooled, TASKS_PER_CALL),
+        ] {
+            assert_eq!(cut.len(), tasks, "{what}: {cut:?}");
+            let mut next = 0;
+            for &(first, n) in cut {
+                assert_eq!(first, next, "{what}: {cut:?}");
+                next += n;
+            }
+            assert_eq!(next, rows, "{what}");
+        }
+    }
 
     /// The streaming stores write the bits of the plain ones, on rows on
     /// and off 32-byte lines (the 32-byte and the 16-byte stores) and rows

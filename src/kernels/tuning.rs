@@ -53,12 +53,36 @@ pub(crate) const TASKS_PER_CALL: usize = 64;
 /// than `TASKS_PER_CALL / 8` threads.
 const TASKS_PER_THREAD: usize = 8;
 
+/// How many tasks a gather or lookup shared between its caller and one pool
+/// thread ([`Parallelism::Auto`](crate::Parallelism::Auto) below the pool's
+/// threshold, calls in a loop) is cut into. The two threads claim tasks
+/// from the two ends of one list, each claim an atomic exchange on a line
+/// the other thread wrote last, so a task's cost is its hand-off as well as
+/// its rows: a sixty-fourth of tiny's 1 MiB gather is 16 KiB, about a
+/// microsecond of copying. Shared, the caller and one thread end within a
+/// task of each other, so a few tasks a thread balance the call. A test
+/// program of the shared gather on tiny's shape (the caller and one rayon
+/// thread, the crate's claiming, 2026-11-26, the Intel host, medians of
+/// 0.4 s, five rounds): 64 tasks 32.5-37.6 µs, 32 tasks 29.5-36.8,
+/// 16 tasks 26.3-36.1, 8 tasks 25.5-36.7 (the last round was slow for
+/// all). The report's warm loop, one build with the count as a trial
+/// setting, three runs each: tiny's `gather` 28.4-35.0 µs with 64 tasks,
+/// 27.2-33.4 with 16; its `Embedding::forward` 22.6-25.4 against 20.8-22.5
+/// (docs/benchmarks.md, "Fewer tasks for shared calls").
+pub(crate) const SHARED_TASKS: usize = 16;
+
 /// The bytes of a task of a gather or bag forward that reads or writes
 /// `bytes` in all: a [`TASKS_PER_CALL`]th of them (or less, with more than
 /// 8 threads in the pool), and at least [`TASK_BYTES`].
 pub(crate) fn task_bytes(bytes: usize) -> usize {
     let tasks = TASKS_PER_CALL.max(TASKS_PER_THREAD * rayon::current_num_threads());
     (bytes / tasks).max(TASK_BYTES)
+}
+
+/// [`task_bytes`] for a call shared between its caller and one pool
+/// thread: a [`SHARED_TASKS`]th of `bytes`, and at least [`TASK_BYTES`].
+pub(crate) fn shared_task_bytes(bytes: usize) -> usize {
+    (bytes / SHARED_TASKS).max(TASK_BYTES)
 }
 
 /// A grouped-backward task's share of the work, in bytes of gradient read
