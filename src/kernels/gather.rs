@@ -531,7 +531,7 @@ mod tests {
     }
 
     /// A call shared between its caller and one pool thread is cut into
-    /// [`SHARED_TASKS`] blocks, a call handed to the pool into about
+    /// [`SHARED_TASKS`] blocks, a call handed to a pool of two threads into
     /// [`TASKS_PER_CALL`]: whole rows, each row once, in order.
     #[test]
     fn shared_calls_take_fewer_blocks_than_pool_calls() {

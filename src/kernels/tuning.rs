@@ -65,8 +65,8 @@ const TASKS_PER_THREAD: usize = 8;
 /// thread, the crate's claiming, 2026-11-26, the Intel host, medians of
 /// 0.4 s, five rounds): 64 tasks 32.5-37.6 µs, 32 tasks 29.5-36.8,
 /// 16 tasks 26.3-36.1, 8 tasks 25.5-36.7 (the last round was slow for
-/// all). The report's warm loop, one build with the count as a trial
-/// setting, three runs each: tiny's `gather` 28.4-35.0 µs with 64 tasks,
+/// all). The report's warm loop, the two counts A/B in one build, three
+/// runs each: tiny's `gather` 28.4-35.0 µs with 64 tasks,
 /// 27.2-33.4 with 16; its `Embedding::forward` 22.6-25.4 against 20.8-22.5
 /// (docs/benchmarks.md, "Fewer tasks for shared calls").
 pub(crate) const SHARED_TASKS: usize = 16;
