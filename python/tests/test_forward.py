@@ -228,7 +228,7 @@ def test_fresh_outputs_are_written_whole(monkeypatch):
         shapes.append(tuple(shape))
         return np.full(shape, np.nan, dtype=np.float32)
 
-    monkeypatch.setattr(ekt, "_fresh", nan_filled)
+    monkeypatch.setattr(ekt._arrays, "_fresh", nan_filled)
     # No gradient array kept from an earlier test: this one's comes from `_fresh`.
     ekt.empty_cache()
     theirs, ours = pair_embedding(300, 40, 9, padding_idx=3)
@@ -259,7 +259,7 @@ def test_fresh_bag_outputs_are_written_whole(monkeypatch, mode, include_last_off
         shapes.append(tuple(shape))
         return np.full(shape, np.nan, dtype=np.float32)
 
-    monkeypatch.setattr(ekt, "_fresh", nan_filled)
+    monkeypatch.setattr(ekt._arrays, "_fresh", nan_filled)
     options = dict(mode=mode, include_last_offset=include_last_offset, padding_idx=3)
     theirs, ours = pair_bag(40, 20, 6, **options)
     ids = torch.tensor([3, 3, 5, 7, 1, 3, 9], dtype=torch.int64)
@@ -304,7 +304,7 @@ def test_fresh_bag_gradients_are_written_whole(monkeypatch, mode):
         shapes.append(tuple(shape))
         return np.full(shape, np.nan, dtype=np.float32)
 
-    monkeypatch.setattr(ekt, "_fresh", nan_filled)
+    monkeypatch.setattr(ekt._arrays, "_fresh", nan_filled)
     ekt.empty_cache()
     assert_bitwise(gradient(), want)
     assert (300, 24) in shapes
@@ -317,7 +317,7 @@ def test_a_dense_gradient_reuses_the_array_nobody_holds(monkeypatch):
     PyTorch's; two tables of one shape keep an array each; ``empty_cache()`` lets the
     arrays go."""
     made = []
-    fresh = ekt._fresh
+    fresh = ekt._arrays._fresh
 
     def counted(shape):
         made.append(tuple(shape))
@@ -326,7 +326,7 @@ def test_a_dense_gradient_reuses_the_array_nobody_holds(monkeypatch):
     def gradients_made():  # the lookups' outputs come from `_fresh` too
         return made.count((200, 16))
 
-    monkeypatch.setattr(ekt, "_fresh", counted)
+    monkeypatch.setattr(ekt._arrays, "_fresh", counted)
     ekt.empty_cache()
     pairs = [pair_embedding(200, 16, 11), pair_embedding(200, 16, 13)]
     g = torch.Generator().manual_seed(12)

@@ -1,0 +1,453 @@
+"""Drop-in ``torch.nn.Embedding`` and ``torch.nn.EmbeddingBag`` on the crate's kernels.
+
+``Embedding`` and ``EmbeddingBag`` take PyTorch's constructor arguments, hold
+their table in a ``weight`` ``nn.Parameter`` (so ``state_dict()`` and
+``load_state_dict()`` move tables between these modules and PyTorch's, both
+ways), and train through ``torch.autograd.Function``s whose forward and
+backward are the crate's kernels: a dense gradient, or with ``sparse=True`` a
+coalesced ``torch.sparse_coo_tensor`` that PyTorch's optimisers accept.
+
+Tensors reach the kernels as NumPy views (``tensor.numpy()``), without a copy
+when they are contiguous (a contiguous copy otherwise, as PyTorch would make;
+for float32, into NumPy's memory). Only CPU float32 tables and gradients are supported, with int32 or
+int64 ids; any other device or dtype raises ``ValueError``. An id out of range
+(negative ones included) raises ``IndexError`` naming its flat position and
+value, before anything is written.
+
+``max_norm`` renormalises the looked-up rows in place, under ``no_grad``,
+with PyTorch's own ``torch.embedding_renorm_`` (the crate renormalises only
+tables it owns, not a borrowed one), after the crate has checked every id.
+
+Here are the modules; ``_autograd.py`` holds their autograd functions and fused
+optimiser steps, ``_arrays.py`` the tensors' NumPy views and the arrays the
+kernels write into.
+"""
+
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+from torch.nn import init
+
+from .. import _native
+from ._arrays import _array, _check_ids, _check_table, _lookup, _needs_graph, empty_cache
+from ._autograd import (
+    _Adagrad,
+    _BagFunction,
+    _BagStepInBackward,
+    _EmbeddingFunction,
+    _Sgd,
+    _StepInBackward,
+    _bag_forward,
+    _check_rates,
+)
+
+__all__ = ["Embedding", "EmbeddingBag", "empty_cache"]
+
+
+def _check_factory(device, dtype) -> None:
+    """Refuses a ``device`` or ``dtype`` the kernels cannot serve."""
+    if device is not None and torch.device(device).type != "cpu":
+        raise ValueError(f"embedding_kernels runs on the CPU only, got device={device}")
+    if dtype is not None and dtype != torch.float32:
+        raise ValueError(f"embedding_kernels needs float32 tables, got dtype={dtype}")
+
+
+def _padding_row(padding_idx: Optional[int], num_embeddings: int) -> Optional[int]:
+    """``padding_idx`` as a row (a negative one counts from the end), as PyTorch does."""
+    if padding_idx is None:
+        return None
+    if not -num_embeddings <= padding_idx < num_embeddings:
+        raise ValueError(
+            f"padding_idx {padding_idx} must be within [-{num_embeddings}, {num_embeddings})"
+        )
+    return padding_idx + num_embeddings if padding_idx < 0 else padding_idx
+
+
+def _parameter(
+    num_embeddings: int, embedding_dim: int, weight: Optional[Tensor], requires_grad: bool
+) -> nn.Parameter:
+    """A module's table: a fresh float32 one (for `reset_parameters`), or `weight` (the
+    `_weight` argument), checked against the module's shape."""
+    if weight is None:
+        fresh = torch.empty((num_embeddings, embedding_dim), dtype=torch.float32)
+        return nn.Parameter(fresh, requires_grad=requires_grad)
+    if list(weight.shape) != [num_embeddings, embedding_dim]:
+        raise ValueError(
+            f"_weight has shape {list(weight.shape)}, expected [{num_embeddings}, {embedding_dim}]"
+        )
+    _check_table(weight, "_weight")
+    return nn.Parameter(weight, requires_grad=requires_grad)
+
+
+class _Table(nn.Module):
+    """What both modules share: the `weight` table, its padding row, and the
+    optimiser steps fused into the backward."""
+
+    weight: nn.Parameter
+    padding_idx: Optional[int]
+    # The optimiser step run as the backward (`sgd_in_backward`, `adagrad_in_backward`).
+    _step_in_backward: Optional[object] = None
+
+    def reset_parameters(self) -> None:
+        """Draws the table from N(0, 1) and zeroes the padding row, as PyTorch does."""
+        init.normal_(self.weight)
+        self._fill_padding_idx_with_zero()
+
+    def _fill_padding_idx_with_zero(self) -> None:
+        if self.padding_idx is not None:
+            with torch.no_grad():
+                self.weight[self.padding_idx].fill_(0)
+
+    def _check_fused(self) -> None:
+        """Raises if this layer's backward cannot be a fused step."""
+
+    def sgd_in_backward(self, lr: Optional[float], weight_decay: float = 0.0):
+        """Makes the backward an SGD step on ``weight``, fused by the crate; ``lr=None`` undoes it.
+
+        From then on ``loss.backward()`` updates the rows of ``weight`` that the
+        forward read, ``w -= lr * (g + weight_decay * w)`` with ``g`` the row's
+        summed gradient (less ``padding_idx``, scaled by ``scale_grad_by_freq``;
+        for a bag layer, each bag's gradient times the row's per-sample weight or
+        ``1/len`` of a mean bag), and leaves ``weight.grad`` at ``None``: no
+        gradient is made, stored or read by an optimiser, so leave ``weight`` out
+        of the optimiser of the other parameters. Without weight decay the update
+        is what ``sparse=True`` with ``torch.optim.SGD(lr)`` gives, in one pass
+        instead of three; weight decay applies to the touched rows only, as
+        FBGEMM's fused SGD does (PyTorch's SGD refuses weight decay with a sparse
+        gradient). Each backward steps at once: a forward called twice before one
+        ``backward`` steps twice (the same sum for SGD without weight decay), and
+        a table that the graph also reads elsewhere (a tied output layer) must not
+        use it: the step bumps the table's autograd version, so such a graph
+        raises in its backward. The table must be contiguous (``ValueError`` in
+        the backward otherwise). A bag layer must pool with ``"sum"`` or
+        ``"mean"``. Replaces an Adagrad step set before. Returns the module."""
+        if lr is None:
+            self._step_in_backward = None
+            return self
+        self._check_fused()
+        _check_rates(lr=lr, weight_decay=weight_decay)
+        self._step_in_backward = _Sgd(float(lr), float(weight_decay))
+        return self
+
+    def adagrad_in_backward(
+        self,
+        lr: Optional[float] = 1e-2,
+        lr_decay: float = 0.0,
+        weight_decay: float = 0.0,
+        initial_accumulator_value: float = 0.0,
+        eps: float = 1e-10,
+        state: Optional[dict] = None,
+    ):
+        """Makes the backward an Adagrad step on ``weight``, fused by the crate; ``lr=None`` undoes it.
+
+        ``torch.optim.Adagrad``'s arguments and rule, on the rows the forward
+        read: with ``g`` the row's summed gradient (as for
+        :meth:`sgd_in_backward`) plus ``weight_decay * w``, ``sum += g * g`` and
+        ``w -= clr * g / (sqrt(sum) + eps)``, ``clr = lr / (1 + (step - 1) * lr_decay)``
+        for the ``step``-th backward; untouched rows keep their accumulators, as
+        PyTorch's Adagrad does on a sparse gradient (with weight decay, which
+        PyTorch refuses on a sparse gradient, the touched rows decay only).
+
+        The accumulators start at ``initial_accumulator_value``, or come from
+        ``state``: a dict as ``torch.optim.Adagrad`` keeps for a parameter
+        (``{"step": ..., "sum": ...}``, e.g. ``opt.state[weight]``), whose
+        ``sum`` tensor is then updated in place. :meth:`adagrad_state` returns
+        that dict for a checkpoint or to go on with PyTorch's optimiser. As with
+        :meth:`sgd_in_backward`, ``weight.grad`` stays ``None`` and each
+        backward steps at once. Replaces an SGD step set before. Returns the
+        module."""
+        if lr is None:
+            self._step_in_backward = None
+            return self
+        self._check_fused()
+        _check_rates(
+            lr=lr,
+            lr_decay=lr_decay,
+            weight_decay=weight_decay,
+            initial_accumulator_value=initial_accumulator_value,
+            eps=eps,
+        )
+        shape = tuple(self.weight.shape)
+        if state is None:
+            state_sum = torch.full(shape, float(initial_accumulator_value), dtype=torch.float32)
+            step = 0
+        else:
+            state_sum, step = state["sum"], int(state["step"])
+            if not isinstance(state_sum, Tensor) or state_sum.dtype != torch.float32:
+                raise ValueError("state['sum'] must be a float32 tensor")
+            if tuple(state_sum.shape) != shape or not state_sum.is_contiguous():
+                raise ValueError(
+                    f"state['sum'] must be a contiguous tensor of weight's shape {list(shape)}, "
+                    f"got {list(state_sum.shape)}"
+                )
+            if state_sum.device.type != "cpu" or step < 0:
+                raise ValueError("state['sum'] must be on the CPU and state['step'] >= 0")
+        self._step_in_backward = _Adagrad(
+            float(lr), float(lr_decay), float(weight_decay), float(eps), state_sum, step
+        )
+        return self
+
+    def adagrad_state(self) -> Optional[dict]:
+        """The Adagrad step's state, ``{"step": tensor, "sum": tensor}`` as
+        ``torch.optim.Adagrad`` keeps it (the ``sum`` tensor itself, not a copy);
+        ``None`` unless :meth:`adagrad_in_backward` is on."""
+        step = self._step_in_backward
+        if not isinstance(step, _Adagrad):
+            return None
+        return {"step": torch.tensor(float(step.step)), "sum": step.sum}
+
+
+class Embedding(_Table):
+    """``torch.nn.Embedding`` on the crate's kernels: same arguments, same ``weight``.
+
+    Differences from PyTorch: CPU float32 only; ``embedding_dim`` must be
+    positive; a bad id raises ``IndexError`` (PyTorch: ``IndexError`` too, with
+    another message), a bad argument ``ValueError`` (PyTorch: ``AssertionError``
+    for ``padding_idx``); ``sparse=True`` gradients come coalesced.
+    """
+
+    __constants__ = [
+        "num_embeddings",
+        "embedding_dim",
+        "padding_idx",
+        "max_norm",
+        "norm_type",
+        "scale_grad_by_freq",
+        "sparse",
+    ]
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        padding_idx: Optional[int] = None,
+        max_norm: Optional[float] = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        sparse: bool = False,
+        _weight: Optional[Tensor] = None,
+        _freeze: bool = False,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        _check_factory(device, dtype)
+        if embedding_dim <= 0:
+            raise ValueError(f"embedding_dim must be positive, got {embedding_dim}")
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.padding_idx = _padding_row(padding_idx, num_embeddings)
+        self.max_norm = max_norm
+        self.norm_type = norm_type
+        self.scale_grad_by_freq = scale_grad_by_freq
+        self.sparse = sparse
+        self.weight = _parameter(num_embeddings, embedding_dim, _weight, not _freeze)
+        if _weight is None:
+            self.reset_parameters()
+
+    def forward(self, input: Tensor) -> Tensor:
+        # `self.weight` is an `nn.Module` attribute lookup (a Python call): read it once.
+        weight = self.weight
+        _check_table(weight)
+        _check_ids(input, "input")
+        if self.max_norm is not None:
+            # Every id is checked before the table changes.
+            _native.embedding(_array(weight), _array(input))
+            with torch.no_grad():
+                torch.embedding_renorm_(weight, input, self.max_norm, self.norm_type)
+        if not _needs_graph(weight):
+            return _lookup(weight, input, self.padding_idx)
+        if self._step_in_backward is not None:
+            return _StepInBackward.apply(
+                weight, input, self.padding_idx, self.scale_grad_by_freq, self._step_in_backward
+            )
+        return _EmbeddingFunction.apply(
+            weight, input, self.padding_idx, self.scale_grad_by_freq, self.sparse
+        )
+
+    def extra_repr(self) -> str:
+        s = f"{self.num_embeddings}, {self.embedding_dim}"
+        if self.padding_idx is not None:
+            s += f", padding_idx={self.padding_idx}"
+        if self.max_norm is not None:
+            s += f", max_norm={self.max_norm}"
+        if self.norm_type != 2:
+            s += f", norm_type={self.norm_type}"
+        if self.scale_grad_by_freq:
+            s += ", scale_grad_by_freq=True"
+        if self.sparse:
+            s += ", sparse=True"
+        return s
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        embeddings: Tensor,
+        freeze: bool = True,
+        padding_idx: Optional[int] = None,
+        max_norm: Optional[float] = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        sparse: bool = False,
+    ) -> "Embedding":
+        """A layer over ``embeddings`` (2-D), frozen unless ``freeze=False``, as PyTorch's."""
+        if embeddings.dim() != 2:
+            raise ValueError(f"embeddings must be 2-D, got {embeddings.dim()}-D")
+        rows, cols = embeddings.shape
+        return cls(
+            num_embeddings=rows,
+            embedding_dim=cols,
+            _weight=embeddings,
+            _freeze=freeze,
+            padding_idx=padding_idx,
+            max_norm=max_norm,
+            norm_type=norm_type,
+            scale_grad_by_freq=scale_grad_by_freq,
+            sparse=sparse,
+        )
+
+
+class EmbeddingBag(_Table):
+    """``torch.nn.EmbeddingBag`` on the crate's kernels: same arguments, same ``weight``.
+
+    ``forward(input, offsets=None, per_sample_weights=None)``: 1-D ids with
+    ``offsets``, or 2-D ids ``[B, N]`` (a bag per row). Differences from
+    PyTorch: CPU float32 only; ``sparse=True`` with ``mode="max"`` is refused
+    (PyTorch documents it as unsupported); sparse gradients come coalesced.
+    """
+
+    __constants__ = [
+        "num_embeddings",
+        "embedding_dim",
+        "max_norm",
+        "norm_type",
+        "scale_grad_by_freq",
+        "mode",
+        "sparse",
+        "include_last_offset",
+        "padding_idx",
+    ]
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        max_norm: Optional[float] = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        mode: str = "mean",
+        sparse: bool = False,
+        _weight: Optional[Tensor] = None,
+        include_last_offset: bool = False,
+        padding_idx: Optional[int] = None,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        _check_factory(device, dtype)
+        if embedding_dim <= 0:
+            raise ValueError(f"embedding_dim must be positive, got {embedding_dim}")
+        if mode not in ("sum", "mean", "max"):
+            raise ValueError(f'mode must be "sum", "mean" or "max", got {mode!r}')
+        if sparse and mode == "max":
+            raise ValueError('sparse gradients are not supported with mode="max" (as in PyTorch)')
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.max_norm = max_norm
+        self.norm_type = norm_type
+        self.scale_grad_by_freq = scale_grad_by_freq
+        self.mode = mode
+        self.sparse = sparse
+        self.include_last_offset = include_last_offset
+        self.padding_idx = _padding_row(padding_idx, num_embeddings)
+        self.weight = _parameter(num_embeddings, embedding_dim, _weight, True)
+        if _weight is None:
+            self.reset_parameters()
+
+    def forward(
+        self,
+        input: Tensor,
+        offsets: Optional[Tensor] = None,
+        per_sample_weights: Optional[Tensor] = None,
+    ) -> Tensor:
+        weight = self.weight  # one `nn.Module` attribute lookup (see `Embedding.forward`)
+        _check_table(weight)
+        _check_ids(input, "input")
+        if offsets is not None:
+            _check_ids(offsets, "offsets")
+        if per_sample_weights is not None:
+            _check_table(per_sample_weights, "per_sample_weights")
+        options = (
+            self.mode,
+            self.include_last_offset,
+            self.padding_idx,
+            self.scale_grad_by_freq,
+            self.sparse,
+        )
+        if self.max_norm is not None:
+            # Every argument and id is checked before the table changes.
+            _bag_forward(weight, per_sample_weights, input, offsets, options)
+            with torch.no_grad():
+                torch.embedding_renorm_(weight, input, self.max_norm, self.norm_type)
+        if not _needs_graph(weight, per_sample_weights):
+            out, _ = _bag_forward(weight, per_sample_weights, input, offsets, options)
+            return torch.from_numpy(out)
+        if self._step_in_backward is not None and weight.requires_grad:
+            return _BagStepInBackward.apply(
+                weight, per_sample_weights, input, offsets, options, self._step_in_backward
+            )
+        return _BagFunction.apply(weight, per_sample_weights, input, offsets, options)
+
+    def _check_fused(self) -> None:
+        if self.mode == "max":
+            raise ValueError('a fused step needs mode "sum" or "mean": max\'s gradient is not fused')
+
+    def extra_repr(self) -> str:
+        s = f"{self.num_embeddings}, {self.embedding_dim}"
+        if self.max_norm is not None:
+            s += f", max_norm={self.max_norm}"
+        if self.norm_type != 2:
+            s += f", norm_type={self.norm_type}"
+        if self.scale_grad_by_freq:
+            s += ", scale_grad_by_freq=True"
+        s += f", mode={self.mode!r}"
+        if self.sparse:
+            s += ", sparse=True"
+        if self.include_last_offset:
+            s += ", include_last_offset=True"
+        if self.padding_idx is not None:
+            s += f", padding_idx={self.padding_idx}"
+        return s
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        embeddings: Tensor,
+        freeze: bool = True,
+        max_norm: Optional[float] = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        mode: str = "mean",
+        sparse: bool = False,
+        include_last_offset: bool = False,
+        padding_idx: Optional[int] = None,
+    ) -> "EmbeddingBag":
+        """A layer over ``embeddings`` (2-D), frozen unless ``freeze=False``, as PyTorch's."""
+        if embeddings.dim() != 2:
+            raise ValueError(f"embeddings must be 2-D, got {embeddings.dim()}-D")
+        rows, cols = embeddings.shape
+        bag = cls(
+            num_embeddings=rows,
+            embedding_dim=cols,
+            _weight=embeddings,
+            max_norm=max_norm,
+            norm_type=norm_type,
+            scale_grad_by_freq=scale_grad_by_freq,
+            mode=mode,
+            sparse=sparse,
+            include_last_offset=include_last_offset,
+            padding_idx=padding_idx,
+        )
+        bag.weight.requires_grad = not freeze
+        return bag

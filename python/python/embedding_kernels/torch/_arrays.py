@@ -1,0 +1,165 @@
+"""Tensors as the NumPy arrays the kernels read, and the arrays they write.
+
+The checks that the modules' tensors suit the kernels (CPU, float32 tables, int32
+or int64 ids), the NumPy views of tensors, the fresh unzeroed outputs, the dense
+gradient arrays kept for reuse, and the crate's sparse gradient as a
+``torch.sparse_coo_tensor``.
+"""
+
+import sys
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .. import _native
+
+
+def _check_table(weight: Tensor, name: str = "weight") -> None:
+    """Raises ValueError unless ``weight`` is a CPU float32 tensor."""
+    if not weight.is_cpu:
+        raise ValueError(
+            f"embedding_kernels runs on the CPU only, but {name} is on {weight.device}"
+        )
+    if weight.dtype is not torch.float32:
+        raise ValueError(f"embedding_kernels needs a float32 {name}, got {weight.dtype}")
+    if weight.layout != torch.strided:
+        raise ValueError(f"embedding_kernels needs a dense {name}, got {weight.layout}")
+
+
+def _check_ids(ids: Tensor, name: str) -> None:
+    """Raises ValueError unless ``ids`` is a CPU int32 or int64 tensor."""
+    if not isinstance(ids, Tensor):
+        raise ValueError(f"{name} must be a tensor of int32 or int64 ids, got {type(ids).__name__}")
+    if not ids.is_cpu:
+        raise ValueError(f"embedding_kernels runs on the CPU only, but {name} is on {ids.device}")
+    if ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name} must hold int32 or int64 ids, got {ids.dtype}")
+
+
+def _array(tensor: Tensor):
+    """A NumPy view of ``tensor`` (a contiguous copy first if it is not contiguous)."""
+    # Each step only where needed: a call on a small batch is mostly this kind of cost.
+    if tensor.requires_grad:
+        tensor = tensor.detach()
+    if not tensor.is_contiguous():
+        if tensor.dtype == torch.float32:
+            # Into NumPy's memory (huge pages for large arrays, see `_fresh`): the
+            # gradient of `out.sum()` is one row expanded to the output's shape, and
+            # its copy by `.contiguous()` into fresh 4 KiB pages took longer than the
+            # backward's kernel.
+            copy = _fresh(tuple(tensor.shape))
+            torch.from_numpy(copy).copy_(tensor)
+            return copy
+        tensor = tensor.contiguous()
+    return tensor.numpy()
+
+
+def _fresh(shape) -> "np.ndarray":
+    """A fresh float32 array for a kernel that writes every element of it: ``np.empty``.
+
+    Not zeroed, like the outputs the NumPy functions allocate themselves; made here and
+    passed as ``out`` so that the tests can hand the modules NaN-filled arrays instead and
+    check that nothing of them survives. On an error the array is dropped, so nobody sees
+    what it held. NumPy's allocation, not ``torch.empty``:
+    NumPy asks for huge pages for large arrays (``madvise``), and the first touch of a
+    fresh 48 MB output in 4 KiB pages took twice as long (gpt2's lookup, 33 against 13 ms,
+    2026-11-24)."""
+    return np.empty(shape, dtype=np.float32)
+
+
+# The dense gradient arrays handed out last (see `_dense_grad`), oldest first: at most
+# `_SPARE_ARRAYS` of them, of any shapes.
+_spare_grads: list = []
+_SPARE_ARRAYS = 8
+# An object held by this module alone: `_dense_grad` counts its references as it counts
+# a free array's (in a local variable of the same frame), so the test does not depend on
+# how a Python version counts a local's references (3.14 counts one fewer).
+_PROBE = object()
+
+
+def _dense_grad(shape) -> "np.ndarray":
+    """An array for a dense gradient of ``shape`` that the backward writes whole.
+
+    An array of this shape handed out before, once nothing but this cache holds it
+    (the training loop's ``zero_grad()`` dropped the tensor made from it), else a new
+    one from ``_fresh``, kept for the next time. A step that frees its gradient and
+    makes another one every time then writes into memory it has written before: a
+    fresh array's first touch, one page fault per page, took minilm's dense backward
+    (30 522 x 384) from 2.4-2.9 ms into a held array to 8.9-12.4 ms. Two tables of one
+    shape get an array each."""
+    probe = _PROBE
+    for spare in _spare_grads:
+        # Held by the list and by `spare`, as `probe` by the module and by `probe`: by
+        # nobody else. `spare` holds it from here on, so another thread testing the
+        # same array meanwhile counts one more and leaves it.
+        if spare.shape == shape and sys.getrefcount(spare) == sys.getrefcount(probe):
+            return spare
+    grad = _fresh(shape)
+    _spare_grads.append(grad)
+    if len(_spare_grads) > _SPARE_ARRAYS:
+        del _spare_grads[0]
+    return grad
+
+
+def empty_cache() -> None:
+    """Lets go of the dense gradient arrays kept for reuse.
+
+    The dense backward of ``Embedding`` and ``EmbeddingBag`` (``sparse=False``) keeps
+    the last gradient arrays it made (up to eight) and writes the next gradient of a
+    shape into one of them once nothing else holds it, as after
+    ``optimizer.zero_grad()``: the memory of one gradient per table stays allocated
+    between steps. Call this to return it, as ``torch.cuda.empty_cache()``
+    returns the memory PyTorch's CUDA allocator keeps."""
+    _spare_grads.clear()
+
+
+def _lookup(weight: Tensor, ids: Tensor, padding_idx: Optional[int]) -> Tensor:
+    """``weight[ids]`` by the crate's gather, into a fresh unzeroed array (see ``_fresh``)."""
+    out = _fresh((*ids.shape, weight.shape[1]))
+    _native.embedding(_array(weight), _array(ids), padding_idx, out)
+    return torch.from_numpy(out)
+
+
+def _needs_graph(weight: Tensor, per_sample_weights: Optional[Tensor] = None) -> bool:
+    """Whether autograd records a call on ``weight`` (and ``per_sample_weights``): grad
+    mode is on and one of them requires grad.
+
+    Without it the modules call the kernels directly: the same result, without the
+    ``autograd.Function``'s cost per call. Called on every forward, so written out
+    rather than over a list of tensors."""
+    if not torch.is_grad_enabled():
+        return False
+    if weight.requires_grad:
+        return True
+    return per_sample_weights is not None and per_sample_weights.requires_grad
+
+
+def _sparse(rows, values, num_embeddings: int, embedding_dim: int) -> Tensor:
+    """The crate's coalesced ``(rows, values)`` as a sparse COO gradient of the table's shape."""
+    return torch.sparse_coo_tensor(
+        torch.from_numpy(rows).unsqueeze(0),
+        torch.from_numpy(values),
+        (num_embeddings, embedding_dim),
+        is_coalesced=True,
+        # The crate's rows are distinct, ascending and in range: nothing to check.
+        check_invariants=False,
+    )
+
+
+def _bag_output(weight, ids, offsets, include_last_offset) -> "Optional[np.ndarray]":
+    """A fresh unzeroed output for a bag forward (see ``_fresh``): one row a bag.
+
+    ``None`` where the arguments cannot make bags (no offsets for 1-D ids, a table that
+    is not 2-D, say): the NumPy function then raises its error. The bag forward writes every element, an
+    empty bag's row with zeros."""
+    if weight.dim() != 2:
+        return None
+    if ids.dim() == 2 and offsets is None:
+        bags = ids.shape[0]
+    elif ids.dim() == 1 and offsets is not None and offsets.dim() == 1:
+        bags = max(offsets.shape[0] - int(include_last_offset), 0)
+    else:
+        return None
+    return _fresh((bags, weight.shape[1]))
