@@ -64,6 +64,14 @@ def _padding_row(padding_idx: Optional[int], num_embeddings: int) -> Optional[in
     return padding_idx + num_embeddings if padding_idx < 0 else padding_idx
 
 
+def _pretrained_shape(embeddings: Tensor):
+    """``from_pretrained``'s table shape, ``(rows, cols)``; ValueError unless 2-D."""
+    if embeddings.dim() != 2:
+        raise ValueError(f"embeddings must be 2-D, got {embeddings.dim()}-D")
+    rows, cols = embeddings.shape
+    return rows, cols
+
+
 def _parameter(
     num_embeddings: int, embedding_dim: int, weight: Optional[Tensor], requires_grad: bool
 ) -> nn.Parameter:
@@ -101,6 +109,18 @@ class _Table(nn.Module):
 
     def _check_fused(self) -> None:
         """Raises if this layer's backward cannot be a fused step."""
+
+    def _norm_repr(self) -> str:
+        """The ``extra_repr`` of ``max_norm``, ``norm_type`` and ``scale_grad_by_freq``
+        where they differ from the defaults, as PyTorch's modules write them."""
+        s = ""
+        if self.max_norm is not None:
+            s += f", max_norm={self.max_norm}"
+        if self.norm_type != 2:
+            s += f", norm_type={self.norm_type}"
+        if self.scale_grad_by_freq:
+            s += ", scale_grad_by_freq=True"
+        return s
 
     def sgd_in_backward(self, lr: Optional[float], weight_decay: float = 0.0):
         """Makes the backward an SGD step on ``weight``, fused by the crate; ``lr=None`` undoes it.
@@ -270,12 +290,7 @@ class Embedding(_Table):
         s = f"{self.num_embeddings}, {self.embedding_dim}"
         if self.padding_idx is not None:
             s += f", padding_idx={self.padding_idx}"
-        if self.max_norm is not None:
-            s += f", max_norm={self.max_norm}"
-        if self.norm_type != 2:
-            s += f", norm_type={self.norm_type}"
-        if self.scale_grad_by_freq:
-            s += ", scale_grad_by_freq=True"
+        s += self._norm_repr()
         if self.sparse:
             s += ", sparse=True"
         return s
@@ -292,9 +307,7 @@ class Embedding(_Table):
         sparse: bool = False,
     ) -> "Embedding":
         """A layer over ``embeddings`` (2-D), frozen unless ``freeze=False``, as PyTorch's."""
-        if embeddings.dim() != 2:
-            raise ValueError(f"embeddings must be 2-D, got {embeddings.dim()}-D")
-        rows, cols = embeddings.shape
+        rows, cols = _pretrained_shape(embeddings)
         return cls(
             num_embeddings=rows,
             embedding_dim=cols,
@@ -405,12 +418,7 @@ class EmbeddingBag(_Table):
 
     def extra_repr(self) -> str:
         s = f"{self.num_embeddings}, {self.embedding_dim}"
-        if self.max_norm is not None:
-            s += f", max_norm={self.max_norm}"
-        if self.norm_type != 2:
-            s += f", norm_type={self.norm_type}"
-        if self.scale_grad_by_freq:
-            s += ", scale_grad_by_freq=True"
+        s += self._norm_repr()
         s += f", mode={self.mode!r}"
         if self.sparse:
             s += ", sparse=True"
@@ -434,9 +442,7 @@ class EmbeddingBag(_Table):
         padding_idx: Optional[int] = None,
     ) -> "EmbeddingBag":
         """A layer over ``embeddings`` (2-D), frozen unless ``freeze=False``, as PyTorch's."""
-        if embeddings.dim() != 2:
-            raise ValueError(f"embeddings must be 2-D, got {embeddings.dim()}-D")
-        rows, cols = embeddings.shape
+        rows, cols = _pretrained_shape(embeddings)
         bag = cls(
             num_embeddings=rows,
             embedding_dim=cols,
