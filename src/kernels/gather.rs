@@ -35,9 +35,8 @@
 //!    along the rest.
 //! 4. **Threads.** The output is cut into blocks of whole rows, about a
 //!    64th of the call each and at least `TASK_BYTES` (`task_bytes`); a 16th
-//!    for a call shared by its caller and one pool thread
-//!    (`shared_task_bytes`), where each block costs a hand-off between the
-//!    two. Rayon hands the blocks to the threads of the
+//!    for a call shared by its caller and one pool thread, where each block
+//!    costs a hand-off between the two. Rayon hands the blocks to the threads of the
 //!    pool the caller runs in. Blocks are disjoint, so there is nothing to
 //!    synchronise and the result cannot depend on the thread count. Below
 //!    2 MiB of output, [`Parallelism::Auto`] (the default) keeps the call on
@@ -46,9 +45,8 @@
 
 use super::row_format::Slot;
 use super::tuning::{
-    gather_ahead, gather_hinted_floats, gather_hints_in_l1, gather_streams_pay, shared_task_bytes,
-    task_bytes, GATHER_STREAM_MIN_BYTES, GATHER_STREAM_MIN_DIM, PARALLEL_MIN_BYTES,
-    PREFETCH_MIN_TABLE_BYTES,
+    gather_ahead, gather_hinted_floats, gather_hints_in_l1, gather_streams_pay, task_bytes,
+    GATHER_STREAM_MIN_BYTES, GATHER_STREAM_MIN_DIM, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES,
 };
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
@@ -348,8 +346,7 @@ pub(crate) fn drive<I: Index, Op: RowOp>(
 /// Runs `f(first_row, block)` over `out` (rows of `dim` values, each read
 /// from a table row of `row_bytes`) as `par` plans a call of `out`'s bytes:
 /// the whole of it from row 0, or blocks of rows, each about a
-/// [`task_bytes`] share of the rows read ([`shared_task_bytes`] for a call
-/// shared between the caller and one pool thread).
+/// [`task_bytes`] share of the rows read.
 pub(crate) fn for_each_row_block<T, F>(
     par: Parallelism,
     out: &mut [T],
@@ -363,13 +360,7 @@ pub(crate) fn for_each_row_block<T, F>(
     let row_bytes = row_bytes.max(1);
     let rows = out.len() / dim.max(1);
     let plan = par.plan(core::mem::size_of_val(out), PARALLEL_MIN_BYTES);
-    let read = rows.saturating_mul(row_bytes);
-    let task = if plan.is_shared() {
-        shared_task_bytes(read)
-    } else {
-        task_bytes(read)
-    };
-    let rows_per_task = (task / row_bytes).max(1);
+    let rows_per_task = (task_bytes(plan, rows.saturating_mul(row_bytes)) / row_bytes).max(1);
     for_each_chunk(plan, out, rows_per_task * dim, |task, block| {
         f(task * rows_per_task, block)
     });

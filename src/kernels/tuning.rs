@@ -12,6 +12,7 @@
 //! vectors is the **position table**.
 
 pub(crate) use crate::memory::LINE_BYTES;
+use crate::parallel::Plan;
 
 /// One cache line, in `f32`s: column blocks that threads own are whole
 /// lines, so two threads never write one line.
@@ -53,9 +54,10 @@ pub(crate) const TASKS_PER_CALL: usize = 64;
 /// than `TASKS_PER_CALL / 8` threads.
 const TASKS_PER_THREAD: usize = 8;
 
-/// How many tasks a gather or lookup shared between its caller and one pool
-/// thread ([`Parallelism::Auto`](crate::Parallelism::Auto) below the pool's
-/// threshold, calls in a loop) is cut into. The two threads claim tasks
+/// How many tasks a gather, lookup or bag forward shared between its caller
+/// and one pool thread ([`Parallelism::Auto`](crate::Parallelism::Auto)
+/// below the pool's threshold, calls in a loop) is cut into ([`task_bytes`]).
+/// The two threads claim tasks
 /// from the two ends of one list, each claim an atomic exchange on a line
 /// the other thread wrote last, so a task's cost is its hand-off as well as
 /// its rows: a sixty-fourth of tiny's 1 MiB gather is 16 KiB, about a
@@ -68,21 +70,23 @@ const TASKS_PER_THREAD: usize = 8;
 /// all). The report's warm loop, the two counts A/B in one build, three
 /// runs each: tiny's `gather` 28.4-35.0 µs with 64 tasks,
 /// 27.2-33.4 with 16; its `Embedding::forward` 22.6-25.4 against 20.8-22.5
-/// (docs/benchmarks.md, "Fewer tasks for shared calls").
+/// (docs/benchmarks.md, "Fewer tasks for shared calls"). A shared bag
+/// forward's tasks are cut from its output (a row a bag), so tiny's bags of
+/// 16 already made 4 tasks; the rule is the same for it, unmeasured.
 pub(crate) const SHARED_TASKS: usize = 16;
 
 /// The bytes of a task of a gather or bag forward that reads or writes
-/// `bytes` in all: a [`TASKS_PER_CALL`]th of them (or less, with more than
-/// 8 threads in the pool), and at least [`TASK_BYTES`].
-pub(crate) fn task_bytes(bytes: usize) -> usize {
-    let tasks = TASKS_PER_CALL.max(TASKS_PER_THREAD * rayon::current_num_threads());
+/// `bytes` in all and runs as `plan` says: a [`SHARED_TASKS`]th of them for
+/// a call shared between its caller and one pool thread, else a
+/// [`TASKS_PER_CALL`]th (or less, with more than 8 threads in the pool);
+/// at least [`TASK_BYTES`].
+pub(crate) fn task_bytes(plan: Plan, bytes: usize) -> usize {
+    let tasks = if plan.is_shared() {
+        SHARED_TASKS
+    } else {
+        TASKS_PER_CALL.max(TASKS_PER_THREAD * rayon::current_num_threads())
+    };
     (bytes / tasks).max(TASK_BYTES)
-}
-
-/// [`task_bytes`] for a call shared between its caller and one pool
-/// thread: a [`SHARED_TASKS`]th of `bytes`, and at least [`TASK_BYTES`].
-pub(crate) fn shared_task_bytes(bytes: usize) -> usize {
-    (bytes / SHARED_TASKS).max(TASK_BYTES)
 }
 
 /// A grouped-backward task's share of the work, in bytes of gradient read

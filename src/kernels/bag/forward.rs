@@ -293,7 +293,7 @@ pub(super) fn forward_on<I: Index, T: RowFormat, S: Slot>(
     };
     let work = count.saturating_mul(dim).saturating_mul(4);
     let plan = par.plan_sized(table.bytes().min(work), work, PARALLEL_MIN_BYTES);
-    let bags_per_task = (task_bytes(core::mem::size_of_val(out)) / (dim * 4)).max(1);
+    let bags_per_task = (task_bytes(plan, core::mem::size_of_val(out)) / (dim * 4)).max(1);
     let chunk = bags_per_task * dim;
     if is_max {
         for_each_chunk_pair(plan, (out, chunk), (max_indices, chunk), |k, o, m| {

@@ -67,7 +67,8 @@
 //!    in the first row stays), and the position it came from, as the bits
 //!    of an `f32` lane chosen with the same compare mask as the value.
 //! 6. **Threads.** Tasks of whole bags, about a 64th of the output each
-//!    and at least `TASK_BYTES` (`task_bytes`);
+//!    (a 16th for a call shared by its caller and one pool thread) and at
+//!    least `TASK_BYTES` (`task_bytes`);
 //!    tasks are disjoint, so the result cannot depend on the thread count.
 //! 7. **Backward** (sum and mean) is the grouped backward of
 //!    [`grouped`](super::grouped) with each position's gradient row taken
