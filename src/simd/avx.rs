@@ -155,6 +155,10 @@ struct Avx256<const L: u8>(__m256);
 impl<const L: u8> Lanes for Avx256<L> {
     const WIDTH: usize = EIGHT;
     const REGISTERS: usize = 16;
+    // Twelve accumulators, the decoded vector, and a packed row's scale and
+    // bias: 15 registers. Sixteen accumulators spill (the 8-bit sum's loop
+    // loaded and stored accumulators on the stack every row).
+    const DECODE_BLOCK: usize = 12;
 
     #[inline(always)]
     fn splat(x: f32) -> Self {

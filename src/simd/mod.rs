@@ -67,6 +67,13 @@ pub(crate) trait Lanes: Copy + Send + Sync + 'static {
     /// and bias. Read by the sums of `f32` and packed rows only (see
     /// `kernels::bag::sum`).
     const SUM_BLOCK: usize = Self::REGISTERS;
+    /// The widest column block of a bag sum over half or packed rows that
+    /// take more than one block anyway: [`SUM_BLOCK`](Self::SUM_BLOCK), but
+    /// 12 with AVX, where sixteen accumulators and a decode's temporaries
+    /// (and a packed row's scale and bias) do not fit the sixteen registers
+    /// and the block spills to the stack. A row of one block keeps the
+    /// wider one: its one pass is worth the spills.
+    const DECODE_BLOCK: usize = Self::SUM_BLOCK;
 
     /// `WIDTH` copies of `x`.
     fn splat(x: f32) -> Self;

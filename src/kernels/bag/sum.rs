@@ -19,7 +19,8 @@ use core::ops::Range;
 /// AVX-512, 16 with AVX, 8 without) for `f32` and packed rows. Half rows
 /// keep blocks of [`Lanes::REGISTERS`]: on AVX-512 their sums were slower
 /// in blocks of 24 than of 16, where `f32` and packed rows were faster
-/// (docs/benchmarks.md, "Blocks of 24 vectors").
+/// (docs/benchmarks.md, "Blocks of 24 vectors"). A half or packed row of
+/// several blocks takes blocks of [`Lanes::DECODE_BLOCK`] ([`widest`]).
 #[inline(always)]
 pub(super) fn pool<V: Lanes, I: Index, T: RowFormat, S: Slot>(
     terms: Terms<'_, '_, I, T>,
@@ -27,18 +28,23 @@ pub(super) fn pool<V: Lanes, I: Index, T: RowFormat, S: Slot>(
     dst: &mut [S],
 ) {
     let mut sum = Sum { terms, bag, dst };
-    if each_block::<V, _>(terms.rows.dim, widest::<V, T>(), &mut sum) == 0 {
+    if each_block::<V, _>(terms.rows.dim, widest::<V, T>(terms.rows.dim), &mut sum) == 0 {
         S::zero(sum.dst);
     }
 }
 
-/// The widest column block of [`pool`], in vectors.
+/// The widest column block of [`pool`] over rows of `dim` values, in
+/// vectors. Rows that a decode reads (half or packed) and that take more
+/// than one pass anyway are cut into blocks that fit the registers beside
+/// the decode ([`Lanes::DECODE_BLOCK`]): with AVX, minilm's 384 columns in
+/// four passes of 96 rather than three of 128 that spill.
 #[inline(always)]
-fn widest<V: Lanes, T: RowFormat>() -> usize {
-    if T::HALF {
-        V::REGISTERS
+fn widest<V: Lanes, T: RowFormat>(dim: usize) -> usize {
+    let one_pass = if T::HALF { V::REGISTERS } else { V::SUM_BLOCK };
+    if (T::HALF || T::PACKED) && dim > one_pass * V::WIDTH {
+        one_pass.min(V::DECODE_BLOCK)
     } else {
-        V::SUM_BLOCK
+        one_pass
     }
 }
 
@@ -46,7 +52,7 @@ fn widest<V: Lanes, T: RowFormat>() -> usize {
 /// cuts such a row into one column block.
 #[inline(always)]
 pub(super) fn one_block<V: Lanes, T: RowFormat>(dim: usize) -> bool {
-    block_count::<V>(dim, widest::<V, T>()) == 1
+    block_count::<V>(dim, widest::<V, T>(dim)) == 1
 }
 
 /// [`pool`] for bags `first_bag..` of `bags`, one a row of `out`, whose rows
@@ -74,7 +80,7 @@ pub(super) fn pool_each<V: Lanes, I: Index, T: RowFormat, S: Slot>(
         first_bag,
         out,
     };
-    each_block::<V, _>(terms.rows.dim, widest::<V, T>(), &mut each);
+    each_block::<V, _>(terms.rows.dim, widest::<V, T>(terms.rows.dim), &mut each);
 }
 
 /// The bags of [`pool_each`], and their rows of the output.
