@@ -317,9 +317,8 @@ pub(crate) fn block_count<V: Lanes>(dim: usize, widest: usize) -> usize {
 }
 
 /// Runs `body` on every column block of a row of `dim` values: blocks of
-/// `widest` vectors (24, 16, 12 or 8), then blocks of the smaller sizes
-/// that fit (16, 8, 4, 2, 1 vectors; never 12 unless it is the widest),
-/// then the last `dim % V::WIDTH` columns.
+/// `widest` vectors (24, 16, 12 or 8), then the smaller sizes that fit (16,
+/// 8, 4, 2, 1; 12 only as the widest), then the last `dim % V::WIDTH` columns.
 /// Returns the count of the last block.
 #[inline(always)]
 pub(crate) fn each_block<V: Lanes, B: BlockBody>(dim: usize, widest: usize, body: &mut B) -> usize {

@@ -41,7 +41,9 @@
 //!    vectors as the registers hold: sixteen 256-bit registers (128
 //!    columns) with AVX, eight `f32x8` pairs (64 columns) with SSE2, and
 //!    with AVX-512 24 of the 32 registers for a sum of `f32` or packed rows
-//!    (384 columns; `Lanes::SUM_BLOCK`), 16 for the rest; max keeps the
+//!    (384 columns; `Lanes::SUM_BLOCK`), 16 for the rest; half or packed
+//!    rows of several blocks take twelve with AVX, which leaves registers
+//!    for the decode (`Lanes::DECODE_BLOCK`); max keeps the
 //!    winners' positions beside the values, so half as many columns. The
 //!    last `dim % WIDTH` columns go through the same body, copied into a
 //!    zero-padded vector.
