@@ -1007,7 +1007,7 @@ struct Machine {
     cpu: String,
     available_parallelism: usize,
     pool_threads: usize,
-    simd: &'static str,
+    simd: String,
     /// Whether tables and gradients were allocated in transparent huge pages.
     huge_pages: bool,
     release_build: bool,
@@ -1049,30 +1049,19 @@ fn machine(pool_threads: usize, huge_pages: bool) -> Machine {
         .lines()
         .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
         .map_or_else(|| "unknown".to_string(), |(_, m)| m.trim().to_string());
-    // The kernels choose their registers at run time (`src/simd/`): AVX
-    // where the CPU has it, else `wide::f32x8` as the build targets.
-    #[cfg(target_arch = "x86_64")]
-    let (avx, avx2, avx512) = {
-        use std::arch::is_x86_feature_detected as has;
-        let avx2 = has!("avx2") && has!("fma") && has!("f16c");
-        (
-            has!("avx"),
-            avx2,
-            avx2 && has!("avx512f") && has!("avx512vl"),
-        )
+    // The kernels choose their registers at run time: the widest the CPU
+    // has, or the lower level `EMBEDDING_KERNELS_ISA` names.
+    let simd = match embedding_kernels::instruction_set() {
+        "avx512" => "512-bit AVX-512F registers (sixteen lanes), chosen at run time",
+        "avx2" => "256-bit AVX registers with AVX2, FMA and F16C, chosen at run time",
+        "fma" => "256-bit AVX registers with FMA, chosen at run time",
+        "avx" => "256-bit AVX registers, chosen at run time",
+        _ if cfg!(target_feature = "sse2") => "f32x8 as 2x128-bit SSE2 (portable lanes)",
+        _ => "f32x8 as the build targets",
     };
-    #[cfg(not(target_arch = "x86_64"))]
-    let (avx, avx2, avx512) = (false, false, false);
-    let simd = if avx512 {
-        "512-bit AVX-512F registers (sixteen lanes), chosen at run time"
-    } else if avx2 {
-        "256-bit AVX registers with AVX2, FMA and F16C, chosen at run time"
-    } else if avx {
-        "256-bit AVX registers, chosen at run time"
-    } else if cfg!(target_feature = "sse2") {
-        "f32x8 as 2x128-bit SSE2 (this CPU has no AVX)"
-    } else {
-        "f32x8 as the build targets"
+    let simd = match std::env::var("EMBEDDING_KERNELS_ISA") {
+        Ok(cap) => format!("{simd} (EMBEDDING_KERNELS_ISA={cap})"),
+        Err(_) => simd.to_string(),
     };
     Machine {
         cpu,

@@ -85,11 +85,40 @@ impl Avx {
         Some(Avx { level })
     }
 
-    /// The same proof claiming `level` (tests: the lower wrappers run beside
+    /// The same proof claiming `level` (a cap set by
+    /// `EMBEDDING_KERNELS_ISA`, or a test running the lower wrappers beside
     /// the highest); `None` above what this proof holds.
-    #[cfg(test)]
     pub(crate) fn at(self, level: Level) -> Option<Avx> {
         (level <= self.level).then_some(Avx { level })
+    }
+
+    /// The level this proof claims.
+    pub(crate) fn level(self) -> Level {
+        self.level
+    }
+}
+
+impl Level {
+    /// The level a name gives (`avx`, `fma`, `avx2`, `avx512`), as
+    /// `EMBEDDING_KERNELS_ISA` spells it.
+    pub(crate) fn parse(name: &str) -> Option<Level> {
+        Some(match name {
+            "avx" => Level::Avx,
+            "fma" => Level::Fma,
+            "avx2" => Level::Avx2,
+            "avx512" => Level::Avx512,
+            _ => return None,
+        })
+    }
+
+    /// [`Level::parse`]'s name for this level.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Level::Avx => "avx",
+            Level::Fma => "fma",
+            Level::Avx2 => "avx2",
+            Level::Avx512 => "avx512",
+        }
     }
 }
 

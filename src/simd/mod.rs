@@ -218,19 +218,53 @@ pub(crate) enum Isa {
 }
 
 impl Isa {
-    /// The widest instruction set this CPU has (asked once, then cached by
-    /// `std`).
+    /// The instruction set the kernels run with: the widest this CPU has,
+    /// or a lower one that `EMBEDDING_KERNELS_ISA` names (asked once).
     #[inline]
     pub(crate) fn detect() -> Isa {
         #[cfg(test)]
         if let Some(isa) = FORCED.get() {
             return isa;
         }
+        static HERE: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *HERE.get_or_init(|| {
+            let cap = std::env::var("EMBEDDING_KERNELS_ISA").ok();
+            Isa::widest().capped(cap.as_deref())
+        })
+    }
+
+    /// The widest instruction set this CPU has.
+    fn widest() -> Isa {
         #[cfg(target_arch = "x86_64")]
         if let Some(avx) = avx::Avx::detect() {
             return Isa::Avx(avx);
         }
         Isa::Portable
+    }
+
+    /// This instruction set, or the lower one `cap` names (`portable`,
+    /// `avx`, `fma`, `avx2`, `avx512`): a way to time or test a lower
+    /// level's code on a CPU that has a higher one. A cap above this set, or
+    /// one that names none, leaves it.
+    pub(crate) fn capped(self, cap: Option<&str>) -> Isa {
+        match (self, cap) {
+            (_, Some("portable")) => Isa::Portable,
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx(avx), Some(name)) => match avx::Level::parse(name).and_then(|l| avx.at(l)) {
+                Some(lower) => Isa::Avx(lower),
+                None => self,
+            },
+            _ => self,
+        }
+    }
+
+    /// The name [`Isa::capped`] takes for this instruction set.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx(avx) => avx.level().name(),
+        }
     }
 
     /// Every instruction set this CPU can run, the portable one first: what
@@ -273,4 +307,33 @@ impl Isa {
 std::thread_local! {
     /// The instruction set [`Isa::force`] set for this thread, if any.
     static FORCED: core::cell::Cell<Option<Isa>> = const { core::cell::Cell::new(None) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Isa;
+
+    /// A cap lowers the instruction set to the level it names and never
+    /// raises it; a name that is no level leaves the widest.
+    #[test]
+    fn a_cap_only_lowers() {
+        let widest = Isa::widest();
+        assert_eq!(widest.capped(None), widest);
+        assert_eq!(widest.capped(Some("sse9")), widest);
+        assert_eq!(widest.capped(Some("")), widest);
+        assert_eq!(widest.capped(Some("portable")), Isa::Portable);
+        assert_eq!(Isa::Portable.capped(Some("avx512")), Isa::Portable);
+        // Every level this CPU has, and only those, can be capped to; each
+        // names itself back.
+        for isa in Isa::all() {
+            assert_eq!(widest.capped(Some(isa.name())), isa);
+            assert_eq!(isa.capped(Some(widest.name())), isa);
+        }
+        for name in ["avx", "fma", "avx2", "avx512"] {
+            let capped = widest.capped(Some(name));
+            assert!(Isa::all().contains(&capped));
+            let has = Isa::all().iter().any(|isa| isa.name() == name);
+            assert_eq!(capped.name() == name, has, "{name}");
+        }
+    }
 }
