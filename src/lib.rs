@@ -123,8 +123,8 @@
 //! environment variable `EMBEDDING_KERNELS_ROW_HEADS` (`none`, `gather`,
 //! `f32`, `plain` or `packed`, read once) replaces the CPU's choice of which
 //! reads hint only the start of each row or block; it changes speed only,
-//! never a result. Likewise `EMBEDDING_KERNELS_ISA` (`portable`, `avx`,
-//! `fma`, `avx2` or `avx512`, read once) caps the instruction set at a lower
+//! never a result. Likewise `EMBEDDING_KERNELS_ISA` (`portable`, `avx2` or
+//! `avx512`, read once) caps the instruction set at a lower
 //! level than the CPU has, to time or check that level's code;
 //! [`instruction_set`] names the one in use.
 //!
@@ -193,14 +193,14 @@ struct ReadmeDoctests;
 
 /// The instruction set the kernels run with on this machine, chosen once at
 /// run time: `"avx512"` (sixteen lanes of AVX-512F), `"avx2"` (eight lanes,
-/// with FMA and F16C), `"fma"`, `"avx"`, or `"portable"` (`wide::f32x8`, as
-/// the build targets). The widest the CPU has, unless the environment
+/// with FMA and F16C), or `"portable"` (`wide::f32x8`, as the build
+/// targets, on a CPU without AVX2). The widest the CPU has, unless the environment
 /// variable `EMBEDDING_KERNELS_ISA` names a lower one. Every level gives
 /// the same bits.
 ///
 /// ```
 /// let isa = embedding_kernels::instruction_set();
-/// assert!(["avx512", "avx2", "fma", "avx", "portable"].contains(&isa));
+/// assert!(["avx512", "avx2", "portable"].contains(&isa));
 /// ```
 pub fn instruction_set() -> &'static str {
     simd::Isa::detect().name()

@@ -1054,8 +1054,6 @@ fn machine(pool_threads: usize, huge_pages: bool) -> Machine {
     let simd = match embedding_kernels::instruction_set() {
         "avx512" => "512-bit AVX-512F registers (sixteen lanes), chosen at run time",
         "avx2" => "256-bit AVX registers with AVX2, FMA and F16C, chosen at run time",
-        "fma" => "256-bit AVX registers with FMA, chosen at run time",
-        "avx" => "256-bit AVX registers, chosen at run time",
         _ if cfg!(target_feature = "sse2") => "f32x8 as 2x128-bit SSE2 (portable lanes)",
         _ => "f32x8 as the build targets",
     };

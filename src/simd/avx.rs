@@ -1,19 +1,17 @@
-//! [`Lanes`] for 256-bit AVX registers, and the wrappers that run a
-//! [`Body`] compiled with AVX enabled.
+//! [`Lanes`] for AVX registers, and the wrappers that run a [`Body`]
+//! compiled with AVX enabled.
 //!
-//! Three levels, each a wrapper compiled with its own target features:
+//! Two levels, each a wrapper compiled with its own target features, as
+//! PyTorch and FBGEMM build theirs:
 //!
-//! | level | features | what it adds |
+//! | level | features | lanes |
 //! | --- | --- | --- |
-//! | `Level::Avx` | `avx` | 256-bit loads, adds, multiplies, compares |
-//! | `Level::Fma` | `avx,fma` | the fused multiply-add as one instruction |
-//! | `Level::Avx2` | `avx,avx2,fma,f16c` | packed tables decoded in registers: bytes widened (`vpmovzxbd`), nibbles shifted apart (`vpsrlvd`), `f16` converted (`vcvtph2ps`) |
-//! | `Level::Avx512` | `Avx2`'s and `avx512f,avx512vl` | sixteen lanes of a 512-bit register ([`Avx512`]): half the instructions a row, and 32 registers, so no accumulator is spilled beside a decode's temporaries |
+//! | `Level::Avx2` | `avx,avx2,fma,f16c` | eight, a `__m256` ([`Avx256`]): packed rows decode in registers (bytes widened by `vpmovzxbd`, nibbles shifted apart by `vpsrlvd`, halves converted by `vcvtph2ps`), the fused multiply-add one instruction |
+//! | `Level::Avx512` | `Avx2`'s and `avx512f,avx512vl` | sixteen, a `__m512` ([`Avx512`]): half the instructions a row, and 32 registers, so no accumulator is spilled beside a decode's temporaries |
 //!
-//! The first three levels share one lane type, [`Avx256`], eight lanes of a
-//! `__m256`. Below `Avx2` its decoders widen each value on its own, then
-//! load the eight as a vector: the same numbers (every decode is exact),
-//! more instructions.
+//! A CPU with AVX but not AVX2, FMA and F16C (Sandy Bridge, Ivy Bridge)
+//! runs the portable lanes: a level of its own would compile every kernel
+//! body once more for CPUs that went out of production in 2013.
 //!
 //! Soundness rests on one rule: the lane types, [`Avx256`] and [`Avx512`],
 //! are private to this file, and the only code that names them is [`run`],
@@ -46,10 +44,6 @@ use core::arch::x86_64::{
 /// What an [`Avx`] proves the CPU has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Level {
-    /// AVX.
-    Avx,
-    /// AVX and FMA.
-    Fma,
     /// AVX, AVX2, FMA and F16C (every x86-64 CPU with AVX2 so far).
     Avx2,
     /// `Avx2`'s features, AVX-512F and AVX-512VL: sixteen lanes, 32
@@ -57,7 +51,7 @@ pub(crate) enum Level {
     Avx512,
 }
 
-/// Proof that this CPU has AVX, and how much more: only [`Avx::detect`]
+/// Proof that this CPU has AVX2, FMA and F16C, and whether AVX-512 too: only [`Avx::detect`]
 /// makes one (and, in tests, [`Avx::at`] one that claims less).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Avx {
@@ -65,22 +59,18 @@ pub(crate) struct Avx {
 }
 
 impl Avx {
-    /// An `Avx` where this CPU has AVX, at the highest level it has.
+    /// An `Avx` where this CPU has the features of `Level::Avx2`, at the
+    /// highest level it has.
     #[inline]
     pub(crate) fn detect() -> Option<Avx> {
         use std::arch::is_x86_feature_detected as has;
-        if !has!("avx") {
+        if !(has!("avx") && has!("avx2") && has!("fma") && has!("f16c")) {
             return None;
         }
-        let avx2 = has!("avx2") && has!("fma") && has!("f16c");
-        let level = if avx2 && has!("avx512f") && has!("avx512vl") {
+        let level = if has!("avx512f") && has!("avx512vl") {
             Level::Avx512
-        } else if avx2 {
-            Level::Avx2
-        } else if has!("fma") {
-            Level::Fma
         } else {
-            Level::Avx
+            Level::Avx2
         };
         Some(Avx { level })
     }
@@ -99,12 +89,10 @@ impl Avx {
 }
 
 impl Level {
-    /// The level a name gives (`avx`, `fma`, `avx2`, `avx512`), as
+    /// The level a name gives (`avx2`, `avx512`), as
     /// `EMBEDDING_KERNELS_ISA` spells it.
     pub(crate) fn parse(name: &str) -> Option<Level> {
         Some(match name {
-            "avx" => Level::Avx,
-            "fma" => Level::Fma,
             "avx2" => Level::Avx2,
             "avx512" => Level::Avx512,
             _ => return None,
@@ -114,8 +102,6 @@ impl Level {
     /// [`Level::parse`]'s name for this level.
     pub(crate) fn name(self) -> &'static str {
         match self {
-            Level::Avx => "avx",
-            Level::Fma => "fma",
             Level::Avx2 => "avx2",
             Level::Avx512 => "avx512",
         }
@@ -131,30 +117,16 @@ pub(super) fn run<B: Body>(proof: Avx, body: B) -> B::Output {
         // features, and `proof` claims that level, which only
         // `Avx::detect` makes (or `Avx::at` lowers), after the CPU reported
         // those features.
-        Level::Avx => unsafe { run_avx(body) },
-        Level::Fma => unsafe { run_fma(body) },
         Level::Avx2 => unsafe { run_avx2(body) },
         Level::Avx512 => unsafe { run_avx512(body) },
     }
 }
 
 /// The body instantiated with [`Avx256`]; everything it calls is
-/// `#[inline(always)]`, so it all compiles here, with AVX.
-#[target_feature(enable = "avx")]
-fn run_avx<B: Body>(body: B) -> B::Output {
-    body.run::<Avx256<AVX>>()
-}
-
-/// [`run_avx`] with FMA as well: the fused multiply-add is one instruction.
-#[target_feature(enable = "avx,fma")]
-fn run_fma<B: Body>(body: B) -> B::Output {
-    body.run::<Avx256<FMA>>()
-}
-
-/// [`run_fma`] with AVX2 and F16C: packed rows decode in registers.
+/// `#[inline(always)]`, so it all compiles here, with AVX2, FMA and F16C.
 #[target_feature(enable = "avx,avx2,fma,f16c")]
 fn run_avx2<B: Body>(body: B) -> B::Output {
-    body.run::<Avx256<AVX2>>()
+    body.run::<Avx256>()
 }
 
 /// [`run_avx2`]'s features, AVX-512F and AVX-512VL, with sixteen lanes a
@@ -165,23 +137,17 @@ fn run_avx512<B: Body>(body: B) -> B::Output {
     body.run::<Avx512>()
 }
 
-/// [`Level`]s as the 256-bit lane type's parameter.
-const AVX: u8 = 0;
-const FMA: u8 = 1;
-const AVX2: u8 = 2;
-
-/// One 256-bit register of eight `f32`s, on a CPU at level `L` (one of
-/// [`AVX`], [`FMA`], [`AVX2`]). Private: see the module notes.
+/// One 256-bit register of eight `f32`s, on a CPU with the features of
+/// `Level::Avx2`. Private: see the module notes.
 #[derive(Clone, Copy)]
 #[repr(transparent)]
-struct Avx256<const L: u8>(__m256);
+struct Avx256(__m256);
 
-// The SAFETY of every `unsafe` block below: the intrinsic needs AVX (and,
-// where the block tests `L`, the features of that level), and an
-// `Avx256<L>` is only reachable through the wrapper of level `L`, which
-// `run` calls only with an `Avx` proving that level (the module notes);
+// The SAFETY of every `unsafe` block below: the intrinsic needs AVX, AVX2,
+// FMA or F16C, and an `Avx256` is only reachable through `run_avx2`, which
+// `run` calls only with an `Avx` proving those features (the module notes);
 // the intrinsics touch no memory.
-impl<const L: u8> Lanes for Avx256<L> {
+impl Lanes for Avx256 {
     const WIDTH: usize = EIGHT;
     const REGISTERS: usize = 16;
     // Twelve accumulators, the decoded vector, and a packed row's scale and
@@ -226,16 +192,8 @@ impl<const L: u8> Lanes for Avx256<L> {
 
     #[inline(always)]
     fn mul_add(self, b: Self, c: Self) -> Self {
-        if L >= FMA {
-            // SAFETY: see above the impl (FMA at this level).
-            Avx256(unsafe { _mm256_fmadd_ps(self.0, b.0, c.0) })
-        } else {
-            Avx256(bytemuck::cast(super::fused_lanes(
-                bytemuck::cast(self.0),
-                bytemuck::cast(b.0),
-                bytemuck::cast(c.0),
-            )))
-        }
+        // SAFETY: see above the impl.
+        Avx256(unsafe { _mm256_fmadd_ps(self.0, b.0, c.0) })
     }
 
     #[inline(always)]
@@ -252,50 +210,37 @@ impl<const L: u8> Lanes for Avx256<L> {
 
     #[inline(always)]
     fn from_u8(bytes: &[u8]) -> Self {
-        if L >= AVX2 {
-            let wide: __m128i = bytemuck::cast([first::<_, EIGHT>(bytes), [0; 8]]);
-            // SAFETY: see above the impl (AVX2 at this level).
-            Avx256(unsafe { _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(wide)) })
-        } else {
-            Self::load(&super::widen_u8(bytes))
-        }
+        let wide: __m128i = bytemuck::cast([first::<_, EIGHT>(bytes), [0; 8]]);
+        // SAFETY: see above the impl.
+        Avx256(unsafe { _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(wide)) })
     }
 
     #[inline(always)]
     fn from_packed<const BITS: u32>(word: u64) -> Self {
-        if L >= AVX2 {
-            // Eight levels of at most 4 bits: the low 32 bits hold them.
-            let word = word as u32;
-            let b = BITS as i32;
-            // SAFETY: see above the impl (AVX2 at this level).
-            Avx256(unsafe {
-                let shifts = _mm256_setr_epi32(0, b, 2 * b, 3 * b, 4 * b, 5 * b, 6 * b, 7 * b);
-                let mask = _mm256_set1_epi32((1 << BITS) - 1);
-                let spread = _mm256_srlv_epi32(_mm256_set1_epi32(word as i32), shifts);
-                _mm256_cvtepi32_ps(_mm256_and_si256(spread, mask))
-            })
-        } else {
-            Self::load(&super::widen_packed::<BITS>(word))
-        }
+        // Eight levels of at most 4 bits: the low 32 bits hold them.
+        let word = word as u32;
+        let b = BITS as i32;
+        // SAFETY: see above the impl.
+        Avx256(unsafe {
+            let shifts = _mm256_setr_epi32(0, b, 2 * b, 3 * b, 4 * b, 5 * b, 6 * b, 7 * b);
+            let mask = _mm256_set1_epi32((1 << BITS) - 1);
+            let spread = _mm256_srlv_epi32(_mm256_set1_epi32(word as i32), shifts);
+            _mm256_cvtepi32_ps(_mm256_and_si256(spread, mask))
+        })
     }
 
     #[inline(always)]
     fn from_nibble_pairs(bytes: &[u8]) -> (Self, Self) {
-        if L >= AVX2 {
-            let wide: __m128i = bytemuck::cast([first::<_, EIGHT>(bytes), [0; 8]]);
-            // SAFETY: see above the impl (AVX2 at this level).
-            unsafe {
-                let codes = _mm256_cvtepu8_epi32(wide);
-                let low = _mm256_and_si256(codes, _mm256_set1_epi32(0xf));
-                let high = _mm256_srli_epi32::<4>(codes);
-                (
-                    Avx256(_mm256_cvtepi32_ps(low)),
-                    Avx256(_mm256_cvtepi32_ps(high)),
-                )
-            }
-        } else {
-            let (even, odd) = super::widen_nibble_pairs(bytes);
-            (Self::load(&even), Self::load(&odd))
+        let wide: __m128i = bytemuck::cast([first::<_, EIGHT>(bytes), [0; 8]]);
+        // SAFETY: see above the impl.
+        unsafe {
+            let codes = _mm256_cvtepu8_epi32(wide);
+            let low = _mm256_and_si256(codes, _mm256_set1_epi32(0xf));
+            let high = _mm256_srli_epi32::<4>(codes);
+            (
+                Avx256(_mm256_cvtepi32_ps(low)),
+                Avx256(_mm256_cvtepi32_ps(high)),
+            )
         }
     }
 
@@ -316,26 +261,18 @@ impl<const L: u8> Lanes for Avx256<L> {
 
     #[inline(always)]
     fn from_f16(halves: &[u16]) -> Self {
-        if L >= AVX2 {
-            let halves: __m128i = bytemuck::cast(first::<_, EIGHT>(halves));
-            // SAFETY: see above the impl (F16C at this level).
-            Avx256(unsafe { _mm256_cvtph_ps(halves) })
-        } else {
-            Self::load(&super::widen_f16(halves))
-        }
+        let halves: __m128i = bytemuck::cast(first::<_, EIGHT>(halves));
+        // SAFETY: see above the impl.
+        Avx256(unsafe { _mm256_cvtph_ps(halves) })
     }
 
     #[inline(always)]
     fn from_bf16(halves: &[u16]) -> Self {
-        if L >= AVX2 {
-            let halves: __m128i = bytemuck::cast(first::<_, EIGHT>(halves));
-            // SAFETY: see above the impl (AVX2 at this level).
-            Avx256(unsafe {
-                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(halves)))
-            })
-        } else {
-            Self::load(&super::widen_bf16(halves))
-        }
+        let halves: __m128i = bytemuck::cast(first::<_, EIGHT>(halves));
+        // SAFETY: see above the impl.
+        Avx256(unsafe {
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(halves)))
+        })
     }
 
     #[inline(always)]

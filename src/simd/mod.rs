@@ -5,14 +5,14 @@
 //! operations the kernels need), and runs through [`Isa::run`], which picks
 //! the registers:
 //!
-//! * **AVX** (`avx.rs`), where the CPU reports it: the body is instantiated
-//!   with an x86 lane type inside a function compiled with
-//!   `#[target_feature(enable = ...)]`, so every load, add and compare in
-//!   it is one vector instruction. Four such wrappers, one per level the
-//!   CPU may have: AVX; AVX and FMA; AVX2, FMA and F16C, where
-//!   reduced-precision rows decode in registers (all three with eight lanes
-//!   of a `__m256`, sixteen registers holding 128 columns); and AVX-512F,
-//!   with sixteen lanes of a `__m512`: half the instructions a row, and 32
+//! * **AVX** (`avx.rs`), where the CPU reports AVX2, FMA and F16C (every
+//!   x86-64 CPU made since 2013): the body is instantiated with an x86 lane
+//!   type inside a function compiled with `#[target_feature(enable = ...)]`,
+//!   so every load, add, compare, fused multiply-add and decode of a
+//!   reduced-precision row in it is one vector instruction. Two such
+//!   wrappers, as PyTorch and FBGEMM have: AVX2, with eight lanes of a
+//!   `__m256` (sixteen registers holding 128 columns), and AVX-512F, with
+//!   sixteen lanes of a `__m512`: half the instructions a row, and 32
 //!   registers, so a block's accumulators and a decode's temporaries all
 //!   stay in registers.
 //! * **Portable** (`portable.rs`): `wide::f32x8`, which picks its
@@ -243,9 +243,9 @@ impl Isa {
     }
 
     /// This instruction set, or the lower one `cap` names (`portable`,
-    /// `avx`, `fma`, `avx2`, `avx512`): a way to time or test a lower
-    /// level's code on a CPU that has a higher one. A cap above this set, or
-    /// one that names none, leaves it.
+    /// `avx2`, `avx512`): a way to time or test a lower level's code on a
+    /// CPU that has a higher one. A cap above this set, or one that names
+    /// none (`default`, say), leaves it.
     pub(crate) fn capped(self, cap: Option<&str>) -> Isa {
         match (self, cap) {
             (_, Some("portable")) => Isa::Portable,
@@ -275,7 +275,7 @@ impl Isa {
         #[cfg(target_arch = "x86_64")]
         if let Some(avx) = avx::Avx::detect() {
             use avx::Level;
-            let levels = [Level::Avx, Level::Fma, Level::Avx2, Level::Avx512];
+            let levels = [Level::Avx2, Level::Avx512];
             all.extend(levels.into_iter().filter_map(|l| avx.at(l)).map(Isa::Avx));
         }
         all
@@ -329,7 +329,8 @@ mod tests {
             assert_eq!(widest.capped(Some(isa.name())), isa);
             assert_eq!(isa.capped(Some(widest.name())), isa);
         }
-        for name in ["avx", "fma", "avx2", "avx512"] {
+        assert_eq!(widest.capped(Some("default")), widest);
+        for name in ["avx2", "avx512"] {
             let capped = widest.capped(Some(name));
             assert!(Isa::all().contains(&capped));
             let has = Isa::all().iter().any(|isa| isa.name() == name);
