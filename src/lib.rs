@@ -124,9 +124,9 @@
 //! `f32`, `plain` or `packed`, read once) replaces the CPU's choice of which
 //! reads hint only the start of each row or block; it changes speed only,
 //! never a result. Likewise `EMBEDDING_KERNELS_ISA` (`portable`, `avx2` or
-//! `avx512`, read once) caps the instruction set at a lower
-//! level than the CPU has, to time or check that level's code;
-//! [`instruction_set`] names the one in use.
+//! `avx512`, read once) caps the instruction set at a lower level than the
+//! CPU has, to time or check that level's code; [`instruction_set`] names
+//! the one in use.
 //!
 //! # Testing
 //!
@@ -194,9 +194,9 @@ struct ReadmeDoctests;
 /// The instruction set the kernels run with on this machine, chosen once at
 /// run time: `"avx512"` (sixteen lanes of AVX-512F), `"avx2"` (eight lanes,
 /// with FMA and F16C), or `"portable"` (`wide::f32x8`, as the build
-/// targets, on a CPU without AVX2). The widest the CPU has, unless the environment
-/// variable `EMBEDDING_KERNELS_ISA` names a lower one. Every level gives
-/// the same bits.
+/// targets, on a CPU without AVX2). The widest the CPU has, unless the
+/// environment variable `EMBEDDING_KERNELS_ISA` names a lower one. Every
+/// level gives the same bits.
 ///
 /// ```
 /// let isa = embedding_kernels::instruction_set();

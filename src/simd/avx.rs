@@ -51,8 +51,8 @@ pub(crate) enum Level {
     Avx512,
 }
 
-/// Proof that this CPU has AVX2, FMA and F16C, and whether AVX-512 too: only [`Avx::detect`]
-/// makes one (and, in tests, [`Avx::at`] one that claims less).
+/// Proof that this CPU has AVX2, FMA and F16C, and whether AVX-512 too:
+/// only [`Avx::detect`] makes one (and [`Avx::at`] one that claims less).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Avx {
     level: Level,

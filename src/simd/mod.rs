@@ -5,11 +5,12 @@
 //! operations the kernels need), and runs through [`Isa::run`], which picks
 //! the registers:
 //!
-//! * **AVX** (`avx.rs`), where the CPU reports AVX2, FMA and F16C (every
-//!   x86-64 CPU made since 2013): the body is instantiated with an x86 lane
-//!   type inside a function compiled with `#[target_feature(enable = ...)]`,
-//!   so every load, add, compare, fused multiply-add and decode of a
-//!   reduced-precision row in it is one vector instruction. Two such
+//! * **AVX** (`avx.rs`), where the CPU reports AVX2, FMA and F16C (Intel's
+//!   Core CPUs since 2013, AMD's since 2015): the body is instantiated with
+//!   an x86 lane type inside a function compiled with
+//!   `#[target_feature(enable = ...)]`, so every load, add, compare, fused
+//!   multiply-add and decode of a reduced-precision row in it is one vector
+//!   instruction. Two such
 //!   wrappers, as PyTorch and FBGEMM have: AVX2, with eight lanes of a
 //!   `__m256` (sixteen registers holding 128 columns), and AVX-512F, with
 //!   sixteen lanes of a `__m512`: half the instructions a row, and 32
@@ -130,8 +131,7 @@ pub(crate) trait Lanes: Copy + Send + Sync + 'static {
     fn stream(dst: &mut [f32], src: Option<&[f32]>);
 }
 
-/// Lanes per vector of the eight-lane types, which the value-at-a-time
-/// helpers below serve.
+/// Lanes per vector of the eight-lane types.
 const EIGHT: usize = 8;
 
 /// The first `N` values of `from` (a vector's worth), as an array.
@@ -140,60 +140,6 @@ fn first<T: Copy, const N: usize>(from: &[T]) -> [T; N] {
     let mut out = [from[0]; N];
     out.copy_from_slice(&from[..N]);
     out
-}
-
-/// `a × b + c` lane by lane, each rounded once: the fused multiply-add of
-/// lane types without an FMA instruction.
-#[inline(always)]
-fn fused_lanes(a: [f32; EIGHT], b: [f32; EIGHT], c: [f32; EIGHT]) -> [f32; EIGHT] {
-    core::array::from_fn(|i| a[i].mul_add(b[i], c[i]))
-}
-
-/// [`Lanes::from_u8`] a value at a time.
-#[inline(always)]
-fn widen_u8(bytes: &[u8]) -> [f32; EIGHT] {
-    first::<_, EIGHT>(bytes).map(f32::from)
-}
-
-/// [`Lanes::from_packed`] a value at a time.
-#[inline(always)]
-fn widen_packed<const BITS: u32>(word: u64) -> [f32; EIGHT] {
-    let mask = (1u64 << BITS) - 1;
-    core::array::from_fn(|j| ((word >> (j as u32 * BITS)) & mask) as f32)
-}
-
-/// [`Lanes::from_nibble_pairs`] a value at a time.
-#[inline(always)]
-fn widen_nibble_pairs(bytes: &[u8]) -> ([f32; EIGHT], [f32; EIGHT]) {
-    let bytes = first::<_, EIGHT>(bytes);
-    (
-        bytes.map(|b| f32::from(b & 0xf)),
-        bytes.map(|b| f32::from(b >> 4)),
-    )
-}
-
-/// [`Lanes::interleave`] a value at a time.
-#[inline(always)]
-fn interleave_lanes(even: [f32; EIGHT], odd: [f32; EIGHT]) -> ([f32; EIGHT], [f32; EIGHT]) {
-    let mut out = [[0.0; EIGHT]; 2];
-    for (i, (e, o)) in even.into_iter().zip(odd).enumerate() {
-        out[i / 4][2 * (i % 4)] = e;
-        out[i / 4][2 * (i % 4) + 1] = o;
-    }
-    (out[0], out[1])
-}
-
-/// [`Lanes::from_f16`] a value at a time.
-#[inline(always)]
-fn widen_f16(halves: &[u16]) -> [f32; EIGHT] {
-    first::<_, EIGHT>(halves).map(|h| half::f16::from_bits(h).to_f32())
-}
-
-/// [`Lanes::from_bf16`] a value at a time: a `bf16` is the top half of an
-/// `f32`'s bits.
-#[inline(always)]
-fn widen_bf16(halves: &[u16]) -> [f32; EIGHT] {
-    first::<_, EIGHT>(halves).map(|h| f32::from_bits(u32::from(h) << 16))
 }
 
 /// A kernel body that runs on any lane type: what [`Isa::run`] calls.
