@@ -386,23 +386,56 @@ const BAG_AHEAD_MAX_ROWS: usize = 32;
 /// (see [`BAG_AHEAD_MAX_ROWS`]).
 const BAG_AHEAD_BYTES: usize = 16 << 10;
 
-/// How many positions ahead a bag prefetches rows of `row_bytes` bytes:
-/// [`BAG_AHEAD_ROWS`] for packed rows (codes decoded with a scale and a
-/// bias: their decoding, not the wait for a row, sets their pace), and for
-/// plain rows (`f32` and halves) as many rows as fit in [`BAG_AHEAD_BYTES`],
-/// between [`BAG_AHEAD_ROWS`] and [`BAG_AHEAD_MAX_ROWS`]. A short row is
-/// pooled quickly, so the same time ahead is more rows of it.
+/// The bytes of packed rows a bag looks ahead, at most, when the rows are
+/// decoded sixteen lanes at a time from a table past
+/// [`BAG_FAR_TABLE_BYTES`]: 60 of recsys's 8-bit rows (136 bytes), 64 of
+/// its 4-bit ones (68 bytes, [`BAG_AHEAD_PACKED_MAX_ROWS`]). On the Zen 5
+/// host, with the caches evicted before each call (test program, two
+/// threads, tables in huge pages), recsys's 8-bit bag sum took 0.42-0.44 ms
+/// at 64 rows ahead against 0.45-0.81 at 16, its 4-bit one 0.39-0.41
+/// against 0.43-0.77; warm, 0.97x and 1.03x the time. With eight lanes the
+/// same distances were no faster (docs/benchmarks.md, "Further ahead for
+/// packed rows from memory").
+const BAG_AHEAD_PACKED_BYTES: usize = 8 << 10;
+
+/// The most positions a bag of packed rows looks ahead
+/// ([`BAG_AHEAD_PACKED_BYTES`]).
+const BAG_AHEAD_PACKED_MAX_ROWS: usize = 64;
+
+/// Tables from which a bag of packed rows, decoded sixteen lanes at a time,
+/// looks [`BAG_AHEAD_PACKED_BYTES`] ahead: past the 32 MiB of L3 a Zen core
+/// shares, so their rows mostly come from memory. Smaller tables keep 16
+/// rows: minilm's 4-bit bag sum (6 MB) took 1.04x the time at 41 rows,
+/// narrow's 8-bit one (2.4 MB) 1.09x at 64, in a warm loop.
+const BAG_FAR_TABLE_BYTES: usize = 32 << 20;
+
+/// How many positions ahead a bag prefetches rows of `row_bytes` bytes from
+/// a table of `table_bytes`, decoded `lanes` at a time: for plain rows
+/// (`f32` and halves) as many rows as fit in [`BAG_AHEAD_BYTES`], between
+/// [`BAG_AHEAD_ROWS`] and [`BAG_AHEAD_MAX_ROWS`]; for packed rows (codes
+/// decoded with a scale and a bias) [`BAG_AHEAD_ROWS`], but
+/// [`BAG_AHEAD_PACKED_BYTES`] of them, up to [`BAG_AHEAD_PACKED_MAX_ROWS`],
+/// where sixteen lanes decode them quickly from a table too large for the
+/// caches. A short row is pooled quickly, so the same time ahead is more
+/// rows of it.
 #[inline]
-pub(crate) fn bag_ahead(row_bytes: usize, packed: bool) -> usize {
-    if packed {
-        BAG_AHEAD_ROWS
-    } else {
+pub(crate) fn bag_ahead(row_bytes: usize, packed: bool, table_bytes: usize, lanes: usize) -> usize {
+    if !packed {
         rows_in(
             BAG_AHEAD_BYTES,
             row_bytes,
             BAG_AHEAD_ROWS,
             BAG_AHEAD_MAX_ROWS,
         )
+    } else if lanes >= 16 && table_bytes > BAG_FAR_TABLE_BYTES {
+        rows_in(
+            BAG_AHEAD_PACKED_BYTES,
+            row_bytes,
+            BAG_AHEAD_ROWS,
+            BAG_AHEAD_PACKED_MAX_ROWS,
+        )
+    } else {
+        BAG_AHEAD_ROWS
     }
 }
 
@@ -442,9 +475,43 @@ pub(crate) const SPARE_BYTES: usize = 32 << 20;
 #[cfg(test)]
 mod tests {
     use super::{
-        cpu_family, gather_hinted_floats, gather_hints_in_l1, hinted_floats, hints_in_l1, RowHeads,
+        bag_ahead, cpu_family, gather_hinted_floats, gather_hints_in_l1, hinted_floats,
+        hints_in_l1, RowHeads, BAG_AHEAD_PACKED_BYTES, BAG_AHEAD_PACKED_MAX_ROWS, BAG_AHEAD_ROWS,
+        BAG_FAR_TABLE_BYTES,
     };
     use crate::simd::prefetch::roomy_l1;
+
+    /// Packed rows look further ahead than [`BAG_AHEAD_ROWS`] only when
+    /// sixteen lanes decode them from a table past [`BAG_FAR_TABLE_BYTES`],
+    /// and then no further than their bytes and the cap allow; plain rows
+    /// depend on neither the lanes nor the table's size.
+    #[test]
+    fn packed_rows_look_further_ahead_only_from_large_tables_on_sixteen_lanes() {
+        let far_table = BAG_FAR_TABLE_BYTES + 1;
+        for row_bytes in [12, 24, 68, 136, 196, 392, 776, 4096] {
+            let plain = bag_ahead(row_bytes, false, far_table, 16);
+            assert_eq!(
+                plain,
+                bag_ahead(row_bytes, false, 1 << 20, 8),
+                "{row_bytes}"
+            );
+            assert_eq!(bag_ahead(row_bytes, true, far_table, 8), BAG_AHEAD_ROWS);
+            let cached = bag_ahead(row_bytes, true, BAG_FAR_TABLE_BYTES, 16);
+            assert_eq!(cached, BAG_AHEAD_ROWS, "{row_bytes}");
+            let far = bag_ahead(row_bytes, true, far_table, 16);
+            assert!((BAG_AHEAD_ROWS..=BAG_AHEAD_PACKED_MAX_ROWS).contains(&far));
+            let fits = far * row_bytes <= BAG_AHEAD_PACKED_BYTES;
+            assert!(far == BAG_AHEAD_ROWS || fits, "{row_bytes}: {far} rows");
+        }
+        // recsys's 8-bit rows (136 bytes) and 4-bit ones (68) go further;
+        // gpt2's 8-bit rows (776 bytes) do not.
+        assert!(bag_ahead(136, true, far_table, 16) > BAG_AHEAD_ROWS);
+        assert_eq!(
+            bag_ahead(68, true, far_table, 16),
+            BAG_AHEAD_PACKED_MAX_ROWS
+        );
+        assert_eq!(bag_ahead(776, true, far_table, 16), BAG_AHEAD_ROWS);
+    }
 
     /// The vendor and family come from the first processor's lines, as
     /// Linux writes them (a tab before the colon); text without them, or

@@ -99,6 +99,14 @@ impl Level {
         })
     }
 
+    /// Lanes per vector at this level.
+    pub(crate) fn lanes(self) -> usize {
+        match self {
+            Level::Avx2 => Avx256::WIDTH,
+            Level::Avx512 => Avx512::WIDTH,
+        }
+    }
+
     /// [`Level::parse`]'s name for this level.
     pub(crate) fn name(self) -> &'static str {
         match self {

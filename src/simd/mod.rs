@@ -213,6 +213,16 @@ impl Isa {
         }
     }
 
+    /// Lanes per vector with this instruction set: 8, or 16 at the
+    /// AVX-512 level.
+    pub(crate) fn lanes(self) -> usize {
+        match self {
+            Isa::Portable => <wide::f32x8 as Lanes>::WIDTH,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx(avx) => avx.level().lanes(),
+        }
+    }
+
     /// Every instruction set this CPU can run, the portable one first: what
     /// the tests run each kernel on.
     #[cfg(test)]

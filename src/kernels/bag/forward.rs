@@ -238,7 +238,7 @@ pub(super) fn forward_on<I: Index, T: RowFormat, S: Slot>(
     let ahead = if table.bytes() < PREFETCH_MIN_TABLE_BYTES {
         0
     } else {
-        bag_ahead(table.row_bytes(), T::PACKED)
+        bag_ahead(table.row_bytes(), T::PACKED, table.bytes(), isa.lanes())
     };
     let rows = |ids| Rows {
         table,
