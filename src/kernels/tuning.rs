@@ -394,8 +394,10 @@ const BAG_AHEAD_BYTES: usize = 16 << 10;
 /// threads, tables in huge pages), recsys's 8-bit bag sum took 0.42-0.44 ms
 /// at 64 rows ahead against 0.45-0.81 at 16, its 4-bit one 0.39-0.41
 /// against 0.43-0.77; warm, 0.97x and 1.03x the time. With eight lanes the
-/// measurements were too noisy to choose (docs/benchmarks.md, "A bag's rows
-/// looked up once, and further ahead for packed rows from memory").
+/// 8-bit sum was slower at 60 ahead (1.09-1.17x the time, cold) where the
+/// 4-bit one was faster (0.86x), so eight lanes keep 16 (docs/benchmarks.md,
+/// "A bag's rows looked up once, and further ahead for packed rows from
+/// memory").
 const BAG_AHEAD_PACKED_BYTES: usize = 8 << 10;
 
 /// The most positions a bag of packed rows looks ahead
