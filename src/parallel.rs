@@ -90,7 +90,8 @@ impl Parallelism {
     }
 
     /// How a call runs. `Auto` hands it to the pool from `auto_min_bytes`
-    /// of `pool_bytes` on. Below that, a call of [`SHARE_MIN_BYTES`] or
+    /// of `pool_bytes` on, or from [`SHARE_MAX_BYTES`] of `serial_bytes`
+    /// (too long a call to share). Below that, a call of [`SHARE_MIN_BYTES`] or
     /// more of `serial_bytes` (a measure of its time on one thread) is
     /// shared between the caller and one pool thread when a call of that
     /// size or more ended less than [`AWAKE_NS`] ago, on any thread: calls
@@ -111,6 +112,7 @@ impl Parallelism {
             Parallelism::Serial => How::Serial,
             Parallelism::Rayon => How::Pool,
             Parallelism::Auto if pool_bytes >= auto_min_bytes => How::Pool,
+            Parallelism::Auto if serial_bytes >= SHARE_MAX_BYTES => How::Pool,
             Parallelism::Auto if forced_share() => How::Shared,
             Parallelism::Auto if serial_bytes < SHARE_MIN_BYTES => How::Serial,
             Parallelism::Auto if in_a_loop(now_ns(), LAST_CALL_END.load(Ordering::Relaxed)) => {
@@ -129,6 +131,21 @@ impl Parallelism {
 /// shares with a pool thread: a task handed over takes the other thread
 /// 1 to 3 µs to start, about what one thread copies of 128 KiB.
 pub(crate) const SHARE_MIN_BYTES: usize = 128 << 10;
+
+/// The longest call (in the bytes its `Auto` rule counts for one thread)
+/// that `Auto` may share with a pool thread rather than hand to the pool,
+/// whatever its pool size says: reached only by a bag forward over a table
+/// under 2 MiB, whose pool size is the table's. From a thread outside the
+/// pool, on the Zen 5 host (2 vCPUs), shared bag sums over a 1.3 MB table
+/// took longer than one thread from 8 MiB of work on (131 072 ids of 16
+/// columns: 0.142 ms shared, 0.118 one thread, 0.071 in the pool; 262 144
+/// ids: 0.264-0.307, 0.232, 0.137): their ids, checked in the pool, leave
+/// both pool threads awake to contend with the two working ones for the
+/// two CPUs. At 4 MiB (65 536 ids, checked on the caller) the shared call
+/// was the fastest (0.035 ms against 0.041 in the pool); from a thread in
+/// the pool the two ways are level (0.128 and 0.129 ms at 16 MiB).
+/// docs/benchmarks.md, "Large bag calls over small tables".
+pub(crate) const SHARE_MAX_BYTES: usize = 8 << 20;
 
 /// How soon after the end of a call the next one counts as the same loop's
 /// (and the pool thread that shared the last one as still awake): an idle
@@ -447,7 +464,7 @@ mod tests {
             assert!(Parallelism::Auto.plan(SHARE_MIN_BYTES, min).noted);
             assert!(!Parallelism::Serial.plan(SHARE_MIN_BYTES, min).noted);
             // A bag's pool size and serial size are separate.
-            let bag = Parallelism::Auto.plan_sized(SHARE_MIN_BYTES, 4 * min, min);
+            let bag = Parallelism::Auto.plan_sized(SHARE_MIN_BYTES, 3 * min, min);
             assert_ne!(bag.how, How::Pool);
             with_forced_share(|| {
                 assert_eq!(how(Parallelism::Auto, 1), How::Shared);
@@ -463,6 +480,24 @@ mod tests {
                 assert_eq!(Parallelism::Auto.plan(1, min).how, How::Serial);
                 assert_eq!(Parallelism::Rayon.plan(usize::MAX, min).how, How::Serial);
             })
+        });
+    }
+
+    /// Under `Auto`, a call of [`SHARE_MAX_BYTES`] of work or more goes to
+    /// the pool even when its pool size (a bag's table, held by the caches)
+    /// is small; a call of less work with that pool size stays out of it
+    /// (on its caller, or shared with one pool thread); `Serial` never goes.
+    #[test]
+    fn much_work_goes_to_the_pool_whatever_its_pool_size() {
+        let min = 2 << 20;
+        let small_table = 1 << 20;
+        two_threads().install(|| {
+            let auto = |work| Parallelism::Auto.plan_sized(small_table, work, min);
+            assert!(auto(SHARE_MAX_BYTES).is_pool());
+            assert!(auto(4 * SHARE_MAX_BYTES).is_pool());
+            assert!(!auto(SHARE_MAX_BYTES - 4).is_pool());
+            let serial = Parallelism::Serial.plan_sized(small_table, SHARE_MAX_BYTES, min);
+            assert!(!serial.is_pool());
         });
     }
 

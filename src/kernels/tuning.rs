@@ -25,21 +25,6 @@ pub(crate) const LINE_FLOATS: usize = LINE_BYTES / core::mem::size_of::<f32>();
 /// `benches/kernels.rs` the split first wins at 2 MiB (48 vs 54 µs).
 pub(crate) const PARALLEL_MIN_BYTES: usize = 2 << 20;
 
-/// From this much work (values pooled, as bytes of `f32`s) a bag forward
-/// under [`Parallelism::Auto`](crate::Parallelism::Auto) goes to the pool
-/// whatever the size of its table, rather than being shared between its
-/// caller and one pool thread. From a thread outside the pool, on the Zen 5
-/// host (2 vCPUs), shared bag sums over a 1.3 MB table took longer than
-/// one thread from 8 MiB of work on (131 072 ids of 16 columns: 0.142 ms
-/// shared, 0.118 one thread, 0.071 in the pool; 262 144 ids: 0.264-0.307,
-/// 0.232, 0.137): their ids, checked in the pool, leave both pool threads
-/// awake to contend with the two working ones for the two CPUs. At 4 MiB
-/// (65 536 ids, checked on the caller) the shared call was the fastest
-/// (0.035 ms against 0.041 in the pool); from a thread in the pool the two
-/// ways are level (0.128 and 0.129 ms at 16 MiB). docs/benchmarks.md,
-/// "Large bag calls over small tables".
-pub(crate) const BAG_POOL_WORK_BYTES: usize = 8 << 20;
-
 /// The same for `scatter_add`, in bytes of output gradient. Its column
 /// blocks make every thread read every id, which only pays once the table
 /// rows come from DRAM: in the `threshold` group (a cache-resident table)

@@ -7,10 +7,8 @@ use crate::bags::Bags;
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{IdsWindow, Index, ValidIds};
 use crate::kernels::row_format::{Cols, F32Rows, OnRows, RowFormat, RowSpan, Slot};
-use crate::kernels::tuning::{
-    bag_ahead, task_bytes, BAG_POOL_WORK_BYTES, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES,
-};
-use crate::parallel::{for_each_chunk, for_each_chunk_pair, Parallelism, Plan};
+use crate::kernels::tuning::{bag_ahead, task_bytes, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES};
+use crate::parallel::{for_each_chunk, for_each_chunk_pair, Parallelism};
 use crate::pooling::{Mode, Pooling};
 use crate::simd::prefetch::BagHints;
 use crate::simd::{Body, Isa, Lanes};
@@ -288,15 +286,14 @@ pub(super) fn forward_on<I: Index, T: RowFormat, S: Slot>(
     // their `f32`s (a packed or half row costs more to decode than its
     // stored bytes say). The pool's threshold counts at most the table's
     // size (a table in cache is read at cache speed however many ids there
-    // are), up to a call of `BAG_POOL_WORK_BYTES`, which goes to the pool
-    // whatever its table; whether a smaller call is worth sharing, the
-    // whole work.
+    // are); whether a smaller call is worth sharing (or too long to share:
+    // `SHARE_MAX_BYTES`), the whole work.
     let count = match ids {
         CallIds::Checked(valid) => valid.len(),
         CallIds::InTasks { ids, .. } => ids.len(),
     };
     let work = count.saturating_mul(dim).saturating_mul(4);
-    let plan = bag_plan(par, table.bytes(), work);
+    let plan = par.plan_sized(table.bytes().min(work), work, PARALLEL_MIN_BYTES);
     let bags_per_task = (task_bytes(plan, core::mem::size_of_val(out)) / (dim * 4)).max(1);
     let chunk = bags_per_task * dim;
     if is_max {
@@ -307,17 +304,6 @@ pub(super) fn forward_on<I: Index, T: RowFormat, S: Slot>(
         for_each_chunk(plan, out, chunk, |k, o| task(k * bags_per_task, o, &mut []));
     }
     !stopped.into_inner()
-}
-
-/// How a bag forward of `work` bytes (its values pooled, as `f32`s) over a
-/// table of `table_bytes` runs: see `forward_on`.
-pub(super) fn bag_plan(par: Parallelism, table_bytes: usize, work: usize) -> Plan {
-    let pool_bytes = if work >= BAG_POOL_WORK_BYTES {
-        work
-    } else {
-        table_bytes.min(work)
-    };
-    par.plan_sized(pool_bytes, work, PARALLEL_MIN_BYTES)
 }
 
 /// What every block of every bag reads: the table, the checked ids, the

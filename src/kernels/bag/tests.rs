@@ -1,6 +1,6 @@
 //! The bag forward on every instruction set against the reference.
 
-use super::forward::{bag_plan, forward_on, CallIds};
+use super::forward::{forward_on, CallIds};
 use super::*;
 use crate::kernels::row_format::Slot;
 use crate::kernels::row_format::{F32Rows, RowFormat};
@@ -670,21 +670,4 @@ impl InTasksCase {
             "bags {first}..{end} written around a bad id at {position} (bag {bag})"
         );
     }
-}
-
-/// Under `Auto`, a bag call of `BAG_POOL_WORK_BYTES` of work or more goes to
-/// the pool even over a table the caches hold; a call of less work over
-/// such a table stays out of it (on its caller, or shared with one pool
-/// thread); `Serial` never goes.
-#[test]
-fn much_work_over_a_small_table_goes_to_the_pool() {
-    use crate::kernels::tuning::BAG_POOL_WORK_BYTES;
-    let small_table = 1 << 20;
-    let threads = rayon::current_num_threads() > 1;
-    let auto = |work| bag_plan(Parallelism::Auto, small_table, work);
-    assert_eq!(auto(BAG_POOL_WORK_BYTES).is_pool(), threads);
-    assert_eq!(auto(4 * BAG_POOL_WORK_BYTES).is_pool(), threads);
-    assert!(!auto(BAG_POOL_WORK_BYTES - 4).is_pool());
-    let serial = bag_plan(Parallelism::Serial, small_table, BAG_POOL_WORK_BYTES);
-    assert!(!serial.is_pool());
 }
