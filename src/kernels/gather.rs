@@ -12,17 +12,20 @@
 //!    bounds and never stops half way.
 //! 2. **Rows.** Each row is copied (or scaled) by `simd/row.rs`, eight
 //!    lanes at a time plus a scalar tail, so any `dim` works, in 256-bit
-//!    registers where the CPU has AVX (`simd/mod.rs`); with AVX-512, rows
-//!    of 512 bytes or more are copied with stores aligned to lines, so a
-//!    `Vec` output 16 bytes past a line takes no store across two lines
-//!    (`Lanes::copy_row`). What is done
+//!    registers where the CPU has AVX (`simd/mod.rs`); with AVX-512 on
+//!    Intel, rows of 512 bytes or more are copied with stores aligned to
+//!    lines, so a `Vec` output 16 bytes past a line takes no store across
+//!    two lines (`Lanes::copy_row`; on AMD the masked copies at a row's ends
+//!    cost more than that saves, `tuning::gather_line_stores_pay`). What is done
 //!    to a row is a `RowOp` type, so the fused position kernel
 //!    (`kernels/token_position.rs`) reuses this driver and loop unchanged.
 //! 3. **Prefetch.** Ids are random, so the hardware prefetcher cannot guess
 //!    the next row. The loop asks for row `i + ahead` while it copies row
 //!    `i`, past its block's end into the next block's rows (a thread mostly
 //!    takes the blocks in order), and warms the first `ahead` rows before
-//!    the loop (a block taken out of order starts cold). `ahead` is about
+//!    the loop (a block taken out of order starts cold). Where rows are a
+//!    whole number of lines, each row's hints are a count fixed once a call
+//!    (`prefetch::RowSpan`). `ahead` is about
 //!    4 KiB of rows, between 4 and 32 rows (`gather_ahead`): 8 rows of
 //!    recsys's 512 bytes, 4 of minilm's 1.5 KiB. The writes need line
 //!    buffers as much as the reads, so a gather looks less far ahead than a
@@ -45,8 +48,9 @@
 
 use super::row_format::Slot;
 use super::tuning::{
-    gather_ahead, gather_hinted_floats, gather_hints_in_l1, gather_streams_pay, task_bytes,
-    GATHER_STREAM_MIN_BYTES, GATHER_STREAM_MIN_DIM, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES,
+    gather_ahead, gather_hinted_floats, gather_hints_in_l1, gather_line_stores_pay,
+    gather_streams_pay, task_bytes, GATHER_STREAM_MIN_BYTES, GATHER_STREAM_MIN_DIM,
+    PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES,
 };
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
@@ -98,7 +102,7 @@ pub fn gather_with<I: Index>(
         if streams(par, core::mem::size_of_val(out), dim) {
             drive(par, table, dim, ids, out, StreamRow);
         } else {
-            drive(par, table, dim, ids, out, CopyRow);
+            drive(par, table, dim, ids, out, CopyRow::here());
         }
         Ok(())
     })
@@ -166,7 +170,7 @@ pub(crate) fn gather_valid<I: Index>(
     ids: ValidIds<'_, I>,
     out: &mut [f32],
 ) {
-    drive(par, table, dim, ids, out, CopyRow);
+    drive(par, table, dim, ids, out, CopyRow::here());
 }
 
 /// The front door: every check, in the crate's order, before any write
@@ -214,16 +218,33 @@ pub(crate) trait RowOp: Copy + Send + Sync {
     fn finish(&self) {}
 }
 
-/// `dst = src`: [`gather`].
+/// `dst = src`: [`gather`]. By the lane type's own copy where its stores
+/// aligned to lines pay ([`gather_line_stores_pay`]: `lines`), else
+/// [`row::copy_plain`].
 #[derive(Clone, Copy)]
-struct CopyRow;
+struct CopyRow {
+    lines: bool,
+}
+
+impl CopyRow {
+    /// The copy this CPU runs best.
+    fn here() -> CopyRow {
+        CopyRow {
+            lines: gather_line_stores_pay(),
+        }
+    }
+}
 
 impl RowOp for CopyRow {
     type Out = f32;
 
     #[inline(always)]
     fn write<V: Lanes>(&mut self, dst: &mut [f32], src: &[f32]) {
-        row::copy::<V>(dst, src);
+        if self.lines {
+            row::copy::<V>(dst, src);
+        } else {
+            row::copy_plain::<V>(dst, src);
+        }
     }
 }
 
@@ -446,15 +467,16 @@ fn wide_rows<V: Lanes, I: Index, Op: RowOp, L: Level>(
     let n = ids.len();
     let ahead = gather_ahead(dim);
     let hinted = gather_hinted_floats(dim);
+    let span = prefetch::RowSpan::of(table.get(..hinted).unwrap_or(&[]), dim);
     // Warm the first rows too: a piece taken out of order starts cold.
     for i in first..n.min(first + ahead) {
         let start = ids.row(i) * dim;
-        prefetch::row::<L>(&table[start..start + hinted]);
+        span.hint::<L>(&table[start..start + hinted]);
     }
     for (i, dst) in (first..).zip(out.chunks_exact_mut(dim)) {
         if i + ahead < n {
             let next = ids.row(i + ahead) * dim;
-            prefetch::row::<L>(&table[next..next + hinted]);
+            span.hint::<L>(&table[next..next + hinted]);
         }
         let start = ids.row(i) * dim;
         op.write::<V>(dst, &table[start..start + dim]);
@@ -573,7 +595,16 @@ mod tests {
                 .collect();
             let mut want = vec![f32::NAN; n * dim];
             let valid = check(Parallelism::Rayon, &table, dim, &ids, &want).unwrap();
-            pool.install(|| drive(Parallelism::Rayon, &table, dim, valid, &mut want, CopyRow));
+            pool.install(|| {
+                drive(
+                    Parallelism::Rayon,
+                    &table,
+                    dim,
+                    valid,
+                    &mut want,
+                    CopyRow::here(),
+                )
+            });
             assert!(
                 want.iter().all(|x| !x.is_nan()),
                 "dim {dim}: a row left unwritten"

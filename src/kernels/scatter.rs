@@ -60,7 +60,7 @@ use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
-use crate::simd::prefetch::{self, L1};
+use crate::simd::prefetch::{RowSpan, L1};
 use crate::simd::{row, Body, Isa, Lanes};
 use core::marker::PhantomData;
 use core::ops::Range;
@@ -389,10 +389,14 @@ impl<I: Index, R: ColumnRows, A: AddRow, P: PositionTableSink> Body
             mut position_sink,
         } = self;
         let n = ids.len();
+        if n == 0 {
+            return;
+        }
         let ahead = prefetch_ahead(cols.len());
+        let span = RowSpan::of(table.columns(ids.row(0), cols.clone()), dim);
         for p in 0..n {
             if p + ahead < n {
-                prefetch::row::<L1>(table.columns(ids.row(p + ahead), cols.clone()));
+                span.hint::<L1>(table.columns(ids.row(p + ahead), cols.clone()));
             }
             let src = &grad_output[p * dim + cols.start..p * dim + cols.end];
             add.add::<V>(table.columns(ids.row(p), cols.clone()), src);

@@ -135,6 +135,23 @@ pub(crate) fn gather_streams_pay() -> bool {
     this_cpu() == Some(("AuthenticAMD", 25))
 }
 
+/// Whether [`gather`](crate::gather)'s AVX-512 rows are copied with their
+/// stores aligned to lines (`Avx512::copy_by_lines`: a masked copy at each
+/// end of a row of 512 bytes or more, whole lines between) rather than 64
+/// bytes at a time from each row's start: on Intel, where it took the
+/// gather into a `Vec` to 0.93-0.94x the time on gpt2, 0.95x on minilm and
+/// 0.99x on recsys (docs/benchmarks.md, "Stores within lines, hints on row
+/// heads"). On the Zen 5 host the masked copies cost more than the split
+/// stores they save, into a line-aligned output or a `Vec`: recsys's gather
+/// took 1.39-1.40x the time with them on two threads and 1.89-1.93x on one,
+/// with the hints a row as they are now (`prefetch::RowSpan`), and 1.00-1.15x
+/// with the hints counted row by row (docs/benchmarks.md, "Masked row ends
+/// and a hint count a call").
+/// Other CPUs are unmeasured and take the plain copy.
+pub(crate) fn gather_line_stores_pay() -> bool {
+    this_cpu().is_some_and(|(vendor, _)| vendor == "GenuineIntel")
+}
+
 /// The vendor and family of this machine's first processor, read from
 /// `/proc/cpuinfo` once for every rule that asks; `None` where it cannot be
 /// read.

@@ -56,6 +56,49 @@ pub(crate) fn row<L: Level>(row: &[f32]) {
     let _ = row;
 }
 
+/// How many lines each row of a table touches, worked out once a call where
+/// it is the same for every row: rows of a whole number of lines all start
+/// at the same offset within a line, so the same part of each spans the same
+/// count of lines. Hinting that count from each row's first line leaves the
+/// hot loop a fixed number of hints; [`row`], which works the count out from
+/// each row's address, took recsys's gather to 1.3-1.4x the time on the Zen 5
+/// host, the hints' count then depending on the id just loaded
+/// (docs/benchmarks.md, "Masked row ends and a hint count a call").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RowSpan(Option<usize>);
+
+impl RowSpan {
+    /// The span of the part `sample` of any row (the same columns of every
+    /// row), rows of `row_floats`: a fixed count of lines where rows are a
+    /// whole number of lines, else `None` (each row then counts its own).
+    pub(crate) fn of(sample: &[f32], row_floats: usize) -> RowSpan {
+        let line = crate::memory::LINE_BYTES;
+        let row_bytes = row_floats.saturating_mul(core::mem::size_of::<f32>());
+        if sample.is_empty() || row_bytes % line != 0 {
+            return RowSpan(None);
+        }
+        let offset = sample.as_ptr() as usize % line;
+        let bytes = core::mem::size_of_val(sample);
+        RowSpan(Some(offset.saturating_add(bytes).div_ceil(line)))
+    }
+
+    /// Hints every line of `part` (the same part of another row as the
+    /// sample [`RowSpan::of`] was given): the fixed count from its first
+    /// line, or [`row`]'s own count.
+    #[inline(always)]
+    pub(crate) fn hint<L: Level>(self, part: &[f32]) {
+        match self.0 {
+            Some(lines) => {
+                let first = part.as_ptr() as usize & !(crate::memory::LINE_BYTES - 1);
+                for k in 0..lines {
+                    L::hint(first + crate::memory::LINE_BYTES * k);
+                }
+            }
+            None => row::<L>(part),
+        }
+    }
+}
+
 /// Hints for the `len` bytes `base[from..from + len]`, where the caller
 /// passes a `len` fixed by its block size (a constant once inlined), so
 /// the loop below unrolls into bare hints: one every 64 bytes from the start
@@ -270,7 +313,49 @@ pub(crate) fn span<L: Level>(base: *const u8, from: usize, to: usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::{cache_size, l1_data_bytes, roomy_l1, BagHints, ROOMY_L1_BYTES};
+    use super::{cache_size, l1_data_bytes, roomy_l1, BagHints, RowSpan, ROOMY_L1_BYTES};
+
+    /// The lines a run of floats touches, from its first value's line to its
+    /// last's.
+    fn lines_of(part: &[f32]) -> usize {
+        let first = part.as_ptr() as usize / 64;
+        let last = part.as_ptr().wrapping_add(part.len() - 1) as usize / 64;
+        last - first + 1
+    }
+
+    /// Where every row is a whole number of lines, the count worked out once
+    /// is each row's own, from any offset of the table and for any part of
+    /// the row; otherwise no count is fixed.
+    #[test]
+    fn a_fixed_row_span_is_every_rows_own() {
+        let table = vec![0.0f32; 40 * 160 + 64];
+        for dim in [1, 3, 15, 16, 17, 32, 48, 100, 128, 144, 160] {
+            for offset in 0..16 {
+                for cols in [0..dim, 0..1, dim / 2..dim, 1..dim.max(2).min(dim)] {
+                    if cols.is_empty() {
+                        continue;
+                    }
+                    let part = |r: usize| &table[offset + r * dim..][cols.clone()];
+                    let span = RowSpan::of(part(0), dim);
+                    if dim % 16 != 0 {
+                        assert_eq!(span, RowSpan(None), "dim {dim}");
+                        continue;
+                    }
+                    let RowSpan(Some(lines)) = span else {
+                        panic!("dim {dim}: no fixed span")
+                    };
+                    for r in 0..40 {
+                        assert_eq!(
+                            lines,
+                            lines_of(part(r)),
+                            "dim {dim} offset {offset} row {r}"
+                        );
+                    }
+                }
+            }
+        }
+        assert_eq!(RowSpan::of(&[], 16), RowSpan(None));
+    }
 
     /// Rows of a line or less are hinted whole into L1 on every CPU; wider
     /// ones a hint a block where the CPU hints heads and the L1 is roomy,
