@@ -13,7 +13,6 @@ use crate::optim::SparseOptimizer;
 use crate::parallel::Parallelism;
 use crate::pooling::{Mode, Pooling};
 use crate::shape::{check_len, rows_len, table_rows};
-use crate::simd::prefetch::RowSpan;
 use crate::simd::{stream, Body, Isa, Lanes};
 use crate::sparse_grad::SparseGrad;
 use core::ops::Range;
@@ -48,10 +47,6 @@ impl Source for PerBag<'_> {
         // order matters here.)
         let floats = self.bag_of.len().saturating_mul(self.dim);
         floats.saturating_mul(core::mem::size_of::<f32>())
-    }
-
-    fn row_span(&self, cols: Range<usize>) -> RowSpan {
-        RowSpan::of(self.grad_bags.get(cols).unwrap_or(&[]), self.dim)
     }
 }
 

@@ -240,10 +240,9 @@ impl<S: Source> TaskBody for Sweep<'_, S> {
         let mut sum = vec![0.0; dim];
         let mut next = 0; // the first row of `part` not yet written
         let ahead = prefetch_ahead(dim);
-        let row_span = source.row_span(t.cols.clone());
         let mut cursor = groups.starts[t.groups.start];
         for g in t.groups.clone() {
-            groups.prefetch_through(g, ahead, source, &t.cols, row_span, &mut cursor);
+            groups.prefetch_through(g, ahead, source, &t.cols, &mut cursor);
             let r = groups.rows[g] - t.span.start;
             V::stream(&mut part[next * dim..r * dim], None);
             let positions = groups.positions(g);

@@ -10,7 +10,7 @@ use crate::kernels::tuning::{prefetch_ahead, GROUP_TASK_BYTES, PARALLEL_MIN_BYTE
 use crate::optim::SparseOptimizer;
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
-use crate::simd::prefetch::{RowSpan, L1};
+use crate::simd::prefetch::{self, L1};
 use crate::simd::Lanes;
 use crate::sparse_grad::SparseGrad;
 
@@ -254,16 +254,13 @@ impl<S: Source, R: RowRule> TaskBody for Apply<'_, S, R> {
         let mut sum = vec![0.0; t.cols.len()];
         let whole = t.cols == (0..dim);
         let ahead = prefetch_ahead(t.cols.len());
-        let row_span = self.source.row_span(t.cols.clone());
-        let weight_span = RowSpan::of(weight.get(..dim).unwrap_or(&[]), dim);
-        let state_span = RowSpan::of(state.get(..width).unwrap_or(&[]), width);
         let mut cursor = groups.starts[t.groups.start];
         for g in t.groups.clone() {
-            groups.prefetch_through(g, ahead, self.source, &t.cols, row_span, &mut cursor);
+            groups.prefetch_through(g, ahead, self.source, &t.cols, &mut cursor);
             if whole && g + ahead < t.groups.end {
                 let next = groups.rows[g + ahead] - t.span.start;
-                weight_span.hint::<L1>(&weight[next * dim..(next + 1) * dim]);
-                state_span.hint::<L1>(&state[next * width..(next + 1) * width]);
+                prefetch::row::<L1>(&weight[next * dim..(next + 1) * dim]);
+                prefetch::row::<L1>(&state[next * width..(next + 1) * width]);
             }
             let r = groups.rows[g] - t.span.start;
             let (w, s) = if whole {

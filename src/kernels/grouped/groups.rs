@@ -13,7 +13,7 @@ use crate::buffer::{copied, with_capacity, zeroed};
 use crate::error::EmbeddingError;
 use crate::index::{Index, ValidIds};
 use crate::kernels::spare;
-use crate::simd::prefetch::{RowSpan, L1};
+use crate::simd::prefetch::{self, L1};
 use crate::sparse_grad::SparseGrad;
 use core::ops::Range;
 
@@ -229,12 +229,11 @@ impl Groups {
         ahead: usize,
         source: &S,
         cols: &Range<usize>,
-        span: RowSpan,
         cursor: &mut usize,
     ) {
         let end = (self.starts[g + 1] + ahead).min(self.positions.len());
         while *cursor < end {
-            span.hint::<L1>(source.row(self.positions[*cursor], cols.clone()));
+            prefetch::row::<L1>(source.row(self.positions[*cursor], cols.clone()));
             *cursor += 1;
         }
     }

@@ -74,7 +74,6 @@ pub(crate) use sparse::coalesce;
 pub use sparse::{sparse_backward, sparse_backward_with};
 
 use crate::error::EmbeddingError;
-use crate::simd::prefetch::RowSpan;
 use crate::simd::{row, Lanes};
 use core::ops::Range;
 
@@ -91,9 +90,6 @@ pub(crate) trait Source: Sync {
     /// that decides whether a sparse or fused call is worth splitting
     /// across threads.
     fn bytes(&self) -> usize;
-    /// The lines that columns `cols` of a gradient row touch, where that is
-    /// the same for every row ([`RowSpan::of`]).
-    fn row_span(&self, cols: Range<usize>) -> RowSpan;
 }
 
 /// The plain embedding's source: row `p` of `grad_output`, unscaled.
@@ -116,10 +112,6 @@ impl Source for PerPosition<'_> {
 
     fn bytes(&self) -> usize {
         core::mem::size_of_val(self.grad_output)
-    }
-
-    fn row_span(&self, cols: Range<usize>) -> RowSpan {
-        RowSpan::of(self.grad_output.get(cols).unwrap_or(&[]), self.dim)
     }
 }
 

@@ -113,10 +113,9 @@ impl<S: Source> TaskBody for Coalesce<'_, S> {
     fn task<V: Lanes>(&self, t: &Task, part: &mut [f32], _state: &mut [f32]) {
         let (groups, width) = (self.groups, t.cols.len());
         let ahead = prefetch_ahead(width);
-        let row_span = self.source.row_span(t.cols.clone());
         let mut cursor = groups.starts[t.groups.start];
         for g in t.groups.clone() {
-            groups.prefetch_through(g, ahead, self.source, &t.cols, row_span, &mut cursor);
+            groups.prefetch_through(g, ahead, self.source, &t.cols, &mut cursor);
             let at = (g - t.span.start) * width;
             sum_positions::<V, S>(
                 self.source,
