@@ -74,7 +74,7 @@ impl RowSpan {
     pub(crate) fn of(sample: &[f32], row_floats: usize) -> RowSpan {
         let line = crate::memory::LINE_BYTES;
         let row_bytes = row_floats.saturating_mul(core::mem::size_of::<f32>());
-        if sample.is_empty() || row_bytes % line != 0 {
+        if sample.is_empty() || !row_bytes.is_multiple_of(line) {
             return RowSpan(None);
         }
         let offset = sample.as_ptr() as usize % line;
@@ -337,7 +337,7 @@ mod tests {
                     }
                     let part = |r: usize| &table[offset + r * dim..][cols.clone()];
                     let span = RowSpan::of(part(0), dim);
-                    if dim % 16 != 0 {
+                    if !dim.is_multiple_of(16) {
                         assert_eq!(span, RowSpan(None), "dim {dim}");
                         continue;
                     }
