@@ -15,8 +15,9 @@
 //!    registers where the CPU has AVX (`simd/mod.rs`); with AVX-512 on
 //!    Intel, rows of 512 bytes or more are copied with stores aligned to
 //!    lines, so a `Vec` output 16 bytes past a line takes no store across
-//!    two lines (`Lanes::copy_row`; on AMD the masked copies at a row's ends
-//!    cost more than that saves, `tuning::gather_line_stores_pay`). What is done
+//!    two lines (`Lanes::copy_row`); elsewhere the masked copies at a row's
+//!    ends cost more than that saves (`tuning::gather_line_stores_pay`).
+//!    What is done
 //!    to a row is a `RowOp` type, so the fused position kernel
 //!    (`kernels/token_position.rs`) reuses this driver and loop unchanged.
 //! 3. **Prefetch.** Ids are random, so the hardware prefetcher cannot guess
@@ -25,7 +26,7 @@
 //!    takes the blocks in order), and warms the first `ahead` rows before
 //!    the loop (a block taken out of order starts cold). Where rows are a
 //!    whole number of lines, each row's hints are a count fixed once a call
-//!    (`prefetch::RowSpan`). `ahead` is about
+//!    (`prefetch::RowLines`). `ahead` is about
 //!    4 KiB of rows, between 4 and 32 rows (`gather_ahead`): 8 rows of
 //!    recsys's 512 bytes, 4 of minilm's 1.5 KiB. The writes need line
 //!    buffers as much as the reads, so a gather looks less far ahead than a
@@ -467,7 +468,7 @@ fn wide_rows<V: Lanes, I: Index, Op: RowOp, L: Level>(
     let n = ids.len();
     let ahead = gather_ahead(dim);
     let hinted = gather_hinted_floats(dim);
-    let span = prefetch::RowSpan::of(table.get(..hinted).unwrap_or(&[]), dim);
+    let span = prefetch::RowLines::of(table.get(..hinted).unwrap_or(&[]), dim);
     // Warm the first rows too: a piece taken out of order starts cold.
     for i in first..n.min(first + ahead) {
         let start = ids.row(i) * dim;

@@ -60,7 +60,7 @@ use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
-use crate::simd::prefetch::{RowSpan, L1};
+use crate::simd::prefetch::{RowLines, L1};
 use crate::simd::{row, Body, Isa, Lanes};
 use core::marker::PhantomData;
 use core::ops::Range;
@@ -393,7 +393,7 @@ impl<I: Index, R: ColumnRows, A: AddRow, P: PositionTableSink> Body
             return;
         }
         let ahead = prefetch_ahead(cols.len());
-        let span = RowSpan::of(table.columns(ids.row(0), cols.clone()), dim);
+        let span = RowLines::of(table.columns(ids.row(0), cols.clone()), dim);
         for p in 0..n {
             if p + ahead < n {
                 span.hint::<L1>(table.columns(ids.row(p + ahead), cols.clone()));

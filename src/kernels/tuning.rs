@@ -144,7 +144,7 @@ pub(crate) fn gather_streams_pay() -> bool {
 /// heads"). On the Zen 5 host the masked copies cost more than the split
 /// stores they save, into a line-aligned output or a `Vec`: recsys's gather
 /// took 1.39-1.40x the time with them on two threads and 1.89-1.93x on one,
-/// with the hints a row as they are now (`prefetch::RowSpan`), and 1.00-1.15x
+/// with the hints a row as they are now (`prefetch::RowLines`), and 1.00-1.15x
 /// with the hints counted row by row (docs/benchmarks.md, "Masked row ends
 /// and a hint count a call").
 /// Other CPUs are unmeasured and take the plain copy.

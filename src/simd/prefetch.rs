@@ -59,31 +59,31 @@ pub(crate) fn row<L: Level>(row: &[f32]) {
 /// How many lines each row of a table touches, worked out once a call where
 /// it is the same for every row: rows of a whole number of lines all start
 /// at the same offset within a line, so the same part of each spans the same
-/// count of lines. Hinting that count from each row's first line leaves the
-/// hot loop a fixed number of hints; [`row`], which works the count out from
-/// each row's address, took recsys's gather to 1.3-1.4x the time on the Zen 5
-/// host, the hints' count then depending on the id just loaded
-/// (docs/benchmarks.md, "Masked row ends and a hint count a call").
+/// count of lines. Hinting that count from the first line of each row's
+/// part leaves the hot loop a fixed number of hints; [`row`], which works the
+/// count out from each row's address, took recsys's gather to 1.28-1.33x the
+/// time on the Zen 5 host, the hints' count then depending on the id just
+/// loaded (docs/benchmarks.md, "Masked row ends and a hint count a call").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct RowSpan(Option<usize>);
+pub(crate) struct RowLines(Option<usize>);
 
-impl RowSpan {
-    /// The span of the part `sample` of any row (the same columns of every
-    /// row), rows of `row_floats`: a fixed count of lines where rows are a
-    /// whole number of lines, else `None` (each row then counts its own).
-    pub(crate) fn of(sample: &[f32], row_floats: usize) -> RowSpan {
+impl RowLines {
+    /// The lines that the part `sample` of any row (the same columns of
+    /// every row) touches, rows of `row_floats`: a fixed count where rows are
+    /// a whole number of lines, else `None` (each row then counts its own).
+    pub(crate) fn of(sample: &[f32], row_floats: usize) -> RowLines {
         let line = crate::memory::LINE_BYTES;
         let row_bytes = row_floats.saturating_mul(core::mem::size_of::<f32>());
         if sample.is_empty() || !row_bytes.is_multiple_of(line) {
-            return RowSpan(None);
+            return RowLines(None);
         }
         let offset = sample.as_ptr() as usize % line;
         let bytes = core::mem::size_of_val(sample);
-        RowSpan(Some(offset.saturating_add(bytes).div_ceil(line)))
+        RowLines(Some(offset.saturating_add(bytes).div_ceil(line)))
     }
 
     /// Hints every line of `part` (the same part of another row as the
-    /// sample [`RowSpan::of`] was given): the fixed count from its first
+    /// sample [`RowLines::of`] was given): the fixed count from its first
     /// line, or [`row`]'s own count.
     #[inline(always)]
     pub(crate) fn hint<L: Level>(self, part: &[f32]) {
@@ -313,7 +313,7 @@ pub(crate) fn span<L: Level>(base: *const u8, from: usize, to: usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::{cache_size, l1_data_bytes, roomy_l1, BagHints, RowSpan, ROOMY_L1_BYTES};
+    use super::{cache_size, l1_data_bytes, roomy_l1, BagHints, RowLines, ROOMY_L1_BYTES};
 
     /// The lines a run of floats touches, from its first value's line to its
     /// last's.
@@ -323,11 +323,47 @@ mod tests {
         last - first + 1
     }
 
+    std::thread_local! {
+        static HINTED: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    /// A level that records the lines it is asked for.
+    struct Record;
+
+    impl super::Level for Record {
+        fn hint(addr: usize) {
+            HINTED.with(|h| h.borrow_mut().push(addr / 64));
+        }
+    }
+
+    /// The hints for a part of a row, fixed count or not, ask for each line
+    /// the part touches, once each, and no other.
+    #[test]
+    fn row_lines_hint_exactly_the_lines_of_each_part() {
+        let table = vec![0.0f32; 24 * 160 + 64];
+        for dim in [1, 15, 16, 17, 48, 128, 144, 160] {
+            for offset in 0..16 {
+                for cols in [0..dim, 0..1, dim / 2..dim, dim - 1..dim] {
+                    let part = |r: usize| &table[offset + r * dim..][cols.clone()];
+                    let lines = RowLines::of(part(0), dim);
+                    for r in 0..24 {
+                        HINTED.with(|h| h.borrow_mut().clear());
+                        lines.hint::<Record>(part(r));
+                        let first = part(r).as_ptr() as usize / 64;
+                        let want: Vec<usize> = (first..first + lines_of(part(r))).collect();
+                        let got = HINTED.with(|h| h.borrow().clone());
+                        assert_eq!(got, want, "dim {dim} offset {offset} cols {cols:?} row {r}");
+                    }
+                }
+            }
+        }
+    }
+
     /// Where every row is a whole number of lines, the count worked out once
     /// is each row's own, from any offset of the table and for any part of
     /// the row; otherwise no count is fixed.
     #[test]
-    fn a_fixed_row_span_is_every_rows_own() {
+    fn a_fixed_line_count_is_every_rows_own() {
         let table = vec![0.0f32; 40 * 160 + 64];
         for dim in [1, 3, 15, 16, 17, 32, 48, 100, 128, 144, 160] {
             for offset in 0..16 {
@@ -336,12 +372,12 @@ mod tests {
                         continue;
                     }
                     let part = |r: usize| &table[offset + r * dim..][cols.clone()];
-                    let span = RowSpan::of(part(0), dim);
+                    let span = RowLines::of(part(0), dim);
                     if !dim.is_multiple_of(16) {
-                        assert_eq!(span, RowSpan(None), "dim {dim}");
+                        assert_eq!(span, RowLines(None), "dim {dim}");
                         continue;
                     }
-                    let RowSpan(Some(lines)) = span else {
+                    let RowLines(Some(lines)) = span else {
                         panic!("dim {dim}: no fixed span")
                     };
                     for r in 0..40 {
@@ -354,7 +390,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(RowSpan::of(&[], 16), RowSpan(None));
+        assert_eq!(RowLines::of(&[], 16), RowLines(None));
     }
 
     /// Rows of a line or less are hinted whole into L1 on every CPU; wider
