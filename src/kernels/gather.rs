@@ -103,7 +103,7 @@ pub fn gather_with<I: Index>(
         if streams(par, core::mem::size_of_val(out), dim) {
             drive(par, table, dim, ids, out, StreamRow);
         } else {
-            drive(par, table, dim, ids, out, CopyRow::here());
+            copy_rows(par, table, dim, ids, out);
         }
         Ok(())
     })
@@ -171,7 +171,7 @@ pub(crate) fn gather_valid<I: Index>(
     ids: ValidIds<'_, I>,
     out: &mut [f32],
 ) {
-    drive(par, table, dim, ids, out, CopyRow::here());
+    copy_rows(par, table, dim, ids, out);
 }
 
 /// The front door: every check, in the crate's order, before any write
@@ -219,33 +219,53 @@ pub(crate) trait RowOp: Copy + Send + Sync {
     fn finish(&self) {}
 }
 
-/// `dst = src`: [`gather`]. By the lane type's own copy where its stores
-/// aligned to lines pay ([`gather_line_stores_pay`]: `lines`), else
-/// [`row::copy_plain`].
+/// `dst = src`: [`gather`], a vector at a time from each row's start
+/// ([`row::copy_plain`]).
 #[derive(Clone, Copy)]
-struct CopyRow {
-    lines: bool,
-}
-
-impl CopyRow {
-    /// The copy this CPU runs best.
-    fn here() -> CopyRow {
-        CopyRow {
-            lines: gather_line_stores_pay(),
-        }
-    }
-}
+struct CopyRow;
 
 impl RowOp for CopyRow {
     type Out = f32;
 
     #[inline(always)]
     fn write<V: Lanes>(&mut self, dst: &mut [f32], src: &[f32]) {
-        if self.lines {
-            row::copy::<V>(dst, src);
-        } else {
-            row::copy_plain::<V>(dst, src);
-        }
+        row::copy_plain::<V>(dst, src);
+    }
+}
+
+/// `dst = src` by the lane type's own copy ([`row::copy`]: at the AVX-512
+/// level, stores aligned to lines for rows of 512 bytes or more): [`gather`]
+/// where those pay ([`gather_line_stores_pay`]).
+#[derive(Clone, Copy)]
+struct LineCopyRow;
+
+impl RowOp for LineCopyRow {
+    type Out = f32;
+
+    #[inline(always)]
+    fn write<V: Lanes>(&mut self, dst: &mut [f32], src: &[f32]) {
+        row::copy::<V>(dst, src);
+    }
+}
+
+/// [`drive`] with the copy this CPU runs best, [`LineCopyRow`] or
+/// [`CopyRow`]: a type each, so that each loop holds one copy and tests
+/// nothing a row. One loop holding both copies behind a test took tiny's
+/// gather (rows of 256 bytes from a table in the caches, one thread) to
+/// 1.22-1.28x the time of a bare loop of 64-byte copies, against 1.12-1.18x
+/// with the plain copy alone (docs/benchmarks.md, "Masked row ends and a hint
+/// count a call").
+fn copy_rows<I: Index>(
+    par: Parallelism,
+    table: &[f32],
+    dim: usize,
+    ids: ValidIds<'_, I>,
+    out: &mut [f32],
+) {
+    if gather_line_stores_pay() {
+        drive(par, table, dim, ids, out, LineCopyRow);
+    } else {
+        drive(par, table, dim, ids, out, CopyRow);
     }
 }
 
@@ -596,16 +616,7 @@ mod tests {
                 .collect();
             let mut want = vec![f32::NAN; n * dim];
             let valid = check(Parallelism::Rayon, &table, dim, &ids, &want).unwrap();
-            pool.install(|| {
-                drive(
-                    Parallelism::Rayon,
-                    &table,
-                    dim,
-                    valid,
-                    &mut want,
-                    CopyRow::here(),
-                )
-            });
+            pool.install(|| drive(Parallelism::Rayon, &table, dim, valid, &mut want, CopyRow));
             assert!(
                 want.iter().all(|x| !x.is_nan()),
                 "dim {dim}: a row left unwritten"
