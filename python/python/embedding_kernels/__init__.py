@@ -11,6 +11,8 @@ The NumPy level, from the Rust crate ``embedding-kernels``:
 * reduced-precision tables: :func:`prepack` and :func:`dequantize` (PyTorch's row-wise
   packed int8 / int4 / int2 bytes), :func:`table_embedding` and :func:`table_embedding_bag`
   (the lookup and the bags over f32, f16, bf16, int8, int4 or int2 tables, float32 out)
+* :func:`empty_table` and :func:`aligned_table`: tables whose data starts on a 64-byte
+  cache line, which the kernels read faster than NumPy's own large arrays (16 bytes into one)
 
 Arrays are read in place (C-contiguous float32 tables and gradients, int32 or
 int64 ids; anything else raises ``ValueError``), every id is checked before
@@ -37,6 +39,7 @@ from ._native import (
     table_embedding,
     table_embedding_bag,
 )
+from ._tables import aligned_table, empty_table
 
 __all__ = [
     "embedding",
@@ -53,4 +56,6 @@ __all__ = [
     "dequantize",
     "table_embedding",
     "table_embedding_bag",
+    "empty_table",
+    "aligned_table",
 ]
