@@ -1,10 +1,12 @@
 //! The lookup (`F.embedding`) and its dense and sparse backward.
 
 use crate::convert::{
-    grad_output, invalid, output, padding, slice, with_ids, writable, Ids, Table,
+    error, grad_output, invalid, output, padding, slice, with_ids, writable, Ids, Table,
 };
-use crate::pool;
-use embedding_kernels::{dense_backward, gather, sparse_backward, SparseGrad};
+use crate::{openmp, pool};
+use embedding_kernels::{
+    dense_backward, gather, gather_with, sparse_backward, Parallelism, SparseGrad,
+};
 use numpy::{PyArray1, PyArrayDyn, PyArrayMethods};
 use pyo3::prelude::*;
 
@@ -38,7 +40,32 @@ pub(crate) fn embedding<'py>(
         let mut guard = writable(&out, "out")?;
         let dst = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
         let (src, dim, ids) = (table.slice(), table.dim, ids.slice());
-        pool::run(py, || with_ids!(ids, |i| gather(src, dim, i, dst)))?;
+        match openmp::team(core::mem::size_of_val(dst)) {
+            // On PyTorch's OpenMP threads: every id checked, then one part of
+            // the rows a thread (`openmp.rs`).
+            Some(team) if dim > 0 => {
+                with_ids!(ids, |i| openmp::check_ids(i, table.rows)).map_err(error)?;
+                let n = dst.len() / dim;
+                let mut parts = Vec::with_capacity(team.threads());
+                let mut rest = dst;
+                for k in 0..team.threads() {
+                    let rows = openmp::part(n, k, team.threads());
+                    let (mine, after) = rest.split_at_mut(rows.len() * dim);
+                    parts.push((rows, mine));
+                    rest = after;
+                }
+                team.run(py, parts, &|(rows, out)| {
+                    with_ids!(ids, |i| gather_with(
+                        Parallelism::Serial,
+                        src,
+                        dim,
+                        &i[rows],
+                        out
+                    ))
+                })?;
+            }
+            _ => pool::run(py, || with_ids!(ids, |i| gather(src, dim, i, dst)))?,
+        }
     }
     Ok(out)
 }

@@ -32,6 +32,7 @@ mod bag;
 mod convert;
 mod embedding;
 mod formats;
+mod openmp;
 mod pool;
 mod step;
 
@@ -57,6 +58,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         step::embedding_bag_sparse_adagrad_step,
         m
     )?)?;
+    m.add_function(wrap_pyfunction!(openmp::openmp_threads, m)?)?;
     m.add_function(wrap_pyfunction!(formats::prepack, m)?)?;
     m.add_function(wrap_pyfunction!(formats::dequantize, m)?)?;
     m.add_function(wrap_pyfunction!(formats::table_embedding, m)?)?;

@@ -596,3 +596,71 @@ def test_a_forked_child_runs_on_its_main_thread_and_refuses_other_threads():
         "print(os.waitstatus_to_exitcode(status))\n"
     )
     assert _python(code) == "0"
+
+
+# The lookup and the bag forward, on calls large enough to be split, on every
+# kind of input that path takes; their bytes hashed.
+_FORWARDS = (
+    "import hashlib, numpy as np, embedding_kernels as ek\n"
+    "rng = np.random.default_rng(4)\n"
+    "rows, dim, n = 20_000, 96, 16_384\n"
+    "w = rng.standard_normal((rows, dim), dtype=np.float32)\n"
+    "ids = rng.integers(0, rows, n)\n"
+    "offsets = np.sort(rng.integers(0, n, 1_500)); offsets[0] = 0\n"
+    "psw = rng.standard_normal(n, dtype=np.float32)\n"
+    "outs = [ek.embedding(w, ids), ek.embedding(w, ids.astype(np.int32).reshape(128, -1))]\n"
+    "for mode in ('sum', 'mean', 'max'):\n"
+    "    outs.extend(o for o in ek.embedding_bag(w, ids, offsets, mode=mode, padding_idx=7) if o is not None)\n"
+    "    outs.extend(o for o in ek.embedding_bag(w, ids.reshape(1_024, 16), mode=mode) if o is not None)\n"
+    "    outs.append(ek.embedding_bag(w, ids, offsets, mode=mode, include_last_offset=True)[0])\n"
+    "outs.append(ek.embedding_bag(w, ids, offsets, mode='sum', per_sample_weights=psw)[0])\n"
+    "for fmt in ('int8', 'int4'):\n"
+    "    t = ek.prepack(w, fmt)\n"
+    "    outs.append(ek.table_embedding_bag(t, ids, offsets, mode='mean', format=fmt, embedding_dim=dim)[0])\n"
+    "print(hashlib.sha256(b''.join(np.ascontiguousarray(o).tobytes() for o in outs)).hexdigest())\n"
+)
+
+
+def test_forwards_on_pytorchs_openmp_threads_give_the_bits_of_the_pool():
+    # With PyTorch loaded (and with it libgomp), the lookup and the bag forward
+    # run on its OpenMP threads: one part of the rows or bags a thread.
+    on_openmp = (
+        "import torch; torch.set_num_threads(3)\n"
+        "import embedding_kernels as ek\n"
+        "assert ek._native.openmp_threads() == 3, ek._native.openmp_threads()\n"
+        "assert ek._native.openmp_threads(1_000) == 0  # small calls stay on the pool\n"
+    )
+    off = "import torch; torch.set_num_threads(3)\nimport embedding_kernels as ek\nassert ek._native.openmp_threads() == 0\n"
+    one_thread = _python(_FORWARDS, RAYON_NUM_THREADS="1")
+    assert _python(on_openmp + _FORWARDS) == one_thread
+    assert _python(off + _FORWARDS, EMBEDDING_KERNELS_OPENMP="0") == one_thread
+    # One OpenMP thread: the rayon pool, as without PyTorch.
+    alone = "import torch; torch.set_num_threads(1)\nimport embedding_kernels as ek\nassert ek._native.openmp_threads() == 0\n"
+    assert _python(alone + _FORWARDS, RAYON_NUM_THREADS="2") == one_thread
+
+
+def test_a_bad_id_on_openmp_threads_writes_nothing():
+    # The last id is out of range: every id is checked before any thread writes.
+    code = (
+        "import torch; torch.set_num_threads(2)\n"
+        "import numpy as np, embedding_kernels as ek\n"
+        "assert ek._native.openmp_threads() == 2\n"
+        "rows, dim, n = 1_000, 64, 8_192\n"
+        "w = np.ones((rows, dim), np.float32)\n"
+        "for bad in (rows, -1):\n"
+        "    ids = np.arange(n) % rows; ids[-1] = bad\n"
+        "    for call, shape in (\n"
+        "        (lambda out: ek.embedding(w, ids, out=out), (n, dim)),\n"
+        "        (lambda out: ek.embedding_bag(w, ids, np.arange(0, n, 4), mode='sum', out=out), (n // 4, dim)),\n"
+        "    ):\n"
+        "        out = np.full(shape, np.nan, np.float32)\n"
+        "        try:\n"
+        "            call(out)\n"
+        "        except IndexError as e:\n"
+        "            assert str(e) == f'id {bad} at position {n - 1} is out of range for a table of {rows} rows', e\n"
+        "        else:\n"
+        "            raise AssertionError('no error')\n"
+        "        assert np.isnan(out).all()\n"
+        "print('ok')\n"
+    )
+    assert _python(code) == "ok"
