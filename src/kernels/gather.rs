@@ -219,42 +219,33 @@ pub(crate) trait RowOp: Copy + Send + Sync {
     fn finish(&self) {}
 }
 
-/// `dst = src`: [`gather`], a vector at a time from each row's start
-/// ([`row::copy_plain`]).
+/// `dst = src`: [`gather`]. With `BY_LINES`, by the lane type's own copy
+/// ([`row::copy`]: at the AVX-512 level, stores aligned to lines for rows of
+/// 512 bytes or more), where those pay ([`gather_line_stores_pay`]); else a
+/// vector at a time from each row's start ([`row::copy_plain`]).
 #[derive(Clone, Copy)]
-struct CopyRow;
+struct CopyRow<const BY_LINES: bool>;
 
-impl RowOp for CopyRow {
+impl<const BY_LINES: bool> RowOp for CopyRow<BY_LINES> {
     type Out = f32;
 
     #[inline(always)]
     fn write<V: Lanes>(&mut self, dst: &mut [f32], src: &[f32]) {
-        row::copy_plain::<V>(dst, src);
+        if BY_LINES {
+            row::copy::<V>(dst, src);
+        } else {
+            row::copy_plain::<V>(dst, src);
+        }
     }
 }
 
-/// `dst = src` by the lane type's own copy ([`row::copy`]: at the AVX-512
-/// level, stores aligned to lines for rows of 512 bytes or more): [`gather`]
-/// where those pay ([`gather_line_stores_pay`]).
-#[derive(Clone, Copy)]
-struct LineCopyRow;
-
-impl RowOp for LineCopyRow {
-    type Out = f32;
-
-    #[inline(always)]
-    fn write<V: Lanes>(&mut self, dst: &mut [f32], src: &[f32]) {
-        row::copy::<V>(dst, src);
-    }
-}
-
-/// [`drive`] with the copy this CPU runs best, [`LineCopyRow`] or
-/// [`CopyRow`]: a type each, so that each loop holds one copy and tests
-/// nothing a row. One loop holding both copies behind a test took tiny's
-/// gather (rows of 256 bytes from a table in the caches, one thread) to
-/// 1.22-1.28x the time of a bare loop of 64-byte copies, against 1.12-1.18x
-/// with the plain copy alone (docs/benchmarks.md, "Masked row ends and a hint
-/// count a call").
+/// [`drive`] with the copy this CPU runs best: `BY_LINES` a constant of
+/// [`CopyRow`]'s type, so that each loop holds one copy and tests nothing a
+/// row. One loop holding both copies behind a test took tiny's gather (rows
+/// of 256 bytes from a table in the caches, one thread) to 1.22-1.28x the
+/// time of a bare loop of 64-byte copies, against 1.12-1.18x with the plain
+/// copy alone (docs/benchmarks.md, "Masked row ends and a hint count a
+/// call").
 fn copy_rows<I: Index>(
     par: Parallelism,
     table: &[f32],
@@ -263,9 +254,9 @@ fn copy_rows<I: Index>(
     out: &mut [f32],
 ) {
     if gather_line_stores_pay() {
-        drive(par, table, dim, ids, out, LineCopyRow);
+        drive(par, table, dim, ids, out, CopyRow::<true>);
     } else {
-        drive(par, table, dim, ids, out, CopyRow);
+        drive(par, table, dim, ids, out, CopyRow::<false>);
     }
 }
 
@@ -616,7 +607,16 @@ mod tests {
                 .collect();
             let mut want = vec![f32::NAN; n * dim];
             let valid = check(Parallelism::Rayon, &table, dim, &ids, &want).unwrap();
-            pool.install(|| drive(Parallelism::Rayon, &table, dim, valid, &mut want, CopyRow));
+            pool.install(|| {
+                drive(
+                    Parallelism::Rayon,
+                    &table,
+                    dim,
+                    valid,
+                    &mut want,
+                    CopyRow::<false>,
+                )
+            });
             assert!(
                 want.iter().all(|x| !x.is_nan()),
                 "dim {dim}: a row left unwritten"
