@@ -167,7 +167,7 @@ pub use bags::Bags;
 pub use embedding::{Embedded, Embedding, EmbeddingOptions, Gradient};
 pub use embedding_bag::{BagOutput, EmbeddingBag, EmbeddingBagOptions};
 pub use error::{EmbeddingError, Operand};
-pub use index::Index;
+pub use index::{check_ids, Index};
 pub use input::{InputEmbedding, InputGrads, Positions};
 pub use kernels::{
     bag_backward, bag_backward_with, bag_forward, bag_forward_with, bag_max_backward,

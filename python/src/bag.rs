@@ -12,8 +12,8 @@ use crate::{openmp, pool};
 use core::ops::Range;
 use embedding_kernels::formats::TableRef;
 use embedding_kernels::{
-    bag_backward, bag_max_backward, bag_sparse_backward, table_bag_forward, table_bag_forward_with,
-    Bags, Mode, Parallelism, Pooling,
+    bag_backward, bag_max_backward, bag_sparse_backward, check_ids, table_bag_forward,
+    table_bag_forward_with, Bags, Mode, Parallelism, Pooling,
 };
 use numpy::{PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -179,7 +179,7 @@ pub(crate) fn forward_on<'py>(
             .filter(|_| table.dim() > 0 && (sample_weights.is_none() || mode == Mode::Sum));
         match team {
             Some(team) => {
-                with_ids!(ids, |i| openmp::check_ids(i, table.rows())).map_err(error)?;
+                with_ids!(ids, |i| check_ids(i, table.rows())).map_err(error)?;
                 let parts = bag_parts(team.threads(), &bags, table.dim(), dst, max_dst)?;
                 team.run(py, parts, &|part| {
                     let (ids_of, bags_of, out, max_out) = part;

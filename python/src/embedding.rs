@@ -5,7 +5,7 @@ use crate::convert::{
 };
 use crate::{openmp, pool};
 use embedding_kernels::{
-    dense_backward, gather, gather_with, sparse_backward, Parallelism, SparseGrad,
+    check_ids, dense_backward, gather, gather_with, sparse_backward, Parallelism, SparseGrad,
 };
 use numpy::{PyArray1, PyArrayDyn, PyArrayMethods};
 use pyo3::prelude::*;
@@ -44,7 +44,7 @@ pub(crate) fn embedding<'py>(
             // On PyTorch's OpenMP threads: every id checked, then one part of
             // the rows a thread (`openmp.rs`).
             Some(team) if dim > 0 => {
-                with_ids!(ids, |i| openmp::check_ids(i, table.rows)).map_err(error)?;
+                with_ids!(ids, |i| check_ids(i, table.rows)).map_err(error)?;
                 let n = dst.len() / dim;
                 let mut parts = Vec::with_capacity(team.threads());
                 let mut rest = dst;

@@ -15,7 +15,7 @@
 //! `EMBEDDING_KERNELS_OPENMP=0`, set before the first call, keeps every call
 //! on the crate's rayon pool.
 
-use embedding_kernels::{EmbeddingError, Index};
+use embedding_kernels::EmbeddingError;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use std::ffi::c_void;
@@ -126,23 +126,6 @@ pub(crate) fn openmp_threads(nbytes: usize) -> usize {
 /// The rows `start..end` of part `part` of `count` items cut into `parts`.
 pub(crate) fn part(count: usize, part: usize, parts: usize) -> core::ops::Range<usize> {
     (count * part / parts)..(count * (part + 1) / parts)
-}
-
-/// Checks every id against `rows`, as the crate's kernels do, so that no
-/// part of a split call starts before a bad id is found.
-pub(crate) fn check_ids<I: Index>(ids: &[I], rows: usize) -> Result<(), EmbeddingError> {
-    let bound = u64::try_from(rows).unwrap_or(u64::MAX);
-    // One pass with no early exit (it vectorises), then the search only
-    // where it found something.
-    if !ids.iter().fold(false, |bad, &id| bad | (id.key() >= bound)) {
-        return Ok(());
-    }
-    let position = ids.iter().position(|&id| id.key() >= bound).unwrap_or(0);
-    Err(EmbeddingError::IndexOutOfRange {
-        position,
-        index: ids.get(position).map_or(0, |&id| id.to_i128()),
-        num_embeddings: rows,
-    })
 }
 
 /// What the team's threads share during one [`Team::run`].
