@@ -46,7 +46,6 @@ use crate::sparse_grad::SparseGrad;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
-use rayon::prelude::*;
 
 mod training;
 
@@ -160,16 +159,14 @@ impl Embedding {
         let mut layer = Embedding::configured(empty, num_embeddings, embedding_dim, &options)?;
         let seed = options.seed.unwrap_or_else(rand::random);
         let mut weight = AlignedTable::zeroed(len)?;
-        weight
-            .par_chunks_mut(INIT_BLOCK)
-            .enumerate()
-            .for_each(|(block, values)| {
-                let mut rng = ChaCha8Rng::seed_from_u64(seed);
-                rng.set_stream(block as u64);
-                for v in values {
-                    *v = StandardNormal.sample(&mut rng);
-                }
-            });
+        let blocks = weight.chunks_mut(INIT_BLOCK).collect();
+        crate::executor::for_each_part(blocks, |block, values: &mut [f32]| {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            rng.set_stream(block as u64);
+            for v in values {
+                *v = StandardNormal.sample(&mut rng);
+            }
+        });
         if let Some(p) = layer.padding_idx {
             weight[p * embedding_dim..(p + 1) * embedding_dim].fill(0.0);
         }

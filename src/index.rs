@@ -15,7 +15,6 @@
 use crate::error::EmbeddingError;
 use crate::parallel::Parallelism;
 use crate::simd::{Body, Isa, Lanes};
-use rayon::prelude::*;
 
 mod sealed {
     pub trait Sealed {
@@ -140,13 +139,14 @@ fn first_bad_block<I: Index>(par: Parallelism, ids: &[I], bound: u64) -> Option<
     if !ValidIds::splits(par, ids) {
         return isa.run(FirstBadBlock { ids, bound });
     }
-    ids.par_chunks(CHECK_TASK_BLOCKS * CHECK_BLOCK)
-        .enumerate()
-        .filter_map(|(task, ids)| {
-            let block = isa.run(FirstBadBlock { ids, bound })?;
-            Some(task * CHECK_TASK_BLOCKS + block)
-        })
-        .min()
+    let tasks = ids.chunks(CHECK_TASK_BLOCKS * CHECK_BLOCK).collect();
+    crate::executor::map_parts(tasks, |task, ids| {
+        let block = isa.run(FirstBadBlock { ids, bound })?;
+        Some(task * CHECK_TASK_BLOCKS + block)
+    })
+    .into_iter()
+    .flatten()
+    .min()
 }
 
 /// The scan of [`ValidIds::new`]: the number of the first block of

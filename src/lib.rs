@@ -106,7 +106,8 @@
 //! * **Determinism.** Results are the same bits for every thread count and
 //!   on every instruction set.
 //! * **Threads are the caller's.** Kernels run on the rayon pool they are
-//!   called from and never touch the global pool's configuration.
+//!   called from, or on the caller's own threads through an [`Executor`]
+//!   ([`with_executor`]), and never touch the global pool's configuration.
 //!
 //! # SIMD
 //!
@@ -146,6 +147,7 @@ pub mod candle;
 pub mod embedding;
 pub mod embedding_bag;
 pub mod error;
+mod executor;
 pub mod formats;
 mod index;
 pub mod input;
@@ -167,6 +169,7 @@ pub use bags::Bags;
 pub use embedding::{Embedded, Embedding, EmbeddingOptions, Gradient};
 pub use embedding_bag::{BagOutput, EmbeddingBag, EmbeddingBagOptions};
 pub use error::{EmbeddingError, Operand};
+pub use executor::{with_executor, Executor};
 pub use index::{check_ids, Index};
 pub use input::{InputEmbedding, InputGrads, Positions};
 pub use kernels::{

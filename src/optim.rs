@@ -135,7 +135,6 @@ impl Sgd {
     /// [`EmbeddingError::LengthMismatch`] if `grad` is not as long as
     /// `weight`; then `weight` is untouched.
     pub fn step_dense(&self, weight: &mut [f32], grad: &[f32]) -> Result<(), EmbeddingError> {
-        use rayon::prelude::*;
         self.validate()?;
         if grad.len() != weight.len() {
             return Err(EmbeddingError::LengthMismatch {
@@ -148,10 +147,8 @@ impl Sgd {
         let rule = *self;
         let body = |(w, g): (&mut [f32], &[f32])| rule.update(w, g, &mut []);
         if weight.len() >= 4 * CHUNK {
-            weight
-                .par_chunks_mut(CHUNK)
-                .zip(grad.par_chunks(CHUNK))
-                .for_each(body);
+            let tasks = weight.chunks_mut(CHUNK).zip(grad.chunks(CHUNK)).collect();
+            crate::executor::for_each_part(tasks, |_, task| body(task));
         } else {
             body((weight, grad));
         }

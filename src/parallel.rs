@@ -1,6 +1,7 @@
 //! How a call may use threads: [`Parallelism`], a value the caller passes,
 //! and the drivers that split a call's output into tasks by it.
 
+use crate::executor;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use rayon::prelude::*;
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -10,8 +11,10 @@ use std::time::{Duration, Instant};
 ///
 /// Parallelism is a value the caller passes, never a global setting: the
 /// kernels run on whatever rayon pool the call is made from (wrap it in
-/// `pool.install(..)` to choose one) and never build or configure a pool.
-/// Whatever the choice, the results are the same bits.
+/// `pool.install(..)` to choose one), or on the caller's own threads inside
+/// [`with_executor`](crate::with_executor), and never build or configure a
+/// pool. Whatever the choice, the results are the same bits. "The pool"
+/// below is the executor's threads when one is installed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Parallelism {
     /// Run on the calling thread only.
@@ -44,7 +47,7 @@ impl Parallelism {
             Parallelism::Rayon => true,
             Parallelism::Auto => bytes >= auto_min_bytes,
         };
-        wanted && rayon::current_num_threads() > 1
+        wanted && executor::threads() > 1
     }
 }
 
@@ -106,7 +109,7 @@ impl Parallelism {
         serial_bytes: usize,
         auto_min_bytes: usize,
     ) -> Plan {
-        let threads = rayon::current_num_threads() > 1;
+        let threads = executor::threads() > 1;
         let how = match self {
             _ if !threads => How::Serial,
             Parallelism::Serial => How::Serial,
@@ -185,10 +188,11 @@ where
     F: Fn(usize, &mut [T]) + Sync,
 {
     let chunk = chunk.max(1);
-    match plan.how {
-        How::Serial => f(0, out),
-        How::Shared => share(out.chunks_mut(chunk).collect(), &f),
-        How::Pool => out
+    match (plan.how, executor::current()) {
+        (How::Serial, _) => f(0, out),
+        (_, Some(executor)) => executor::run_parts(&*executor, out.chunks_mut(chunk).collect(), f),
+        (How::Shared, None) => share(out.chunks_mut(chunk).collect(), &f),
+        (How::Pool, None) => out
             .par_chunks_mut(chunk)
             .enumerate()
             .for_each(|(k, c)| f(k, c)),
@@ -209,13 +213,22 @@ pub(crate) fn for_each_chunk_pair<A, B, F>(
     F: Fn(usize, &mut [A], &mut [B]) + Sync,
 {
     let (chunk_a, chunk_b) = (chunk_a.max(1), chunk_b.max(1));
-    match plan.how {
-        How::Serial => f(0, a, b),
-        How::Shared => share(
-            a.chunks_mut(chunk_a).zip(b.chunks_mut(chunk_b)).collect(),
-            |k, (a, b)| f(k, a, b),
-        ),
-        How::Pool => a
+    fn pairs<'a, A, B>(
+        a: &'a mut [A],
+        b: &'a mut [B],
+        chunks: (usize, usize),
+    ) -> Vec<(&'a mut [A], &'a mut [B])> {
+        a.chunks_mut(chunks.0).zip(b.chunks_mut(chunks.1)).collect()
+    }
+    match (plan.how, executor::current()) {
+        (How::Serial, _) => f(0, a, b),
+        (_, Some(executor)) => {
+            executor::run_parts(&*executor, pairs(a, b, (chunk_a, chunk_b)), |k, (a, b)| {
+                f(k, a, b)
+            });
+        }
+        (How::Shared, None) => share(pairs(a, b, (chunk_a, chunk_b)), |k, (a, b)| f(k, a, b)),
+        (How::Pool, None) => a
             .par_chunks_mut(chunk_a)
             .zip(b.par_chunks_mut(chunk_b))
             .enumerate()
@@ -230,9 +243,14 @@ pub(crate) fn for_each_chunk_pair<A, B, F>(
 /// split id check, then the kernel) then puts its caller to sleep and wakes
 /// it once, not twice. (The bag layers' fresh forwards, whose tasks check
 /// their ids, pass the same condition: a call with that many ids goes to
-/// the pool anyway.) Otherwise runs `f` here.
+/// the pool anyway.) Otherwise, or under an [`Executor`](crate::Executor),
+/// runs `f` here.
 pub(crate) fn in_pool<R: Send>(inside: bool, f: impl FnOnce() -> R + Send) -> R {
-    if inside && rayon::current_thread_index().is_none() && rayon::current_num_threads() > 1 {
+    if inside
+        && rayon::current_thread_index().is_none()
+        && rayon::current_num_threads() > 1
+        && executor::current().is_none()
+    {
         rayon::scope(|_| f())
     } else {
         f()

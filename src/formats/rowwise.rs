@@ -44,7 +44,6 @@ use crate::error::{EmbeddingError, Operand};
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
 use half::f16;
-use rayon::prelude::*;
 
 /// Rows per parallel task of packing or unpacking.
 const TASK_ROWS: usize = 256;
@@ -144,11 +143,8 @@ impl RowWise {
         if par.splits(core::mem::size_of_val(table), PARALLEL_MIN_BYTES) {
             // Each task stops at its first bad row; the first failing task
             // holds the first bad row of the table.
-            packed
-                .par_chunks_mut(TASK_ROWS.min(rows) * row_bytes)
-                .enumerate()
-                .map(|(task, out)| pack(task * TASK_ROWS, out))
-                .collect::<Vec<_>>()
+            let tasks = packed.chunks_mut(TASK_ROWS.min(rows) * row_bytes).collect();
+            crate::executor::map_parts(tasks, |task, out| pack(task * TASK_ROWS, out))
                 .into_iter()
                 .collect::<Result<(), _>>()?;
         } else {
@@ -246,9 +242,8 @@ impl RowWise {
         if par.splits(core::mem::size_of_val(out), PARALLEL_MIN_BYTES) {
             // At most the table's rows per task: `rows × dim` fits, so this
             // product does too.
-            out.par_chunks_mut(TASK_ROWS.min(table.rows()) * dim)
-                .enumerate()
-                .for_each(|(task, out)| unpack(task * TASK_ROWS, out));
+            let tasks = out.chunks_mut(TASK_ROWS.min(table.rows()) * dim).collect();
+            crate::executor::for_each_part(tasks, |task, out| unpack(task * TASK_ROWS, out));
         } else {
             unpack(0, out);
         }

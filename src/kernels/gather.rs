@@ -123,7 +123,7 @@ pub fn gather_with<I: Index>(
 fn streams(par: Parallelism, bytes: usize, dim: usize) -> bool {
     bytes >= GATHER_STREAM_MIN_BYTES
         && dim >= GATHER_STREAM_MIN_DIM
-        && rayon::current_num_threads() > 1
+        && crate::executor::threads() > 1
         && par.splits(bytes, PARALLEL_MIN_BYTES)
         && gather_streams_pay()
 }

@@ -64,7 +64,6 @@ use crate::simd::prefetch::{RowLines, L1};
 use crate::simd::{row, Body, Isa, Lanes};
 use core::marker::PhantomData;
 use core::ops::Range;
-use rayon::prelude::*;
 
 /// `grad_table[ids[i], :] += grad_output[i, :]` for every `i`, accumulating
 /// into what `grad_table` already holds.
@@ -195,16 +194,16 @@ pub(crate) fn drive<I: Index, A: AddRow>(
         let blocks = column_blocks(
             dim,
             grad_table.as_ptr() as usize,
-            rayon::current_num_threads(),
+            crate::executor::threads(),
         );
         let table = SharedColumns::new(grad_table, dim);
         match grad_position_table {
-            None => blocks.into_par_iter().for_each(|cols| {
+            None => crate::executor::for_each_part(blocks, |_, cols| {
                 accumulate(grad_output, dim, ids, cols, &table, add, NoPositionTable);
             }),
             Some((grad_position_table, seq_len)) => {
                 let position_table = SharedColumns::new(grad_position_table, dim);
-                blocks.into_par_iter().for_each(|cols| {
+                crate::executor::for_each_part(blocks, |_, cols| {
                     let sink = PositionTableRows::new(&position_table, seq_len);
                     accumulate(grad_output, dim, ids, cols, &table, add, sink);
                 });

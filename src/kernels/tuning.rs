@@ -84,7 +84,7 @@ pub(crate) fn task_bytes(plan: Plan, bytes: usize) -> usize {
     let tasks = if plan.is_shared() {
         SHARED_TASKS
     } else {
-        TASKS_PER_CALL.max(TASKS_PER_THREAD * rayon::current_num_threads())
+        TASKS_PER_CALL.max(TASKS_PER_THREAD * crate::executor::threads())
     };
     (bytes / tasks).max(TASK_BYTES)
 }

@@ -7,7 +7,6 @@ use super::Groups;
 use crate::kernels::tuning::{GROUP_TASK_BYTES, LINE_FLOATS};
 use crate::simd::{Body, Isa, Lanes};
 use core::ops::Range;
-use rayon::prelude::*;
 
 /// One task: groups `groups`, covering `span` (table rows, or group
 /// indices for a coalesced gradient), columns `cols`.
@@ -253,7 +252,7 @@ pub(crate) fn run<B: TaskBody>(
     };
     let work = tasks.iter().zip(table).zip(state);
     if par {
-        work.collect::<Vec<_>>().into_par_iter().for_each(one);
+        crate::executor::for_each_part(work.collect(), |_, w| one(w));
     } else {
         work.for_each(one);
     }
