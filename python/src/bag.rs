@@ -8,12 +8,11 @@ use crate::convert::{
     error, grad_output, invalid, output, padding, readonly, slice, with_ids, writable, Ids, Table,
 };
 use crate::embedding::{sparse_pair, SparsePair};
-use crate::{openmp, pool};
-use core::ops::Range;
+use crate::openmp;
 use embedding_kernels::formats::TableRef;
 use embedding_kernels::{
-    bag_backward, bag_max_backward, bag_sparse_backward, check_ids, table_bag_forward,
-    table_bag_forward_with, Bags, Mode, Parallelism, Pooling,
+    bag_backward_with, bag_max_backward_with, bag_sparse_backward_with, table_bag_forward_with,
+    Bags, Mode, Pooling,
 };
 use numpy::{PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -171,79 +170,13 @@ pub(crate) fn forward_on<'py>(
             scale_grad_by_freq: false,
         };
         let ids = ids.slice();
-        // On PyTorch's OpenMP threads (`openmp.rs`) where the call is
-        // otherwise valid by construction: the shapes were checked above,
-        // and per-sample weights only in sum mode (the kernel refuses them
-        // in the others, which the rayon path reports).
-        let team = openmp::team(core::mem::size_of_val(dst))
-            .filter(|_| table.dim() > 0 && (sample_weights.is_none() || mode == Mode::Sum));
-        match team {
-            Some(team) => {
-                with_ids!(ids, |i| check_ids(i, table.rows())).map_err(error)?;
-                let parts = bag_parts(team.threads(), &bags, table.dim(), dst, max_dst)?;
-                team.run(py, parts, &|part| {
-                    let (ids_of, bags_of, out, max_out) = part;
-                    let pooling = Pooling {
-                        per_sample_weights: sample_weights.map(|w| &w[ids_of.clone()]),
-                        ..pooling
-                    };
-                    with_ids!(ids, |i| table_bag_forward_with(
-                        Parallelism::Serial,
-                        table,
-                        &i[ids_of.clone()],
-                        &bags_of,
-                        &pooling,
-                        out,
-                        max_out
-                    ))
-                })?;
-            }
-            None => pool::run(py, || {
-                with_ids!(ids, |i| table_bag_forward(
-                    table, i, &bags, &pooling, dst, max_dst
-                ))
-            })?,
-        }
+        openmp::run(py, core::mem::size_of_val(dst), |par| {
+            with_ids!(ids, |i| table_bag_forward_with(
+                par, table, i, &bags, &pooling, dst, max_dst
+            ))
+        })?;
     }
     Ok((out, max_indices))
-}
-
-/// One part of a bag forward split across threads: the positions of its ids,
-/// its bags (as offsets from the first of them), its rows of the output and
-/// of `max_indices` (empty unless max mode).
-type BagPart<'o> = (Range<usize>, Bags, &'o mut [f32], &'o mut [i64]);
-
-/// `bags` cut into `parts` runs of consecutive bags (empty runs left out),
-/// with their shares of `out` and `max_out` (rows of `dim`).
-fn bag_parts<'o>(
-    parts: usize,
-    bags: &Bags,
-    dim: usize,
-    mut out: &'o mut [f32],
-    mut max_out: &'o mut [i64],
-) -> PyResult<Vec<BagPart<'o>>> {
-    let at = |b: usize| bags.bag(b).unwrap_or(0..0);
-    let mut cut = Vec::with_capacity(parts);
-    for k in 0..parts {
-        let run = openmp::part(bags.len(), k, parts);
-        if run.is_empty() {
-            continue;
-        }
-        let (first, end) = (at(run.start).start, at(run.end - 1).end);
-        let starts: Vec<usize> = run.clone().map(|b| at(b).start - first).collect();
-        let bags_of = Bags::from_offsets(&starts, end - first, false).map_err(error)?;
-        let (mine, rest) = core::mem::take(&mut out).split_at_mut(run.len() * dim);
-        out = rest;
-        let max_len = if max_out.is_empty() {
-            0
-        } else {
-            run.len() * dim
-        };
-        let (max_mine, max_rest) = core::mem::take(&mut max_out).split_at_mut(max_len);
-        max_out = max_rest;
-        cut.push((first..end, bags_of, mine, max_mine));
-    }
-    Ok(cut)
 }
 
 /// The dense gradient of [`embedding_bag`]: float32 `[num_embeddings,
@@ -290,10 +223,11 @@ pub(crate) fn embedding_bag_backward<'py>(
         let mut guard = writable(&out, "out")?;
         let dst = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
         let g = slice(&grad);
+        let bytes = core::mem::size_of_val(g).max(core::mem::size_of_val(dst));
         match &maxima {
             Some(m) => {
                 let m = slice(m);
-                pool::run(py, || bag_max_backward(g, dim, m, dst))
+                openmp::run(py, bytes, |par| bag_max_backward_with(par, g, dim, m, dst))
             }
             None => {
                 let pooling = Pooling {
@@ -303,8 +237,10 @@ pub(crate) fn embedding_bag_backward<'py>(
                     scale_grad_by_freq,
                 };
                 let ids = ids.slice();
-                pool::run(py, || {
-                    with_ids!(ids, |i| bag_backward(g, dim, i, &bags, &pooling, dst))
+                openmp::run(py, bytes, |par| {
+                    with_ids!(ids, |i| bag_backward_with(
+                        par, g, dim, i, &bags, &pooling, dst
+                    ))
                 })
             }
         }?;
@@ -344,8 +280,9 @@ pub(crate) fn embedding_bag_sparse_backward<'py>(
         scale_grad_by_freq,
     };
     let (g, ids) = (slice(&grad), ids.slice());
-    let sparse = pool::run(py, || {
-        with_ids!(ids, |i| bag_sparse_backward(
+    let sparse = openmp::run(py, core::mem::size_of_val(g), |par| {
+        with_ids!(ids, |i| bag_sparse_backward_with(
+            par,
             g,
             dim,
             i,

@@ -1,12 +1,10 @@
 //! The lookup (`F.embedding`) and its dense and sparse backward.
 
 use crate::convert::{
-    error, grad_output, invalid, output, padding, slice, with_ids, writable, Ids, Table,
+    grad_output, invalid, output, padding, slice, with_ids, writable, Ids, Table,
 };
-use crate::{openmp, pool};
-use embedding_kernels::{
-    check_ids, dense_backward, gather, gather_with, sparse_backward, Parallelism, SparseGrad,
-};
+use crate::openmp;
+use embedding_kernels::{dense_backward_with, gather_with, sparse_backward_with, SparseGrad};
 use numpy::{PyArray1, PyArrayDyn, PyArrayMethods};
 use pyo3::prelude::*;
 
@@ -40,32 +38,9 @@ pub(crate) fn embedding<'py>(
         let mut guard = writable(&out, "out")?;
         let dst = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
         let (src, dim, ids) = (table.slice(), table.dim, ids.slice());
-        match openmp::team(core::mem::size_of_val(dst)) {
-            // On PyTorch's OpenMP threads: every id checked, then one part of
-            // the rows a thread (`openmp.rs`).
-            Some(team) if dim > 0 => {
-                with_ids!(ids, |i| check_ids(i, table.rows)).map_err(error)?;
-                let n = dst.len() / dim;
-                let mut parts = Vec::with_capacity(team.threads());
-                let mut rest = dst;
-                for k in 0..team.threads() {
-                    let rows = openmp::part(n, k, team.threads());
-                    let (mine, after) = rest.split_at_mut(rows.len() * dim);
-                    parts.push((rows, mine));
-                    rest = after;
-                }
-                team.run(py, parts, &|(rows, out)| {
-                    with_ids!(ids, |i| gather_with(
-                        Parallelism::Serial,
-                        src,
-                        dim,
-                        &i[rows],
-                        out
-                    ))
-                })?;
-            }
-            _ => pool::run(py, || with_ids!(ids, |i| gather(src, dim, i, dst)))?,
-        }
+        openmp::run(py, core::mem::size_of_val(dst), |par| {
+            with_ids!(ids, |i| gather_with(par, src, dim, i, dst))
+        })?;
     }
     Ok(out)
 }
@@ -95,8 +70,10 @@ pub(crate) fn embedding_dense_backward<'py>(
         let mut guard = writable(&out, "out")?;
         let dst = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
         let (g, ids) = (slice(&grad), ids.slice());
-        pool::run(py, || {
-            with_ids!(ids, |i| dense_backward(
+        let bytes = core::mem::size_of_val(g).max(core::mem::size_of_val(dst));
+        openmp::run(py, bytes, |par| {
+            with_ids!(ids, |i| dense_backward_with(
+                par,
                 g,
                 dim,
                 i,
@@ -127,8 +104,9 @@ pub(crate) fn embedding_sparse_backward<'py>(
     let (grad, dim) = grad_output(grad_out, ids.shape())?;
     let pad = padding(padding_idx, num_embeddings)?;
     let (g, ids) = (slice(&grad), ids.slice());
-    let sparse = pool::run(py, || {
-        with_ids!(ids, |i| sparse_backward(
+    let sparse = openmp::run(py, core::mem::size_of_val(g), |par| {
+        with_ids!(ids, |i| sparse_backward_with(
+            par,
             g,
             dim,
             i,

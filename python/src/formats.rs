@@ -18,9 +18,9 @@
 
 use crate::bag::BagArgs;
 use crate::convert::{error, invalid, output, readonly, slice, with_ids, writable, Ids};
-use crate::pool;
+use crate::openmp;
 use embedding_kernels::formats::{Format, PackedTable, RowWise, TableRef};
-use embedding_kernels::table_gather;
+use embedding_kernels::table_gather_with;
 use half::slice::HalfBitsSliceExt;
 use half::{bf16, f16};
 use numpy::{
@@ -200,7 +200,9 @@ pub(crate) fn prepack<'py>(
         .row_bytes(table.dim)
         .ok_or_else(|| invalid(format!("rows of {} values cannot be sized", table.dim)))?;
     let (src, dim) = (table.slice(), table.dim);
-    let packed = pool::run(py, || format.prepack(src, dim))?;
+    let packed = openmp::run(py, core::mem::size_of_val(src), |par| {
+        format.prepack_with(par, src, dim)
+    })?;
     PyArray1::from_vec(py, packed).reshape(vec![table.rows, row_bytes])
 }
 
@@ -228,7 +230,9 @@ pub(crate) fn dequantize<'py>(
         let mut guard = writable(&out, "out")?;
         let dst = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
         let src = slice(bytes);
-        pool::run(py, || rw.dequantize(src, dim, dst))?;
+        openmp::run(py, core::mem::size_of_val(dst), |par| {
+            rw.dequantize_with(par, src, dim, dst)
+        })?;
     }
     Ok(out)
 }
@@ -260,7 +264,9 @@ pub(crate) fn table_embedding<'py>(
         let mut guard = writable(&out, "out")?;
         let dst = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
         let ids = ids.slice();
-        pool::run(py, || with_ids!(ids, |i| table_gather(view, i, dst)))?;
+        openmp::run(py, core::mem::size_of_val(dst), |par| {
+            with_ids!(ids, |i| table_gather_with(par, view, i, dst))
+        })?;
     }
     Ok(out)
 }

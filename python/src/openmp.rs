@@ -1,4 +1,4 @@
-//! The lookup and the bag forward split across PyTorch's OpenMP threads.
+//! The kernels on PyTorch's OpenMP threads.
 //!
 //! PyTorch's OpenMP threads (libgomp's, by default) keep spinning for several
 //! milliseconds after each of its ops. On a machine with as many cores as
@@ -6,24 +6,26 @@
 //! threads, and a call made right after a torch op ran at the speed of one
 //! thread (minilm's bag sum: 210-220 µs in the 7 ms after a torch op, 90 µs
 //! later, on the project's 2-vCPU machine). Where the process has libgomp
-//! loaded (PyTorch loads it) and its team has two threads or more, the
-//! lookup and the bag forward cut their rows or bags into one part per
-//! thread and run each part as a one-thread kernel call on that team
-//! instead: the threads are the ones already spinning, and a part's rows
-//! (a bag's sum) are the same bits whichever thread computes them. Every id
-//! is checked before any part starts, so a bad id still writes nothing.
-//! `EMBEDDING_KERNELS_OPENMP=0`, set before the first call, keeps every call
-//! on the crate's rayon pool.
+//! loaded (PyTorch loads it) and its team has two threads or more, a call
+//! reading or writing 256 KiB or more runs on that team instead ([`run`]):
+//! the crate cuts it into the tasks it would hand its rayon pool and, through
+//! its [`Executor`] hook, hands them to the team's threads, the ones already
+//! spinning. The same tasks give the same bits, every id is checked before
+//! any task writes, and a panic is carried back to the calling thread rather
+//! than unwound through libgomp's C frames. `EMBEDDING_KERNELS_OPENMP=0`, set
+//! before the first call, keeps every call on the crate's rayon pool.
 
-use embedding_kernels::EmbeddingError;
-use pyo3::exceptions::PyRuntimeError;
+use crate::pool;
+use embedding_kernels::{with_executor, EmbeddingError, Executor, Parallelism};
 use pyo3::prelude::*;
+use std::any::Any;
 use std::ffi::c_void;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Mutex, OnceLock};
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-/// Calls with less output than this stay on the rayon path, which keeps a
-/// small call on its calling thread.
+/// Calls reading or writing less than this stay on the rayon path, which
+/// keeps a small call on its calling thread.
 const MIN_BYTES: usize = 256 << 10;
 
 /// `GOMP_parallel(fn, data, num_threads, flags)`: runs `fn(data)` on a team
@@ -31,14 +33,12 @@ const MIN_BYTES: usize = 256 << 10;
 /// of them, and returns when every one has.
 type Parallel = unsafe extern "C" fn(extern "C" fn(*mut c_void), *mut c_void, u32, u32);
 
-/// `omp_get_thread_num`, `omp_get_num_threads`, `omp_get_max_threads`.
+/// `omp_get_max_threads`.
 type Count = unsafe extern "C" fn() -> i32;
 
 /// The entry points of the libgomp loaded in this process.
 struct Gomp {
     parallel: Parallel,
-    thread_num: Count,
-    num_threads: Count,
     max_threads: Count,
 }
 
@@ -91,18 +91,17 @@ fn find() -> Option<&'static Gomp> {
             let p = libc::dlsym(handle, name.as_ptr());
             (!p.is_null()).then_some(p)
         };
-        let count = |p: *mut c_void| core::mem::transmute::<*mut c_void, Count>(p);
         Gomp {
             parallel: core::mem::transmute::<*mut c_void, Parallel>(symbol(c"GOMP_parallel")?),
-            thread_num: count(symbol(c"omp_get_thread_num")?),
-            num_threads: count(symbol(c"omp_get_num_threads")?),
-            max_threads: count(symbol(c"omp_get_max_threads")?),
+            max_threads: core::mem::transmute::<*mut c_void, Count>(symbol(
+                c"omp_get_max_threads",
+            )?),
         }
     };
     Some(GOMP.get_or_init(|| gomp))
 }
 
-/// libgomp's team for a call writing `bytes` of output, where this path
+/// libgomp's team for a call reading or writing `bytes`, where this path
 /// applies: a large enough call, libgomp loaded, two threads or more.
 pub(crate) fn team(bytes: usize) -> Option<Team> {
     if bytes < MIN_BYTES || disabled() {
@@ -115,99 +114,104 @@ pub(crate) fn team(bytes: usize) -> Option<Team> {
     Some(Team { gomp, threads })
 }
 
-/// Whether calls of `bytes` of output would run on libgomp's team now, and
-/// on how many threads (0: on the rayon pool); for tests and benchmarks.
+/// Whether calls of `bytes` would run on libgomp's team now, and on how many
+/// threads (0: on the rayon pool); for tests and benchmarks.
 #[pyfunction]
 #[pyo3(signature = (nbytes=MIN_BYTES))]
 pub(crate) fn openmp_threads(nbytes: usize) -> usize {
     team(nbytes).map_or(0, |t| t.threads)
 }
 
-/// The rows `start..end` of part `part` of `count` items cut into `parts`.
-pub(crate) fn part(count: usize, part: usize, parts: usize) -> core::ops::Range<usize> {
-    (count * part / parts)..(count * (part + 1) / parts)
+/// Runs a kernel call `f` with the GIL released, and its error as the Python
+/// exception. When a call reading or writing `bytes` qualifies ([`team`]), on
+/// libgomp's team as the crate's executor, split whatever its size
+/// (`f(Parallelism::Rayon)`); else on the crate's rayon pool, which decides
+/// ([`pool::run`], `f(Parallelism::Auto)`).
+pub(crate) fn run<T: Send>(
+    py: Python<'_>,
+    bytes: usize,
+    f: impl Send + FnOnce(Parallelism) -> Result<T, EmbeddingError>,
+) -> PyResult<T> {
+    match team(bytes) {
+        Some(team) => py
+            .detach(|| with_executor(Arc::new(team), || f(Parallelism::Rayon)))
+            .map_err(crate::convert::error),
+        None => pool::run(py, || f(Parallelism::Auto)),
+    }
 }
 
-/// What the team's threads share during one [`Team::run`].
-struct Shared<'a, T> {
-    gomp: &'static Gomp,
-    parts: &'a [Mutex<Option<T>>],
-    work: &'a (dyn Fn(T) -> Result<(), EmbeddingError> + Sync),
-    /// The first error of a part, or a panic's note.
-    failed: Mutex<Option<Result<EmbeddingError, ()>>>,
+/// One [`Executor::run`] on the team: the tasks, a counter each thread
+/// takes the next one from, and the first panic.
+struct Job<'a> {
+    task: &'a (dyn Fn(usize) + Sync),
+    count: usize,
+    next: AtomicUsize,
+    panicked: Mutex<Option<Box<dyn Any + Send>>>,
 }
 
-/// Each thread of the team: the parts `t`, `t + n`, `t + 2n`… (`t` its
-/// number, `n` the team's size, which may be less than asked for).
-extern "C" fn each_thread<T>(data: *mut c_void) {
-    // SAFETY: `data` is the `&Shared<T>` that `Team::run` passed to
+/// Each thread of the team: tasks from the counter until none is left.
+extern "C" fn each_task(data: *mut c_void) {
+    // SAFETY: `data` is the `&Job` that `Executor::run` passed to
     // `GOMP_parallel`, which returns only after every thread has run this.
-    let shared = unsafe { &*data.cast::<Shared<'_, T>>() };
-    // SAFETY: libgomp's own calls, inside its parallel region.
-    let (t, n) = unsafe { ((shared.gomp.thread_num)(), (shared.gomp.num_threads)()) };
-    let (t, n) = (
-        usize::try_from(t).unwrap_or(0),
-        usize::try_from(n).unwrap_or(1).max(1),
-    );
-    for slot in shared.parts.iter().skip(t).step_by(n) {
-        let taken = slot.lock().map(|mut p| p.take()).unwrap_or(None);
-        let Some(part) = taken else { continue };
-        // A panic must not unwind into libgomp's C frames.
-        let outcome = catch_unwind(AssertUnwindSafe(|| (shared.work)(part)));
-        let failure = match outcome {
-            Ok(Ok(())) => continue,
-            Ok(Err(e)) => Ok(e),
-            Err(_) => Err(()),
-        };
-        if let Ok(mut first) = shared.failed.lock() {
-            first.get_or_insert(failure);
+    let job = unsafe { &*data.cast::<Job<'_>>() };
+    loop {
+        let k = job.next.fetch_add(1, Ordering::Relaxed);
+        if k >= job.count {
+            break;
+        }
+        // A panic must not unwind into libgomp's C frames: the first one is
+        // carried back to the caller.
+        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| (job.task)(k))) {
+            job.panicked
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get_or_insert(payload);
         }
     }
 }
 
-impl Team {
-    /// How many parts a call is cut into: one a thread.
-    pub(crate) fn threads(self) -> usize {
+/// How many times [`Executor::run`] has handed tasks to the team.
+static EXECUTOR_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+/// How many times the crate has handed a call's tasks to libgomp's team
+/// (through [`run`]); for tests.
+#[pyfunction]
+pub(crate) fn openmp_executor_runs() -> usize {
+    EXECUTOR_RUNS.load(Ordering::Relaxed)
+}
+
+impl Executor for Team {
+    fn threads(&self) -> usize {
         self.threads
     }
 
-    /// Runs `work` on every one of `parts` on the team, with the GIL
-    /// released; the first part's error, if any, as the Python exception.
-    pub(crate) fn run<T: Send>(
-        self,
-        py: Python<'_>,
-        parts: Vec<T>,
-        work: &(dyn Fn(T) -> Result<(), EmbeddingError> + Sync),
-    ) -> PyResult<()> {
-        let parts: Vec<Mutex<Option<T>>> = parts.into_iter().map(|p| Mutex::new(Some(p))).collect();
-        let threads = u32::try_from(self.threads.min(parts.len())).unwrap_or(u32::MAX);
-        let shared = Shared {
-            gomp: self.gomp,
-            parts: &parts,
-            work,
-            failed: Mutex::new(None),
+    fn run(&self, count: usize, task: &(dyn Fn(usize) + Sync)) {
+        EXECUTOR_RUNS.fetch_add(1, Ordering::Relaxed);
+        let job = Job {
+            task,
+            count,
+            next: AtomicUsize::new(0),
+            panicked: Mutex::new(None),
         };
-        py.detach(|| {
-            // SAFETY: `GOMP_parallel` runs `each_thread::<T>` on up to
-            // `threads` threads with `&shared`, and returns only when all of
-            // them are done, so `shared` outlives every use. `each_thread`
-            // takes each part out of its mutex once, catches any panic, and
-            // reads `shared` only through shared references.
-            unsafe {
-                (self.gomp.parallel)(
-                    each_thread::<T>,
-                    core::ptr::from_ref(&shared).cast_mut().cast(),
-                    threads,
-                    0,
-                )
-            }
-        });
-        match shared.failed.into_inner().unwrap_or(Some(Err(()))) {
-            None => Ok(()),
-            Some(Ok(e)) => Err(crate::convert::error(e)),
-            Some(Err(())) => Err(PyRuntimeError::new_err(
-                "a kernel task panicked on an OpenMP thread",
-            )),
+        let threads = u32::try_from(self.threads.min(count)).unwrap_or(u32::MAX);
+        // SAFETY: `GOMP_parallel` runs `each_task` on up to `threads`
+        // threads with `&job` and returns only when all of them are done, so
+        // `job` outlives every use; `each_task` reads it through shared
+        // references and catches every panic.
+        unsafe {
+            (self.gomp.parallel)(
+                each_task,
+                core::ptr::from_ref(&job).cast_mut().cast(),
+                threads,
+                0,
+            )
+        }
+        let panicked = job
+            .panicked
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(payload) = panicked {
+            resume_unwind(payload);
         }
     }
 }

@@ -78,8 +78,9 @@ fn after_fork_in_child() {
 
 /// Runs a kernel call `f` with the GIL released, once the pool is ready
 /// ([`ready`]), and leaves a pool thread spinning after it ([`linger`]); its
-/// error as the Python exception (`convert::error`). Every kernel of the
-/// module runs through here.
+/// error as the Python exception (`convert::error`). Every kernel call of
+/// the module that does not run on PyTorch's OpenMP threads
+/// ([`openmp::run`](crate::openmp::run)) runs through here.
 pub(crate) fn run<T: Send>(
     py: Python<'_>,
     f: impl Send + FnOnce() -> Result<T, EmbeddingError>,

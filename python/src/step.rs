@@ -8,9 +8,9 @@ use crate::bag::{bags, mode, sample_weights};
 use crate::convert::{
     grad_output, invalid, padding, slice, table_in_place, with_ids, writable, Ids,
 };
-use crate::pool;
+use crate::openmp;
 use embedding_kernels::{
-    bag_sparse_step, sparse_step, AdagradOn, Bags, Mode, Pooling, Sgd, SparseOptimizer,
+    bag_sparse_step_with, sparse_step_with, AdagradOn, Bags, Mode, Pooling, Sgd, SparseOptimizer,
 };
 use numpy::{PyArrayDyn, PyReadonlyArrayDyn};
 use pyo3::prelude::*;
@@ -134,9 +134,12 @@ impl<'py> Batch<'py> {
             self.padding_idx,
         );
         let scale = self.scale_grad_by_freq;
+        let bytes = core::mem::size_of_val(g);
         match &self.bags {
-            None => pool::run(py, || {
-                with_ids!(ids, |i| sparse_step(w, dim, g, i, pad, scale, optimizer))
+            None => openmp::run(py, bytes, |par| {
+                with_ids!(ids, |i| sparse_step_with(
+                    par, w, dim, g, i, pad, scale, optimizer
+                ))
             }),
             Some(b) => {
                 let pooling = Pooling {
@@ -146,9 +149,9 @@ impl<'py> Batch<'py> {
                     scale_grad_by_freq: scale,
                 };
                 let bags = &b.bags;
-                pool::run(py, || {
-                    with_ids!(ids, |i| bag_sparse_step(
-                        w, dim, g, i, bags, &pooling, optimizer
+                openmp::run(py, bytes, |par| {
+                    with_ids!(ids, |i| bag_sparse_step_with(
+                        par, w, dim, g, i, bags, &pooling, optimizer
                     ))
                 })
             }

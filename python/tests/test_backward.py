@@ -211,3 +211,76 @@ def test_repeated_gradient_rows_give_the_contiguous_bits(name, shape, loss, way,
         assert_bitwise(ours.weight.detach(), reference.weight.detach())
         if way == "adagrad":
             assert_bitwise(ours.adagrad_state()["sum"], reference.adagrad_state()["sum"])
+
+
+# Every backward and fused step, on calls large enough to be split (a dense
+# gradient past the caches, sparse gradients of 2 MiB and more); their bytes
+# hashed, and how many times the crate handed tasks to libgomp's team.
+_BACKWARDS = (
+    "import hashlib, numpy as np, embedding_kernels as ek\n"
+    "rng = np.random.default_rng(6)\n"
+    "rows, dim, n = 40_000, 64, 16_384\n"
+    "w = rng.standard_normal((rows, dim), dtype=np.float32)\n"
+    "ids = rng.integers(0, 3_000, n)\n"
+    "g = rng.standard_normal((n, dim), dtype=np.float32)\n"
+    "offsets = np.arange(0, n, 2)\n"
+    "gb = rng.standard_normal((offsets.size, dim), dtype=np.float32)\n"
+    "outs = [ek.embedding_dense_backward(g, ids, rows, padding_idx=7, scale_grad_by_freq=True)]\n"
+    "outs.extend(ek.embedding_sparse_backward(g, ids, rows))\n"
+    "for mode in ('sum', 'mean'):\n"
+    "    outs.append(ek.embedding_bag_backward(gb, ids, rows, offsets, mode=mode))\n"
+    "    outs.extend(ek.embedding_bag_sparse_backward(gb, ids, rows, offsets, mode=mode))\n"
+    "_, m = ek.embedding_bag(w, ids, offsets, mode='max')\n"
+    "outs.append(ek.embedding_bag_backward(gb, ids, rows, offsets, mode='max', max_indices=m))\n"
+    "t, s = w.copy(), np.zeros_like(w)\n"
+    "ek.embedding_sparse_sgd_step(t, ids, g, 0.5, weight_decay=0.01, padding_idx=7)\n"
+    "ek.embedding_sparse_adagrad_step(t, s, ids, g, 0.1, 1)\n"
+    "ek.embedding_bag_sparse_sgd_step(t, ids, offsets, gb, 0.5, mode='sum')\n"
+    "ek.embedding_bag_sparse_adagrad_step(t, s, ids, offsets, gb, 0.1, 2)\n"
+    "outs += [t, s]\n"
+    "print(hashlib.sha256(b''.join(np.ascontiguousarray(o).tobytes() for o in outs)).hexdigest())\n"
+    "print(ek._native.openmp_executor_runs() > 0)\n"
+)
+
+
+def test_backwards_on_pytorchs_openmp_threads_give_the_bits_of_one_thread():
+    # With PyTorch loaded, the crate hands the backwards' and the steps' tasks
+    # to its OpenMP threads: the same tasks, so the same bits.
+    from test_forward import _python
+
+    one_thread = _python(_BACKWARDS, RAYON_NUM_THREADS="1")
+    digest = one_thread.splitlines()[0]
+    assert one_thread.splitlines()[1] == "False"
+    on_openmp = "import torch; torch.set_num_threads(3)\n"
+    assert _python(on_openmp + _BACKWARDS).splitlines() == [digest, "True"]
+    off = _python(on_openmp + _BACKWARDS, EMBEDDING_KERNELS_OPENMP="0")
+    assert off.splitlines() == [digest, "False"]
+
+
+def test_a_bad_id_in_a_step_on_openmp_threads_changes_nothing():
+    # The last id is out of range: the step is refused before any thread writes.
+    from test_forward import _python
+
+    code = (
+        "import torch; torch.set_num_threads(2)\n"
+        "import numpy as np, embedding_kernels as ek\n"
+        "rows, dim, n = 1_000, 64, 16_384\n"
+        "w = np.random.default_rng(1).standard_normal((rows, dim), dtype=np.float32)\n"
+        "g = np.ones((n, dim), np.float32)\n"
+        "for bad in (rows, -1):\n"
+        "    ids = np.arange(n) % rows; ids[-1] = bad\n"
+        "    t = w.copy()\n"
+        "    for call in (\n"
+        "        lambda: ek.embedding_sparse_sgd_step(t, ids, g, 0.5),\n"
+        "        lambda: ek.embedding_dense_backward(g, ids, rows, out=t),\n"
+        "    ):\n"
+        "        try:\n"
+        "            call()\n"
+        "        except IndexError as e:\n"
+        "            assert str(e) == f'id {bad} at position {n - 1} is out of range for a table of {rows} rows', e\n"
+        "        else:\n"
+        "            raise AssertionError('no error')\n"
+        "        assert np.array_equal(t, w)\n"
+        "print(ek._native.openmp_threads(), 'ok')\n"
+    )
+    assert _python(code) == "2 ok"
