@@ -140,32 +140,51 @@ pub(crate) fn run<T: Send>(
     }
 }
 
-/// One [`Executor::run`] on the team: the tasks, a counter each thread
-/// takes the next one from, and the first panic.
+/// One [`Executor::run`] on the team: the tasks, cut into one run of
+/// consecutive tasks a thread, the next task of each run, and the first
+/// panic.
 struct Job<'a> {
     task: &'a (dyn Fn(usize) + Sync),
     count: usize,
-    next: AtomicUsize,
+    /// The threads that have started, each taking the run of its arrival.
+    started: AtomicUsize,
+    next: Vec<AtomicUsize>,
     panicked: Mutex<Option<Box<dyn Any + Send>>>,
 }
 
-/// Each thread of the team: tasks from the counter until none is left.
+impl Job<'_> {
+    /// The end of run `r`'s tasks (it starts where run `r - 1` ends).
+    fn end(&self, r: usize) -> usize {
+        self.count * (r + 1) / self.next.len()
+    }
+}
+
+/// Each thread of the team: the tasks of its own run first, in order, then
+/// whatever is left of the others'. A thread's tasks are neighbours, as
+/// rayon's halving keeps them: taking tasks from one counter in turns made
+/// minilm's bag sum through `EmbeddingBag` take 107-108 µs against 99-100
+/// in runs (the Zen 5 host, loops of 0.5 s; PyTorch's 92-94).
 extern "C" fn each_task(data: *mut c_void) {
     // SAFETY: `data` is the `&Job` that `Executor::run` passed to
     // `GOMP_parallel`, which returns only after every thread has run this.
     let job = unsafe { &*data.cast::<Job<'_>>() };
-    loop {
-        let k = job.next.fetch_add(1, Ordering::Relaxed);
-        if k >= job.count {
-            break;
-        }
-        // A panic must not unwind into libgomp's C frames: the first one is
-        // carried back to the caller.
-        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| (job.task)(k))) {
-            job.panicked
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get_or_insert(payload);
+    let runs = job.next.len();
+    let mine = job.started.fetch_add(1, Ordering::Relaxed);
+    for r in (0..runs).map(|j| (mine + j) % runs) {
+        let end = job.end(r);
+        loop {
+            let k = job.next[r].fetch_add(1, Ordering::Relaxed);
+            if k >= end {
+                break;
+            }
+            // A panic must not unwind into libgomp's C frames: the first one
+            // is carried back to the caller.
+            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| (job.task)(k))) {
+                job.panicked
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get_or_insert(payload);
+            }
         }
     }
 }
@@ -187,13 +206,17 @@ impl Executor for Team {
 
     fn run(&self, count: usize, task: &(dyn Fn(usize) + Sync)) {
         EXECUTOR_RUNS.fetch_add(1, Ordering::Relaxed);
+        let runs = self.threads.min(count).max(1);
         let job = Job {
             task,
             count,
-            next: AtomicUsize::new(0),
+            started: AtomicUsize::new(0),
+            next: (0..runs)
+                .map(|r| AtomicUsize::new(count * r / runs))
+                .collect(),
             panicked: Mutex::new(None),
         };
-        let threads = u32::try_from(self.threads.min(count)).unwrap_or(u32::MAX);
+        let threads = u32::try_from(runs).unwrap_or(u32::MAX);
         // SAFETY: `GOMP_parallel` runs `each_task` on up to `threads`
         // threads with `&job` and returns only when all of them are done, so
         // `job` outlives every use; `each_task` reads it through shared

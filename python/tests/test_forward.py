@@ -623,7 +623,7 @@ _FORWARDS = (
 
 def test_forwards_on_pytorchs_openmp_threads_give_the_bits_of_the_pool():
     # With PyTorch loaded (and with it libgomp), the lookup and the bag forward
-    # run on its OpenMP threads: one part of the rows or bags a thread.
+    # run on its OpenMP threads: the crate's tasks, handed to them.
     on_openmp = (
         "import torch; torch.set_num_threads(3)\n"
         "import embedding_kernels as ek\n"
