@@ -191,36 +191,27 @@ mod tests {
     use super::*;
     use core::sync::atomic::{AtomicUsize, Ordering};
 
-    /// Runs the tasks on `threads` scoped threads that take indices from a
-    /// counter; with `skip`, leaves every third index alone and runs index
-    /// 0 twice and an index past the end once.
-    struct Scoped {
+    /// Claims `threads` threads but runs the tasks on the calling thread,
+    /// last first (the bookkeeping, not the threads, is under test here;
+    /// `tests/executor.rs` runs the kernels on real threads); with `skip`,
+    /// leaves every third index alone, runs index 0 twice and one past the
+    /// end once.
+    struct Backwards {
         threads: usize,
         skip: bool,
         runs: AtomicUsize,
     }
 
-    impl Executor for Scoped {
+    impl Executor for Backwards {
         fn threads(&self) -> usize {
             self.threads
         }
 
         fn run(&self, count: usize, task: &(dyn Fn(usize) + Sync)) {
             self.runs.fetch_add(1, Ordering::Relaxed);
-            let next = AtomicUsize::new(0);
-            std::thread::scope(|s| {
-                for _ in 0..self.threads {
-                    s.spawn(|| loop {
-                        let k = next.fetch_add(1, Ordering::Relaxed);
-                        if k >= count {
-                            break;
-                        }
-                        if !(self.skip && k % 3 == 2) {
-                            task(k);
-                        }
-                    });
-                }
-            });
+            for k in (0..count).rev().filter(|k| !(self.skip && k % 3 == 2)) {
+                task(k);
+            }
             if self.skip {
                 task(0);
                 task(count);
@@ -228,8 +219,8 @@ mod tests {
         }
     }
 
-    fn scoped(threads: usize, skip: bool) -> Arc<Scoped> {
-        Arc::new(Scoped {
+    fn backwards(threads: usize, skip: bool) -> Arc<Backwards> {
+        Arc::new(Backwards {
             threads,
             skip,
             runs: AtomicUsize::new(0),
@@ -240,7 +231,7 @@ mod tests {
     fn every_part_runs_once_whatever_the_executor_does() {
         for skip in [false, true] {
             for count in [0, 1, 2, 3, 7, 64, 100] {
-                let executor = scoped(3, skip);
+                let executor = backwards(3, skip);
                 let mut seen = vec![0u32; count];
                 let parts: Vec<&mut u32> = seen.iter_mut().collect();
                 with_executor(executor.clone(), || {
@@ -258,7 +249,7 @@ mod tests {
 
     #[test]
     fn results_keep_the_parts_order() {
-        let executor = scoped(2, true);
+        let executor = backwards(2, true);
         let got = with_executor(executor, || {
             map_parts((0..50).collect(), |k, p: u64| (k, p * p))
         });
@@ -268,7 +259,7 @@ mod tests {
 
     #[test]
     fn one_thread_runs_on_the_caller_and_nothing_is_installed_after() {
-        let executor = scoped(1, false);
+        let executor = backwards(1, false);
         let here = std::thread::current().id();
         let ids = with_executor(executor.clone(), || {
             assert_eq!(threads(), 1);
@@ -282,15 +273,15 @@ mod tests {
 
     #[test]
     fn calls_nest_and_a_panic_reaches_the_caller_and_uninstalls() {
-        let outer = scoped(2, false);
-        let inner = scoped(5, false);
+        let outer = backwards(2, false);
+        let inner = backwards(5, false);
         with_executor(outer, || {
             assert_eq!(threads(), 2);
             with_executor(inner, || assert_eq!(threads(), 5));
             assert_eq!(threads(), 2);
         });
         let caught = catch_unwind(|| {
-            with_executor(scoped(2, false), || {
+            with_executor(backwards(2, false), || {
                 for_each_part((0..8).collect(), |_, p: i32| assert!(p != 5, "part five"))
             })
         });

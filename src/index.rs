@@ -175,28 +175,6 @@ impl<I: Index> Body for FirstBadBlock<'_, I> {
     }
 }
 
-/// Checks every id against `num_embeddings`, as every kernel does before it
-/// writes: for a caller that cuts one call into several (a part of the ids
-/// each, on threads of its own) and must know that no part will fail before
-/// any part writes.
-///
-/// # Errors
-/// [`EmbeddingError::IndexOutOfRange`] for the first id that is negative or
-/// not below `num_embeddings`, with its position in `ids`.
-///
-/// # Example
-/// ```
-/// use embedding_kernels::{check_ids, EmbeddingError};
-/// assert!(check_ids(&[0i64, 2], 3).is_ok());
-/// assert!(matches!(
-///     check_ids(&[0i64, 3, -1], 3),
-///     Err(EmbeddingError::IndexOutOfRange { position: 1, index: 3, num_embeddings: 3 })
-/// ));
-/// ```
-pub fn check_ids<I: Index>(ids: &[I], num_embeddings: usize) -> Result<(), EmbeddingError> {
-    ValidIds::new(ids, num_embeddings).map(|_| ())
-}
-
 impl<'a, I: Index> ValidIds<'a, I> {
     /// Checks every id against `num_embeddings`, first to last.
     ///

@@ -170,7 +170,7 @@ pub use embedding::{Embedded, Embedding, EmbeddingOptions, Gradient};
 pub use embedding_bag::{BagOutput, EmbeddingBag, EmbeddingBagOptions};
 pub use error::{EmbeddingError, Operand};
 pub use executor::{with_executor, Executor};
-pub use index::{check_ids, Index};
+pub use index::Index;
 pub use input::{InputEmbedding, InputGrads, Positions};
 pub use kernels::{
     bag_backward, bag_backward_with, bag_forward, bag_forward_with, bag_max_backward,
@@ -193,6 +193,11 @@ pub use vocab::Vocab;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+/// The guide's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide.md")]
+struct GuideDoctests;
 
 /// The instruction set the kernels run with on this machine, chosen once at
 /// run time: `"avx512"` (sixteen lanes of AVX-512F), `"avx2"` (eight lanes,
