@@ -1,5 +1,7 @@
-"""Shared helpers of the tests: bitwise comparison and the rounding bound."""
+"""Shared helpers of the tests: bitwise comparison, the rounding bound, and NaN-filled
+outputs for the modules' inference path."""
 
+import numpy as np
 import torch
 
 EPS = 2.0**-24  # the unit roundoff of float32
@@ -24,3 +26,34 @@ def assert_within_sum_bound(ours, theirs, abs_sum, terms):
     bound = 2 * (terms + 1) * EPS * abs_sum
     diff = (ours.double() - theirs.double()).abs()
     assert torch.all(diff <= bound), (diff - bound).max()
+
+
+class NanOutputs:
+    """Stands in for ``embedding_kernels._native`` in ``embedding_kernels.torch``
+    (``monkeypatch.setattr(ekt, "_native", NanOutputs(ekt._native))``): a lookup or a
+    bag forward that the modules call without ``out`` (their inference path, where the
+    kernel allocates the output unzeroed) runs again into a NaN-filled ``out`` of the
+    same shape, which is what the module gets back; ``shapes`` records those shapes."""
+
+    # Where `out` sits among each function's positional arguments.
+    _OUT_AT = {"embedding": 3, "embedding_bag": 7}
+
+    def __init__(self, native):
+        self._native = native
+        self.shapes = []
+
+    def __getattr__(self, name):
+        real = getattr(self._native, name)
+        at = self._OUT_AT.get(name)
+        if at is None:
+            return real
+
+        def into_nan(*args, **kwargs):
+            if len(args) > at or kwargs.get("out") is not None:
+                return real(*args, **kwargs)
+            first = real(*args, **kwargs)
+            shape = (first[0] if isinstance(first, tuple) else first).shape
+            self.shapes.append(tuple(shape))
+            return real(*args, out=np.full(shape, np.nan, dtype=np.float32), **kwargs)
+
+        return into_nan

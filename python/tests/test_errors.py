@@ -156,3 +156,34 @@ def test_torch_bad_ids_without_autograd():
         with pytest.raises(ValueError, match="input must hold int32 or int64 ids"):
             emb(torch.tensor([1.0]))
     assert torch.equal(emb.weight, before) and torch.equal(bag.weight, bag_before)
+
+
+def test_torch_inference_path_raises_the_checked_paths_errors():
+    """Without a graph (no_grad, or a frozen table) the modules call the kernel first and
+    fall back on the checked path when it refuses: the same errors as with autograd, and
+    strided ids still work."""
+    w = torch.randn(10, 4)
+    frozen = ekt.Embedding.from_pretrained(w), ekt.EmbeddingBag.from_pretrained(w, mode="sum")
+    trained = ekt.Embedding(10, 4), ekt.EmbeddingBag(10, 4, mode="sum")
+    for emb, bag in (frozen, trained):
+        with torch.no_grad():
+            with pytest.raises(ValueError, match="input must hold int32 or int64 ids, got torch.float32"):
+                emb(torch.tensor([1.0, 2.0]))
+            with pytest.raises(ValueError, match="input must be a tensor of int32 or int64 ids, got list"):
+                bag([1, 2], torch.tensor([0]))
+            with pytest.raises(ValueError, match="offsets must hold int32 or int64 ids"):
+                bag(torch.tensor([1, 2]), torch.tensor([0.0]))
+            with pytest.raises(ValueError, match="CPU only"):
+                emb(torch.tensor([1], device="meta"))
+            with pytest.raises(ValueError, match="per_sample_weights, got torch.float64"):
+                bag(torch.tensor([[1, 2]]), per_sample_weights=torch.ones(1, 2, dtype=torch.float64))
+            with pytest.raises(IndexError, match=OUT_OF_RANGE.format(value=10, position=1, rows=10)):
+                bag(torch.tensor([[1, 10]]))
+            ids = torch.tensor([[1, 2, 3], [4, 5, 6]]).t()  # strided
+            assert torch.equal(emb(ids), w[ids] if emb is frozen[0] else emb.weight[ids])
+            assert torch.equal(bag(ids), (w if bag is frozen[1] else bag.weight)[ids].sum(1))
+    emb, bag = frozen
+    with pytest.raises(ValueError, match="float32 weight, got torch.float64"):
+        emb.double()(torch.tensor([1]))
+    with pytest.raises(ValueError, match="float32 weight, got torch.float64"):
+        bag.double()(torch.tensor([[1]]))

@@ -269,6 +269,13 @@ class Embedding(_Table):
     def forward(self, input: Tensor) -> Tensor:
         # `self.weight` is an `nn.Module` attribute lookup (a Python call): read it once.
         weight = self.weight
+        if self.max_norm is None and not _needs_graph(weight):
+            # The inference call, straight to the kernel (see `EmbeddingBag.forward`).
+            try:
+                table = weight.detach().numpy() if weight.requires_grad else weight.numpy()
+                return torch.from_numpy(_native.embedding(table, input.numpy(), self.padding_idx))
+            except Exception:
+                pass
         _check_table(weight)
         _check_ids(input, "input")
         if self.max_norm is not None:
@@ -385,6 +392,27 @@ class EmbeddingBag(_Table):
         per_sample_weights: Optional[Tensor] = None,
     ) -> Tensor:
         weight = self.weight  # one `nn.Module` attribute lookup (see `Embedding.forward`)
+        if self.max_norm is None and not _needs_graph(weight, per_sample_weights):
+            # The inference call, straight to the kernel: NumPy views of the tensors
+            # and an output the kernel allocates and writes whole. `.numpy()` refuses
+            # another device, the kernel any other dtype, a strided tensor or a bad
+            # id, before anything is written; then the checked path below raises the
+            # precise error (or copies a strided tensor). Its checks cost 1.5 us a
+            # call on a small bag (docs/benchmarks.md, "The modules' inference path").
+            try:
+                table = weight.detach().numpy() if weight.requires_grad else weight.numpy()
+                out, _ = _native.embedding_bag(
+                    table,
+                    input.numpy(),
+                    None if offsets is None else offsets.numpy(),
+                    self.mode,
+                    None if per_sample_weights is None else per_sample_weights.detach().numpy(),
+                    self.include_last_offset,
+                    self.padding_idx,
+                )
+                return torch.from_numpy(out)
+            except Exception:
+                pass
         _check_table(weight)
         _check_ids(input, "input")
         if offsets is not None:
