@@ -397,8 +397,8 @@ class EmbeddingBag(_Table):
             # and an output the kernel allocates and writes whole. `.numpy()` refuses
             # another device, the kernel any other dtype, a strided tensor or a bad
             # id, before anything is written; then the checked path below raises the
-            # precise error (or copies a strided tensor). Its checks cost 1.5 us a
-            # call on a small bag (docs/benchmarks.md, "The modules' inference path").
+            # precise error (or copies a strided tensor). Its steps cost 2 us of the
+            # 6.5 a small bag took (docs/benchmarks.md, "The modules' inference path").
             try:
                 table = weight.detach().numpy() if weight.requires_grad else weight.numpy()
                 out, _ = _native.embedding_bag(
