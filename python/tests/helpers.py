@@ -29,11 +29,11 @@ def assert_within_sum_bound(ours, theirs, abs_sum, terms):
 
 
 class NanOutputs:
-    """Stands in for ``embedding_kernels._native`` in ``embedding_kernels.torch``
-    (``monkeypatch.setattr(ekt, "_native", NanOutputs(ekt._native))``): a lookup or a
-    bag forward that the modules call without ``out`` (their inference path, where the
-    kernel allocates the output unzeroed) runs again into a NaN-filled ``out`` of the
-    same shape, which is what the module gets back; ``shapes`` records those shapes."""
+    """Stands in for ``embedding_kernels._native`` where the torch modules call their
+    forward kernels (``NanOutputs.install(monkeypatch)``): a lookup or a bag forward
+    called without ``out`` (the kernel allocates it unzeroed) runs again into a
+    NaN-filled ``out`` of the same shape, which is what the module gets back; ``shapes``
+    records those shapes."""
 
     # Where `out` sits among each function's positional arguments.
     _OUT_AT = {"embedding": 3, "embedding_bag": 7}
@@ -41,6 +41,17 @@ class NanOutputs:
     def __init__(self, native):
         self._native = native
         self.shapes = []
+
+    @classmethod
+    def install(cls, monkeypatch):
+        """One stand-in for the modules' two callers of the forward kernels
+        (``_arrays._lookup`` and ``_autograd._bag_forward``)."""
+        import embedding_kernels.torch as ekt
+
+        stand_in = cls(ekt._arrays._native)
+        monkeypatch.setattr(ekt._arrays, "_native", stand_in)
+        monkeypatch.setattr(ekt._autograd, "_native", stand_in)
+        return stand_in
 
     def __getattr__(self, name):
         real = getattr(self._native, name)

@@ -218,8 +218,8 @@ def test_bag_with_weights_that_need_a_gradient_records_a_graph():
 
 
 def test_fresh_outputs_are_written_whole(monkeypatch):
-    """The lookup, the dense gradient and the contiguous copy of a strided output gradient
-    go into unzeroed arrays (``_fresh``; without autograd, the kernel's own): fill them
+    """The lookup (into the kernel's own output), the dense gradient and the contiguous
+    copy of a strided output gradient (``_fresh``) go into unzeroed arrays: fill them
     with NaN and check that nothing of it survives, against PyTorch bit for bit."""
 
     shapes = []
@@ -229,8 +229,7 @@ def test_fresh_outputs_are_written_whole(monkeypatch):
         return np.full(shape, np.nan, dtype=np.float32)
 
     monkeypatch.setattr(ekt._arrays, "_fresh", nan_filled)
-    native = NanOutputs(ekt._native)
-    monkeypatch.setattr(ekt, "_native", native)
+    native = NanOutputs.install(monkeypatch)
     # No gradient array kept from an earlier test: this one's comes from `_fresh`.
     ekt.empty_cache()
     theirs, ours = pair_embedding(300, 40, 9, padding_idx=3)
@@ -243,26 +242,22 @@ def test_fresh_outputs_are_written_whole(monkeypatch):
     # Most rows are untouched (zeros) and the padding row gets no gradient.
     assert_bitwise(ours.weight.grad, theirs.weight.grad)
     with torch.no_grad():
-        # Strided ids: refused by the kernel, copied by the checked path.
-        assert_bitwise(ours(ids[:, :3]), theirs(ids[:, :3]))
+        assert_bitwise(ours(ids[:, :3]), theirs(ids[:, :3]))  # strided ids, copied
         assert_bitwise(ours(ids[:2]), theirs(ids[:2]))
-    # The lookup, the one row of `sum()`'s broadcast output gradient (every element the
-    # same value: copied out as one row, not as the whole output), the gradient, the
-    # lookup of strided ids; the kernel's own output for the contiguous ones.
-    assert shapes == [(7, 90, 40), (40,), (300, 40), (7, 3, 40)]
-    assert native.shapes == [(2, 90, 40)]
+    # The one row of `sum()`'s broadcast output gradient (every element the same value:
+    # copied out as one row, not as the whole output), the gradient; the lookups.
+    assert shapes == [(40,), (300, 40)]
+    assert native.shapes == [(7, 90, 40), (7, 3, 40), (2, 90, 40)]
 
 
 @pytest.mark.parametrize("mode", ["sum", "mean", "max"])
 @pytest.mark.parametrize("include_last_offset", [False, True])
 def test_fresh_bag_outputs_are_written_whole(monkeypatch, mode, include_last_offset):
-    """The bag forward without autograd writes into an array the kernel allocates
-    unzeroed: NaN-filled instead, it must come out
+    """The bag forward writes into an array the kernel allocates unzeroed: NaN-filled
+    instead, it must come out
     with PyTorch's bits, empty bags and bags of padding only as zeros; also 2-D ids,
     and rows of no ids as zeros."""
-    native = NanOutputs(ekt._native)
-    monkeypatch.setattr(ekt, "_native", native)
-    shapes = native.shapes
+    shapes = NanOutputs.install(monkeypatch).shapes
     options = dict(mode=mode, include_last_offset=include_last_offset, padding_idx=3)
     theirs, ours = pair_bag(40, 20, 6, **options)
     ids = torch.tensor([3, 3, 5, 7, 1, 3, 9], dtype=torch.int64)
@@ -326,7 +321,7 @@ def test_a_dense_gradient_reuses_the_array_nobody_holds(monkeypatch):
         made.append(tuple(shape))
         return fresh(shape)
 
-    def gradients_made():  # the lookups' outputs come from `_fresh` too
+    def gradients_made():  # of the table's shape: other arrays may come from `_fresh` too
         return made.count((200, 16))
 
     monkeypatch.setattr(ekt._arrays, "_fresh", counted)

@@ -64,6 +64,22 @@ def _padding_row(padding_idx: Optional[int], num_embeddings: int) -> Optional[in
     return padding_idx + num_embeddings if padding_idx < 0 else padding_idx
 
 
+def _check_lookup(weight: Tensor, input: Tensor) -> None:
+    """Raises ValueError unless `Embedding.forward`'s tensors suit the kernels."""
+    _check_table(weight)
+    _check_ids(input, "input")
+
+
+def _check_bag(weight, input, offsets, per_sample_weights) -> None:
+    """Raises ValueError unless `EmbeddingBag.forward`'s tensors suit the kernels."""
+    _check_table(weight)
+    _check_ids(input, "input")
+    if offsets is not None:
+        _check_ids(offsets, "offsets")
+    if per_sample_weights is not None:
+        _check_table(per_sample_weights, "per_sample_weights")
+
+
 def _pretrained_shape(embeddings: Tensor):
     """``from_pretrained``'s table shape, ``(rows, cols)``; ValueError unless 2-D."""
     if embeddings.dim() != 2:
@@ -270,14 +286,14 @@ class Embedding(_Table):
         # `self.weight` is an `nn.Module` attribute lookup (a Python call): read it once.
         weight = self.weight
         if self.max_norm is None and not _needs_graph(weight):
-            # The inference call, straight to the kernel (see `EmbeddingBag.forward`).
+            # The inference call, checked only if it fails (see `EmbeddingBag.forward`).
             try:
-                table = weight.detach().numpy() if weight.requires_grad else weight.numpy()
-                return torch.from_numpy(_native.embedding(table, input.numpy(), self.padding_idx))
-            except Exception:
-                pass
-        _check_table(weight)
-        _check_ids(input, "input")
+                return _lookup(weight, input, self.padding_idx)
+            except Exception as e:
+                refused = e
+            _check_lookup(weight, input)  # its own error, not chained to the kernel's
+            raise refused
+        _check_lookup(weight, input)
         if self.max_norm is not None:
             # Every id is checked before the table changes.
             _native.embedding(_array(weight), _array(input))
@@ -392,33 +408,6 @@ class EmbeddingBag(_Table):
         per_sample_weights: Optional[Tensor] = None,
     ) -> Tensor:
         weight = self.weight  # one `nn.Module` attribute lookup (see `Embedding.forward`)
-        if self.max_norm is None and not _needs_graph(weight, per_sample_weights):
-            # The inference call, straight to the kernel: NumPy views of the tensors
-            # and an output the kernel allocates and writes whole. `.numpy()` refuses
-            # another device, the kernel any other dtype, a strided tensor or a bad
-            # id, before anything is written; then the checked path below raises the
-            # precise error (or copies a strided tensor). Its steps cost 2 us of the
-            # 6.5 a small bag took (docs/benchmarks.md, "The modules' inference path").
-            try:
-                table = weight.detach().numpy() if weight.requires_grad else weight.numpy()
-                out, _ = _native.embedding_bag(
-                    table,
-                    input.numpy(),
-                    None if offsets is None else offsets.numpy(),
-                    self.mode,
-                    None if per_sample_weights is None else per_sample_weights.detach().numpy(),
-                    self.include_last_offset,
-                    self.padding_idx,
-                )
-                return torch.from_numpy(out)
-            except Exception:
-                pass
-        _check_table(weight)
-        _check_ids(input, "input")
-        if offsets is not None:
-            _check_ids(offsets, "offsets")
-        if per_sample_weights is not None:
-            _check_table(per_sample_weights, "per_sample_weights")
         options = (
             self.mode,
             self.include_last_offset,
@@ -426,6 +415,21 @@ class EmbeddingBag(_Table):
             self.scale_grad_by_freq,
             self.sparse,
         )
+        if self.max_norm is None and not _needs_graph(weight, per_sample_weights):
+            # The inference call, straight to the kernel, which reads the tensors'
+            # NumPy views, refuses any other dtype or a bad id before it writes, and
+            # allocates the output. The torch-level checks (the device, the dtype,
+            # the layout of each tensor) run only when it fails, to raise their
+            # precise error instead of its own: they cost 0.5 us of the 6.5 a small
+            # bag took (docs/benchmarks.md, "The modules' inference path").
+            try:
+                out, _ = _bag_forward(weight, per_sample_weights, input, offsets, options)
+                return torch.from_numpy(out)
+            except Exception as e:
+                refused = e
+            _check_bag(weight, input, offsets, per_sample_weights)
+            raise refused
+        _check_bag(weight, input, offsets, per_sample_weights)
         if self.max_norm is not None:
             # Every argument and id is checked before the table changes.
             _bag_forward(weight, per_sample_weights, input, offsets, options)

@@ -1,7 +1,7 @@
 """Tensors as the NumPy arrays the kernels read, and the arrays they write.
 
 The checks that the modules' tensors suit the kernels (CPU, float32 tables, int32
-or int64 ids), the NumPy views of tensors, the fresh unzeroed outputs, the dense
+or int64 ids), the NumPy views of tensors, the lookup, fresh unzeroed arrays, the dense
 gradient arrays kept for reuse, and the crate's sparse gradient as a
 ``torch.sparse_coo_tensor``.
 """
@@ -57,10 +57,11 @@ def _array(tensor: Tensor):
 
 
 def _fresh(shape) -> "np.ndarray":
-    """A fresh float32 array for a kernel that writes every element of it: ``np.empty``.
+    """A fresh float32 array that a kernel (a dense gradient) or a copy (a strided
+    gradient) writes whole: ``np.empty``.
 
     Not zeroed, like the outputs the NumPy functions allocate themselves; made here and
-    passed as ``out`` so that the tests can hand the modules NaN-filled arrays instead and
+    passed as ``out`` (or copied into) so that the tests can hand the modules NaN-filled arrays instead and
     check that nothing of them survives. On an error the array is dropped, so nobody sees
     what it held. NumPy's allocation, not ``torch.empty``:
     NumPy asks for huge pages for large arrays (``madvise``), and the first touch of a
@@ -116,10 +117,9 @@ def empty_cache() -> None:
 
 
 def _lookup(weight: Tensor, ids: Tensor, padding_idx: Optional[int]) -> Tensor:
-    """``weight[ids]`` by the crate's gather, into a fresh unzeroed array (see ``_fresh``)."""
-    out = _fresh((*ids.shape, weight.shape[1]))
-    _native.embedding(_array(weight), _array(ids), padding_idx, out)
-    return torch.from_numpy(out)
+    """``weight[ids]`` by the crate's gather, into an array it allocates unzeroed and
+    writes whole (NumPy's allocation: huge pages for large outputs, see ``_fresh``)."""
+    return torch.from_numpy(_native.embedding(_array(weight), _array(ids), padding_idx))
 
 
 def _needs_graph(weight: Tensor, per_sample_weights: Optional[Tensor] = None) -> bool:
@@ -146,20 +146,3 @@ def _sparse(rows, values, num_embeddings: int, embedding_dim: int) -> Tensor:
         # The crate's rows are distinct, ascending and in range: nothing to check.
         check_invariants=False,
     )
-
-
-def _bag_output(weight, ids, offsets, include_last_offset) -> "Optional[np.ndarray]":
-    """A fresh unzeroed output for a bag forward (see ``_fresh``): one row a bag.
-
-    ``None`` where the arguments cannot make bags (no offsets for 1-D ids, a table that
-    is not 2-D, say): the NumPy function then raises its error. The bag forward writes every element, an
-    empty bag's row with zeros."""
-    if weight.dim() != 2:
-        return None
-    if ids.dim() == 2 and offsets is None:
-        bags = ids.shape[0]
-    elif ids.dim() == 1 and offsets is not None and offsets.dim() == 1:
-        bags = max(offsets.shape[0] - int(include_last_offset), 0)
-    else:
-        return None
-    return _fresh((bags, weight.shape[1]))

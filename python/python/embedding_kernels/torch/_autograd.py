@@ -11,7 +11,6 @@ from torch import Tensor
 from .. import _native
 from ._arrays import (
     _array,
-    _bag_output,
     _check_table,
     _dense_grad,
     _lookup,
@@ -285,19 +284,13 @@ class _BagStepInBackward(torch.autograd.Function):
 
 
 def _bag_forward(weight, per_sample_weights, ids, offsets, options):
-    """The crate's bag forward on the tensors' NumPy views: ``(out, max_indices or None)``."""
+    """The crate's bag forward on the tensors' NumPy views: ``(out, max_indices or None)``,
+    ``out`` allocated unzeroed by the kernel, which writes it whole."""
     mode, include_last_offset, padding_idx, _, _ = options
     weights = None if per_sample_weights is None else _array(per_sample_weights)
     offsets_array = None if offsets is None else _array(offsets)
     return _native.embedding_bag(
-        _array(weight),
-        _array(ids),
-        offsets_array,
-        mode,
-        weights,
-        include_last_offset,
-        padding_idx,
-        _bag_output(weight, ids, offsets, include_last_offset),
+        _array(weight), _array(ids), offsets_array, mode, weights, include_last_offset, padding_idx
     )
 
 
