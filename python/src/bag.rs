@@ -5,7 +5,8 @@
 //! without offsets (each row is a bag), as in PyTorch.
 
 use crate::convert::{
-    error, grad_output, invalid, output, padding, readonly, slice, with_ids, writable, Ids, Table,
+    error, grad_output, invalid, output, padding, readonly, rows_bytes, slice, with_ids, writable,
+    Ids, Table,
 };
 use crate::embedding::{sparse_pair, SparsePair};
 use crate::openmp;
@@ -280,7 +281,8 @@ pub(crate) fn embedding_bag_sparse_backward<'py>(
         scale_grad_by_freq,
     };
     let (g, ids) = (slice(&grad), ids.slice());
-    let sparse = openmp::run(py, core::mem::size_of_val(g), |par| {
+    let bytes = core::mem::size_of_val(g).max(rows_bytes(ids.len(), dim));
+    let sparse = openmp::run(py, bytes, |par| {
         with_ids!(ids, |i| bag_sparse_backward_with(
             par,
             g,

@@ -113,6 +113,25 @@ pub(crate) enum IdSlice<'a> {
     I64(&'a [i64]),
 }
 
+impl IdSlice<'_> {
+    pub(crate) fn len(self) -> usize {
+        match self {
+            IdSlice::I32(s) => s.len(),
+            IdSlice::I64(s) => s.len(),
+        }
+    }
+}
+
+/// The bytes of gradient rows a backward over `positions` ids hands out:
+/// one row of `dim` floats a position, whether it has a row of its own or
+/// shares its bag's. This, not the size of the gradient array, is the work:
+/// a broadcast gradient (`out.sum()`'s) comes as a single bag's row.
+pub(crate) fn rows_bytes(positions: usize, dim: usize) -> usize {
+    positions
+        .saturating_mul(dim)
+        .saturating_mul(core::mem::size_of::<f32>())
+}
+
 /// Runs `$body` with `$s` bound to the ids' slice, whichever their type.
 macro_rules! with_ids {
     ($ids:expr, |$s:ident| $body:expr) => {

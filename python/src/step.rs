@@ -6,7 +6,7 @@
 
 use crate::bag::{bags, mode, sample_weights};
 use crate::convert::{
-    grad_output, invalid, padding, slice, table_in_place, with_ids, writable, Ids,
+    grad_output, invalid, padding, rows_bytes, slice, table_in_place, with_ids, writable, Ids,
 };
 use crate::openmp;
 use embedding_kernels::{
@@ -134,7 +134,7 @@ impl<'py> Batch<'py> {
             self.padding_idx,
         );
         let scale = self.scale_grad_by_freq;
-        let bytes = core::mem::size_of_val(g);
+        let bytes = core::mem::size_of_val(g).max(rows_bytes(ids.len(), dim));
         match &self.bags {
             None => openmp::run(py, bytes, |par| {
                 with_ids!(ids, |i| sparse_step_with(
