@@ -171,7 +171,11 @@ pub(crate) fn forward_on<'py>(
             scale_grad_by_freq: false,
         };
         let ids = ids.slice();
-        openmp::run(py, core::mem::size_of_val(dst), |par| {
+        // The rows read, one a position, are the work: a few large bags read
+        // far more than their output holds.
+        let row_bytes = table.format().row_bytes(table.dim()).unwrap_or(usize::MAX);
+        let bytes = core::mem::size_of_val(dst).max(ids.len().saturating_mul(row_bytes));
+        openmp::run(py, bytes, |par| {
             with_ids!(ids, |i| table_bag_forward_with(
                 par, table, i, &bags, &pooling, dst, max_dst
             ))

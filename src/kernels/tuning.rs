@@ -89,6 +89,31 @@ pub(crate) fn task_bytes(plan: Plan, bytes: usize) -> usize {
     (bytes / tasks).max(TASK_BYTES)
 }
 
+/// The least rows a bag forward's task pools when its bags are long, as
+/// bytes of `f32`s: what a [`TASK_BYTES`] share of the output pools at bags
+/// of 16 ids (the report's).
+const BAG_TASK_MIN_WORK: usize = 16 * TASK_BYTES;
+
+/// How many bags a bag forward's task takes, for `bags` bags of `dim`
+/// values pooling `work` bytes of rows (counted as `f32`s) and run as
+/// `plan` says: the output's cut ([`task_bytes`] of the output, in whole
+/// bags), but no more bags than pool a task's share of the work (at least
+/// [`BAG_TASK_MIN_WORK`]). For bags of up to 16 ids the output's cut is the
+/// smaller; longer bags get the tasks their rows need. Cut by the output
+/// alone, 64 bags of 256 ids of 64 values (16 KiB out, 4 MiB of rows) made
+/// one task, so ran on one thread: 57 µs through Python on the Zen 5 host,
+/// against 34 µs for PyTorch's bag (docs/benchmarks.md, "Long bags").
+pub(crate) fn bags_per_task(plan: Plan, bags: usize, dim: usize, work: usize) -> usize {
+    let row_out = dim.saturating_mul(core::mem::size_of::<f32>()).max(1);
+    let by_output = task_bytes(plan, bags.saturating_mul(row_out)) / row_out;
+    let share = task_bytes(plan, work).max(BAG_TASK_MIN_WORK);
+    // bags × share / work, without overflow.
+    let wide = |x: usize| u128::try_from(x).unwrap_or(u128::MAX);
+    let by_work = wide(bags).saturating_mul(wide(share)) / wide(work.max(1));
+    let by_work = usize::try_from(by_work).unwrap_or(usize::MAX);
+    by_output.min(by_work).max(1)
+}
+
 /// A grouped-backward task's share of the work, in bytes of gradient read
 /// or written.
 pub(crate) const GROUP_TASK_BYTES: usize = 128 << 10;
@@ -499,6 +524,46 @@ mod tests {
         BAG_FAR_TABLE_BYTES,
     };
     use crate::simd::prefetch::roomy_l1;
+
+    /// A bag forward's tasks follow the output for bags of up to 16 ids
+    /// and the rows pooled for longer ones: a call of a few long bags is
+    /// cut into several tasks, and no task is cut below a bag.
+    #[test]
+    fn long_bags_make_tasks_by_their_rows() {
+        use super::{bags_per_task, task_bytes, BAG_TASK_MIN_WORK, PARALLEL_MIN_BYTES};
+        use crate::parallel::Parallelism;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            for dim in [16, 64, 384] {
+                for (bags, len) in [
+                    (256, 1),
+                    (256, 16),
+                    (4096, 16),
+                    (64, 256),
+                    (8, 512),
+                    (1, 100_000),
+                ] {
+                    let work = bags * len * dim * 4;
+                    let plan = Parallelism::Rayon.plan(work, PARALLEL_MIN_BYTES);
+                    let per_task = bags_per_task(plan, bags, dim, work);
+                    let by_output = task_bytes(plan, bags * dim * 4) / (dim * 4);
+                    let what = format!("{bags} bags of {len}, dim {dim}");
+                    assert!(per_task >= 1, "{what}");
+                    if len <= 16 {
+                        assert!(per_task >= by_output.min(bags) - 1, "{what}: {per_task}");
+                    }
+                    assert!(per_task <= by_output.max(1), "{what}: {per_task}");
+                    if len >= 256 && bags > 1 && work >= 2 * BAG_TASK_MIN_WORK {
+                        // Several tasks, for the two threads to share.
+                        assert!(bags.div_ceil(per_task) >= 2, "{what}: {per_task}");
+                    }
+                }
+            }
+        });
+    }
 
     /// Packed rows look further ahead than [`BAG_AHEAD_ROWS`] only when
     /// sixteen lanes decode them from a table past [`BAG_FAR_TABLE_BYTES`],

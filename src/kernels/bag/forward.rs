@@ -7,7 +7,9 @@ use crate::bags::Bags;
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{IdsWindow, Index, ValidIds};
 use crate::kernels::row_format::{Cols, F32Rows, OnRows, RowFormat, RowSpan, Slot};
-use crate::kernels::tuning::{bag_ahead, task_bytes, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES};
+use crate::kernels::tuning::{
+    bag_ahead, bags_per_task, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES,
+};
 use crate::parallel::{for_each_chunk, for_each_chunk_pair, Parallelism};
 use crate::pooling::{Mode, Pooling};
 use crate::simd::prefetch::BagHints;
@@ -294,7 +296,7 @@ pub(super) fn forward_on<I: Index, T: RowFormat, S: Slot>(
     };
     let work = count.saturating_mul(dim).saturating_mul(4);
     let plan = par.plan_sized(table.bytes().min(work), work, PARALLEL_MIN_BYTES);
-    let bags_per_task = (task_bytes(plan, core::mem::size_of_val(out)) / (dim * 4)).max(1);
+    let bags_per_task = bags_per_task(plan, out.len() / dim, dim, work);
     let chunk = bags_per_task * dim;
     if is_max {
         for_each_chunk_pair(plan, (out, chunk), (max_indices, chunk), |k, o, m| {

@@ -658,10 +658,10 @@ impl InTasksCase {
         // The bag of the position (the last whose start is at or before
         // it), and the run of bags its task wrote.
         let bag = self.offsets[..bags.len()].partition_point(|&s| s <= position) - 1;
-        let out_bytes = out.len() * 4;
-        let plan = || par.plan(out_bytes, crate::kernels::tuning::PARALLEL_MIN_BYTES);
+        let work = ids.len() * dim * 4;
+        let plan = || par.plan(work, crate::kernels::tuning::PARALLEL_MIN_BYTES);
         let per_task =
-            pool.install(|| crate::kernels::tuning::task_bytes(plan(), out_bytes)) / (dim * 4);
+            pool.install(|| crate::kernels::tuning::bags_per_task(plan(), bags.len(), dim, work));
         let first = bag / per_task * per_task;
         let end = (first + per_task).min(bags.len());
         let run = &out[first * dim..end * dim];
