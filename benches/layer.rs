@@ -827,6 +827,28 @@ fn bag_forward(c: &mut Criterion, lazy: &mut Lazy) {
         b.iter(|| black_box(&mut out[..]).copy_from_slice(black_box(src)))
     });
 
+    // A few long bags (256 ids each): a small output over the same rows,
+    // which the call still shares across threads (its tasks follow the
+    // rows pooled).
+    let long = 256;
+    g.throughput(bytes(read + read / long));
+    g.bench_function(id("sum_bags_of_256", &w), |b| {
+        let (layer, data, _) = lazy.get().bag(Mode::Sum);
+        let bags = Bags::fixed(w.num_ids / long, long).expect("bags of 256 ids");
+        let mut out = vec![0.0; w.num_ids / long * w.dim];
+        b.iter(|| {
+            layer
+                .forward_into(
+                    black_box(&data.ids[..]),
+                    &bags,
+                    None,
+                    black_box(&mut out[..]),
+                    &mut [],
+                )
+                .expect("forward_into")
+        })
+    });
+
     // Rows read, one pooled row written per bag; max writes its winners
     // (an i64 per value), `sum_weighted` reads a weight per id. The order
     // leaves the layer in max mode for `bag_fwd_bwd` (see "Memory").
