@@ -171,10 +171,10 @@ pub(crate) fn forward_on<'py>(
             scale_grad_by_freq: false,
         };
         let ids = ids.slice();
-        // The rows read, one a position, are the work: a few large bags read
-        // far more than their output holds.
-        let row_bytes = table.format().row_bytes(table.dim()).unwrap_or(usize::MAX);
-        let bytes = core::mem::size_of_val(dst).max(ids.len().saturating_mul(row_bytes));
+        // The rows pooled, one a position, are the work (as the crate counts
+        // it, in `f32`s whatever the format): a few long bags pool far more
+        // than their output holds.
+        let bytes = core::mem::size_of_val(dst).max(rows_bytes(ids.len(), table.dim()));
         openmp::run(py, bytes, |par| {
             with_ids!(ids, |i| table_bag_forward_with(
                 par, table, i, &bags, &pooling, dst, max_dst

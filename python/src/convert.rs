@@ -122,10 +122,12 @@ impl IdSlice<'_> {
     }
 }
 
-/// The bytes of gradient rows a backward over `positions` ids hands out:
-/// one row of `dim` floats a position, whether it has a row of its own or
-/// shares its bag's. This, not the size of the gradient array, is the work:
-/// a broadcast gradient (`out.sum()`'s) comes as a single bag's row.
+/// The bytes of rows a call over `positions` ids reads or hands out, as
+/// `f32`s: one row of `dim` a position, a table's row pooled by a bag
+/// forward or a gradient row of a backward, whether the position has one of
+/// its own or shares its bag's. This, not the size of the arrays, is the
+/// work: a broadcast gradient (`out.sum()`'s) comes as a single bag's row,
+/// and a few long bags have a small output.
 pub(crate) fn rows_bytes(positions: usize, dim: usize) -> usize {
     positions
         .saturating_mul(dim)

@@ -257,41 +257,29 @@ def test_backwards_on_pytorchs_openmp_threads_give_the_bits_of_one_thread():
     assert off.splitlines() == [digest, "False"]
 
 
-# A gradient that is one bag's row over many ids, as the modules hand on a
-# broadcast gradient (`out.sum()`'s): a few bytes of gradient, but a row for
-# every position to add.
-_ONE_ROW = (
-    "import hashlib, numpy as np, embedding_kernels as ek\n"
-    "rng = np.random.default_rng(8)\n"
-    "rows, dim, n = 40_000, 64, 16_384\n"
-    "w = rng.standard_normal((rows, dim), dtype=np.float32)\n"
-    "ids = rng.integers(0, 3_000, n)\n"
-    "g = rng.standard_normal((1, dim), dtype=np.float32)\n"
-    "one_bag = np.zeros(1, np.int64)\n"
-    "runs = [ek._native.openmp_executor_runs()]\n"
-    "t, s = w.copy(), np.zeros_like(w)\n"
-    "ek.embedding_bag_sparse_sgd_step(t, ids, one_bag, g, 0.5, mode='sum')\n"
-    "runs.append(ek._native.openmp_executor_runs())\n"
-    "ek.embedding_bag_sparse_adagrad_step(t, s, ids, one_bag, g, 0.1, 1)\n"
-    "runs.append(ek._native.openmp_executor_runs())\n"
-    "outs = [t, s, *ek.embedding_bag_sparse_backward(g, ids, rows, one_bag, mode='sum')]\n"
-    "runs.append(ek._native.openmp_executor_runs())\n"
-    "print(hashlib.sha256(b''.join(np.ascontiguousarray(o).tobytes() for o in outs)).hexdigest())\n"
-    "print(*(b > a for a, b in zip(runs, runs[1:])))\n"
-)
-
-
 def test_a_gradient_of_one_row_over_many_ids_runs_on_the_openmp_threads():
-    # The work is a row a position, so these calls go to PyTorch's team like a
-    # gradient of a row a position would; on the crate's pool instead, they
-    # would share the cores with the team's threads still spinning after a
-    # torch op. Same bits either way.
-    from test_forward import _python
+    # One bag's row over many ids, as the modules hand on a broadcast gradient
+    # (`out.sum()`'s): a few bytes of gradient, but a row a position to add, so
+    # these calls go to PyTorch's team like a gradient of a row a position would;
+    # on the crate's pool instead, they would share the cores with the team's
+    # threads still spinning after a torch op. Same bits either way.
+    from test_forward import _team_against_one_thread
 
-    one_thread = _python(_ONE_ROW, RAYON_NUM_THREADS="1").splitlines()
-    assert one_thread[1] == "False False False"
-    on_openmp = _python("import torch; torch.set_num_threads(2)\n" + _ONE_ROW)
-    assert on_openmp.splitlines() == [one_thread[0], "True True True"]
+    setup = (
+        "rng = np.random.default_rng(8)\n"
+        "rows, dim, n = 40_000, 64, 16_384\n"
+        "w = rng.standard_normal((rows, dim), dtype=np.float32)\n"
+        "ids = rng.integers(0, 3_000, n)\n"
+        "g = rng.standard_normal((1, dim), dtype=np.float32)\n"
+        "one_bag = np.zeros(1, np.int64)\n"
+        "t, s = w.copy(), np.zeros_like(w)\n"
+    )
+    calls = [
+        "ek.embedding_bag_sparse_sgd_step(t, ids, one_bag, g, 0.5, mode='sum')",
+        "ek.embedding_bag_sparse_adagrad_step(t, s, ids, one_bag, g, 0.1, 1)",
+        "sparse = ek.embedding_bag_sparse_backward(g, ids, rows, one_bag, mode='sum')",
+    ]
+    _team_against_one_thread(setup, calls, "[t, s, *sparse]")
 
 
 def test_a_bad_id_in_a_step_on_openmp_threads_changes_nothing():

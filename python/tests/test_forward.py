@@ -637,36 +637,47 @@ def test_forwards_on_pytorchs_openmp_threads_give_the_bits_of_the_pool():
     assert _python(alone + _FORWARDS, RAYON_NUM_THREADS="2") == one_thread
 
 
-# A few long bags: 8 bags of 2 048 ids, an output of 8 rows (2 KiB) over
-# 16 384 rows read, in float32 and in packed and half rows.
-_LONG_BAGS = (
-    "import hashlib, numpy as np, embedding_kernels as ek\n"
-    "rng = np.random.default_rng(9)\n"
-    "rows, dim, n = 20_000, 64, 16_384\n"
-    "w = rng.standard_normal((rows, dim), dtype=np.float32)\n"
-    "ids = rng.integers(0, rows, n)\n"
-    "offsets = np.arange(0, n, 2_048)\n"
-    "runs = [ek._native.openmp_executor_runs()]\n"
-    "outs = []\n"
-    "for mode in ('sum', 'max'):\n"
-    "    outs.extend(o for o in ek.embedding_bag(w, ids, offsets, mode=mode) if o is not None)\n"
-    "    runs.append(ek._native.openmp_executor_runs())\n"
-    "for fmt in ('int8', 'f16'):\n"
-    "    t = ek.prepack(w, fmt) if fmt == 'int8' else w.astype(np.float16)\n"
-    "    outs.append(ek.table_embedding_bag(t, ids, offsets, format=fmt, embedding_dim=dim)[0])\n"
-    "    runs.append(ek._native.openmp_executor_runs())\n"
-    "print(hashlib.sha256(b''.join(np.ascontiguousarray(o).tobytes() for o in outs)).hexdigest())\n"
-    "print(*(b > a for a, b in zip(runs, runs[1:])))\n"
-)
+def _team_against_one_thread(setup, calls, result):
+    """Runs `setup`, then each of `calls` (statements), then hashes the arrays of
+    `result` (an expression), in a subprocess: with one rayon thread, where no call
+    may reach libgomp's team, and with PyTorch's two OpenMP threads, where each call
+    must hand tasks to the team; the same bits both ways."""
+    code = "import hashlib, numpy as np, embedding_kernels as ek\n" + setup
+    code += "runs = [ek._native.openmp_executor_runs()]\n"
+    for call in calls:
+        code += call + "\nruns.append(ek._native.openmp_executor_runs())\n"
+    code += (
+        "print(hashlib.sha256(b''.join(np.ascontiguousarray(o).tobytes()"
+        f" for o in {result})).hexdigest())\n"
+        "print(*(b > a for a, b in zip(runs, runs[1:])))\n"
+    )
+    one_thread = _python(code, RAYON_NUM_THREADS="1").splitlines()
+    assert one_thread[1] == " ".join(["False"] * len(calls))
+    on_openmp = _python("import torch; torch.set_num_threads(2)\n" + code).splitlines()
+    assert on_openmp == [one_thread[0], " ".join(["True"] * len(calls))]
 
 
 def test_a_few_long_bags_run_on_the_openmp_threads():
-    # Their rows, not their small output, are the work: with PyTorch loaded
-    # they go to its team, in several tasks; the bits are one thread's.
-    one_thread = _python(_LONG_BAGS, RAYON_NUM_THREADS="1").splitlines()
-    assert one_thread[1] == "False False False False"
-    on_openmp = _python("import torch; torch.set_num_threads(2)\n" + _LONG_BAGS).splitlines()
-    assert on_openmp == [one_thread[0], "True True True True"]
+    # 8 bags of 2 048 ids, an output of 8 rows (2 KiB) over 16 384 rows read, in
+    # float32 and in packed and half rows: their rows, not their small output, are
+    # the work, so with PyTorch loaded they go to its team, in several tasks.
+    setup = (
+        "rng = np.random.default_rng(9)\n"
+        "rows, dim, n = 20_000, 64, 16_384\n"
+        "w = rng.standard_normal((rows, dim), dtype=np.float32)\n"
+        "ids = rng.integers(0, rows, n)\n"
+        "offsets = np.arange(0, n, 2_048)\n"
+        "int8, f16 = ek.prepack(w, 'int8'), w.astype(np.float16)\n"
+        "outs = []\n"
+    )
+    calls = [
+        f"outs.extend(o for o in ek.embedding_bag(w, ids, offsets, mode='{mode}') if o is not None)"
+        for mode in ("sum", "max")
+    ] + [
+        f"outs.append(ek.table_embedding_bag({fmt}, ids, offsets, format='{fmt}', embedding_dim=dim)[0])"
+        for fmt in ("int8", "f16")
+    ]
+    _team_against_one_thread(setup, calls, "outs")
 
 
 def test_a_bad_id_on_openmp_threads_writes_nothing():
