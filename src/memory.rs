@@ -86,16 +86,56 @@ pub(crate) fn fresh_floats(
 /// (always `false` off Linux). Memory that is already touched is only
 /// merged into huge pages later, in the background, if at all; advise
 /// memory before writing it (as [`zeroed_table`] does) for an immediate
-/// effect.
+/// effect, or use [`collapse_huge_pages`] on memory already written.
 pub fn advise_huge_pages<T>(memory: &[T]) -> bool {
+    match whole_huge_pages(memory) {
+        Some((first, len)) => madvise_hugepage(first, len),
+        None => false,
+    }
+}
+
+/// Moves the whole 2 MiB pages inside `memory` into transparent huge pages
+/// now, their contents kept: the advice of [`advise_huge_pages`], then
+/// `MADV_COLLAPSE` (Linux 6.1 and later). For a table that is already
+/// written, one the caller loaded or was handed, which [`advise_huge_pages`]
+/// alone leaves in 4 KiB pages until the kernel's background scan gets to
+/// it. The kernel copies each 2 MiB into a fresh huge page: about as long
+/// as copying the memory once (longer on its first use in a virtual machine, whose
+/// host backs the fresh pages as they come).
+///
+/// Returns whether every such page is now a huge page; `false` off Linux,
+/// on kernels without `MADV_COLLAPSE`, where the memory holds no whole
+/// 2 MiB page, or where the kernel could not find the huge pages. The
+/// contents are the same either way.
+pub fn collapse_huge_pages<T>(memory: &[T]) -> bool {
+    match whole_huge_pages(memory) {
+        Some((first, len)) => madvise_hugepage(first, len) && madvise_collapse(first, len),
+        None => false,
+    }
+}
+
+/// The start and length of the whole 2 MiB pages inside `memory`, if any.
+fn whole_huge_pages<T>(memory: &[T]) -> Option<(usize, usize)> {
     let start = memory.as_ptr() as usize;
     let end = start + core::mem::size_of_val(memory);
     let first = start.next_multiple_of(HUGE_PAGE);
     let last = end - end % HUGE_PAGE;
-    if first >= last {
-        return false;
-    }
-    madvise_hugepage(first, last - first)
+    (first < last).then(|| (first, last - first))
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
+fn madvise_collapse(addr: usize, len: usize) -> bool {
+    // SAFETY: as `madvise_hugepage`: `addr..addr + len` lies inside one live
+    // allocation and is page aligned. MADV_COLLAPSE copies those pages into
+    // huge ones and maps them in their place while the process's other
+    // accesses wait, so every value reads and writes as before.
+    unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_COLLAPSE) == 0 }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn madvise_collapse(_addr: usize, _len: usize) -> bool {
+    false
 }
 
 #[cfg(target_os = "linux")]
@@ -328,6 +368,57 @@ mod tests {
     fn advice_needs_a_whole_huge_page() {
         assert!(!advise_huge_pages::<f32>(&[]));
         assert!(!advise_huge_pages(&[0.0f32; 1024]));
+    }
+
+    #[test]
+    fn collapsing_keeps_the_values() {
+        assert!(!collapse_huge_pages::<f32>(&[]));
+        assert!(!collapse_huge_pages(&[1.5f32; 1024]));
+        // Three huge pages' worth, written before the collapse (4 KiB pages
+        // by then), holding at least two whole huge pages wherever it starts.
+        let values: Vec<u32> = (0..3 * HUGE_PAGE as u32 / 4)
+            .map(|i| i.wrapping_mul(2_654_435_761))
+            .collect();
+        let before = values.clone();
+        let collapsed = collapse_huge_pages(&values);
+        assert!(values == before, "collapsed: {collapsed}");
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        if collapsed {
+            let (first, len) = whole_huge_pages(&values).unwrap();
+            assert!(
+                anon_huge_bytes(first) >= len,
+                "the kernel said it collapsed {len} bytes"
+            );
+        }
+    }
+
+    /// The `AnonHugePages` of the mapping holding `addr`, from
+    /// `/proc/self/smaps`.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    fn anon_huge_bytes(addr: usize) -> usize {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            let mut range = line.split_whitespace().next().unwrap_or("").split('-');
+            if let (Some(lo), Some(hi), None) = (range.next(), range.next(), range.next()) {
+                if let (Ok(lo), Ok(hi)) =
+                    (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+                {
+                    inside = (lo..hi).contains(&addr);
+                    continue;
+                }
+            }
+            if let (true, Some(kb)) = (inside, line.strip_prefix("AnonHugePages:")) {
+                return kb
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<usize>()
+                    .unwrap()
+                    * 1024;
+            }
+        }
+        0
     }
 
     #[cfg(target_os = "linux")]

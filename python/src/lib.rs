@@ -17,6 +17,7 @@
 //! | `embedding_bag_sparse_sgd_step`, `embedding_bag_sparse_adagrad_step` | `bag_sparse_step` with `Sgd`, `AdagradOn` |
 //! | `prepack`, `dequantize` | `RowWise::prepack`, `RowWise::dequantize` |
 //! | `table_embedding`, `table_embedding_bag` | `table_gather`, `table_bag_forward` (f32, f16, bf16, int8, int4, int2 tables) |
+//! | `collapse_huge_pages` | `memory::collapse_huge_pages` (a table's memory into 2 MiB pages) |
 //!
 //! The PyTorch modules (`embedding_kernels.torch`) are Python, built on these.
 //! `OPT_LEVEL` is the optimisation level the extension was built at (`"3"`
@@ -32,6 +33,7 @@ mod bag;
 mod convert;
 mod embedding;
 mod formats;
+mod memory;
 mod openmp;
 mod pool;
 mod step;
@@ -64,6 +66,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(formats::dequantize, m)?)?;
     m.add_function(wrap_pyfunction!(formats::table_embedding, m)?)?;
     m.add_function(wrap_pyfunction!(formats::table_embedding_bag, m)?)?;
+    m.add_function(wrap_pyfunction!(memory::collapse_huge_pages, m)?)?;
     m.add("OPT_LEVEL", env!("EMBEDDING_KERNELS_OPT_LEVEL"))?;
     Ok(())
 }

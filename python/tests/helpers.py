@@ -68,3 +68,31 @@ class NanOutputs:
             return real(*args, out=np.full(shape, np.nan, dtype=np.float32), **kwargs)
 
         return into_nan
+
+
+HUGE_PAGE = 2 << 20
+
+
+def huge_page_bytes(address, nbytes):
+    """The bytes of transparent huge pages (``AnonHugePages`` in ``/proc/self/smaps``) in
+    the mappings that overlap ``[address, address + nbytes)``; 0 off Linux."""
+    try:
+        smaps = open("/proc/self/smaps").read().splitlines()
+    except OSError:
+        return 0
+    total, inside = 0, False
+    for line in smaps:
+        head = line.split(maxsplit=1)[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo < address + nbytes and address < hi
+        elif inside and head == "AnonHugePages:":
+            total += int(line.split()[1]) * 1024
+    return total
+
+
+def whole_huge_pages(address, nbytes):
+    """The bytes of the whole 2 MiB pages inside ``[address, address + nbytes)``."""
+    first = -(-address // HUGE_PAGE) * HUGE_PAGE
+    last = (address + nbytes) // HUGE_PAGE * HUGE_PAGE
+    return max(last - first, 0)

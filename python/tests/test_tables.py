@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import embedding_kernels as ek
+from helpers import HUGE_PAGE, huge_page_bytes, whole_huge_pages
 
 
 @pytest.mark.parametrize("shape", [7, (3, 5), (1000, 384), (2, 3, 4), (40_000, 33)])
@@ -62,3 +63,29 @@ def test_kernels_give_the_same_bits_on_an_aligned_table():
         got, _ = ek.embedding_bag(table, ids, offsets, mode=mode)
         assert want.tobytes() == got.tobytes(), mode
     assert ek.embedding(table, ids).tobytes() == ek.embedding(plain, ids).tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.uint16, np.uint8])
+def test_collapse_keeps_every_value(dtype):
+    # Written before the call (in 4 KiB pages by then), three huge pages and a bit: at
+    # least two whole ones inside, wherever NumPy put it.
+    nbytes = 3 * HUGE_PAGE + 4096
+    rng = np.random.default_rng(11)
+    values = rng.integers(0, 250, nbytes, dtype=np.uint8).view(dtype).reshape(-1, 64)
+    table = values.copy()
+    collapsed = ek.collapse_huge_pages(table)
+    assert np.array_equal(table.view(np.uint8), values.view(np.uint8))
+    if collapsed:
+        inside = whole_huge_pages(table.ctypes.data, table.nbytes)
+        assert huge_page_bytes(table.ctypes.data, table.nbytes) >= inside > 0
+    # Nothing to collapse in less than a whole huge page.
+    assert not ek.collapse_huge_pages(np.ones((100, 64), dtype))
+
+
+def test_collapse_refuses_other_arrays():
+    with pytest.raises(ValueError, match="int64"):
+        ek.collapse_huge_pages(np.zeros((4, 4), np.int64))
+    with pytest.raises(ValueError, match="numpy array"):
+        ek.collapse_huge_pages([1.0, 2.0])
+    with pytest.raises(ValueError, match="contiguous"):
+        ek.collapse_huge_pages(np.zeros((8, 8), np.float32)[:, ::2])

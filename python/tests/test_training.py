@@ -2,11 +2,14 @@
 
 import io
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
+import embedding_kernels as ek
 import embedding_kernels.torch as ekt
+from helpers import HUGE_PAGE, huge_page_bytes, whole_huge_pages
 
 VOCAB, DIM, CLASSES, BATCH, SEQ, STEPS = 60, 16, 5, 32, 8, 300
 
@@ -108,6 +111,25 @@ def test_from_pretrained_and_repr():
     bag = ekt.EmbeddingBag.from_pretrained(table, freeze=False, mode="max")
     assert repr(bag) == repr(nn.EmbeddingBag.from_pretrained(table, freeze=False, mode="max"))
     assert bag.weight.requires_grad
+
+
+def test_module_tables_are_in_huge_pages():
+    """A fresh table from its first write; a pretrained one moved in place, still shared
+    with the caller's tensor and holding the same values."""
+    probe = np.ones(3 * HUGE_PAGE // 4, np.float32)
+    if not ek.collapse_huge_pages(probe):
+        pytest.skip("this kernel moves no memory into huge pages (THP off, or before Linux 6.1)")
+    rows, dim = 10_000, 1024  # 40 MB: fresh memory from the allocator, whatever came before
+    fresh = ekt.EmbeddingBag(rows, dim, padding_idx=3)
+    assert torch.all(fresh.weight[3] == 0) and fresh.weight.std() > 0.9
+    table = torch.randn(rows, dim)
+    before = table.clone()
+    pretrained = ekt.Embedding.from_pretrained(table)
+    assert pretrained.weight.data_ptr() == table.data_ptr()
+    assert torch.equal(pretrained.weight, before)
+    for module in (fresh, pretrained):
+        start, nbytes = module.weight.data_ptr(), module.weight.numel() * 4
+        assert huge_page_bytes(start, nbytes) >= whole_huge_pages(start, nbytes) > 0
 
 
 @pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.Adagrad, torch.optim.SparseAdam])

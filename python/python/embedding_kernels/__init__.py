@@ -13,6 +13,8 @@ The NumPy level, from the Rust crate ``embedding-kernels``:
   (the lookup and the bags over f32, f16, bf16, int8, int4 or int2 tables, float32 out)
 * :func:`empty_table` and :func:`aligned_table`: tables whose data starts on a 64-byte
   cache line, which the kernels read faster than NumPy's own large arrays (16 bytes into one)
+* :func:`collapse_huge_pages`: a table already written moved into 2 MiB pages in place (Linux),
+  which spare the kernels a page-table walk on most ids of a large table
 
 Arrays are read in place (C-contiguous float32 tables and gradients, int32 or
 int64 ids; anything else raises ``ValueError``), every id is checked before
@@ -38,6 +40,7 @@ from ._native import (
     dequantize,
     table_embedding,
     table_embedding_bag,
+    collapse_huge_pages,
 )
 from ._tables import aligned_table, empty_table
 
@@ -58,4 +61,5 @@ __all__ = [
     "table_embedding_bag",
     "empty_table",
     "aligned_table",
+    "collapse_huge_pages",
 ]
