@@ -103,10 +103,13 @@ pub fn advise_huge_pages<T>(memory: &[T]) -> bool {
 /// as copying the memory once (longer on its first use in a virtual machine, whose
 /// host backs the fresh pages as they come).
 ///
-/// Returns whether every such page is now a huge page; `false` off Linux,
-/// on kernels without `MADV_COLLAPSE`, where the memory holds no whole
-/// 2 MiB page, or where the kernel could not find the huge pages. The
-/// contents are the same either way.
+/// Returns whether every such page is now a huge page; `false` off Linux
+/// with glibc (the `libc` crate names `MADV_COLLAPSE` there only), on
+/// kernels without `MADV_COLLAPSE`, where the memory holds no whole 2 MiB
+/// page, where the kernel could not find the huge pages, or where the
+/// memory was never written (nothing to copy: the advice still stands, and
+/// its pages come as huge ones when first written). The contents are the
+/// same either way.
 pub fn collapse_huge_pages<T>(memory: &[T]) -> bool {
     match whole_huge_pages(memory) {
         Some((first, len)) => madvise_hugepage(first, len) && madvise_collapse(first, len),
@@ -115,10 +118,16 @@ pub fn collapse_huge_pages<T>(memory: &[T]) -> bool {
 }
 
 /// The start and length of the whole 2 MiB pages inside `memory`, if any.
+/// (A slice of zero-sized values, whose address may be anywhere, spans no
+/// bytes and so no page.)
 fn whole_huge_pages<T>(memory: &[T]) -> Option<(usize, usize)> {
+    let bytes = core::mem::size_of_val(memory);
+    if bytes < HUGE_PAGE {
+        return None;
+    }
     let start = memory.as_ptr() as usize;
-    let end = start + core::mem::size_of_val(memory);
-    let first = start.next_multiple_of(HUGE_PAGE);
+    let first = start.checked_next_multiple_of(HUGE_PAGE)?;
+    let end = start.checked_add(bytes)?;
     let last = end - end % HUGE_PAGE;
     (first < last).then(|| (first, last - first))
 }
@@ -126,11 +135,23 @@ fn whole_huge_pages<T>(memory: &[T]) -> Option<(usize, usize)> {
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)]
 fn madvise_collapse(addr: usize, len: usize) -> bool {
-    // SAFETY: as `madvise_hugepage`: `addr..addr + len` lies inside one live
-    // allocation and is page aligned. MADV_COLLAPSE copies those pages into
-    // huge ones and maps them in their place while the process's other
-    // accesses wait, so every value reads and writes as before.
-    unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_COLLAPSE) == 0 }
+    // A page still in another CPU's batch of fresh pages fails the call with
+    // EAGAIN ("temporarily unavailable"); a second or third try finds it
+    // settled.
+    for _ in 0..3 {
+        // SAFETY: as `madvise_hugepage`: `addr..addr + len` lies inside one
+        // live allocation and is page aligned. MADV_COLLAPSE copies those
+        // pages into huge ones and maps them in their place while the
+        // process's other accesses wait, so every value reads and writes as
+        // before.
+        if unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_COLLAPSE) } == 0 {
+            return true;
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EAGAIN) {
+            return false;
+        }
+    }
+    false
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
@@ -374,26 +395,41 @@ mod tests {
     fn collapsing_keeps_the_values() {
         assert!(!collapse_huge_pages::<f32>(&[]));
         assert!(!collapse_huge_pages(&[1.5f32; 1024]));
-        // Three huge pages' worth, written before the collapse (4 KiB pages
-        // by then), holding at least two whole huge pages wherever it starts.
-        let values: Vec<u32> = (0..3 * HUGE_PAGE as u32 / 4)
+        assert!(!collapse_huge_pages(&[(); 1 << 30]));
+        // Twenty huge pages' worth, beyond the largest block glibc serves
+        // from a heap (32 MiB), so fresh pages of their own, written before
+        // the collapse (4 KiB pages by then unless THP is `always`).
+        let values: Vec<u32> = (0..20 * HUGE_PAGE as u32 / 4)
             .map(|i| i.wrapping_mul(2_654_435_761))
             .collect();
         let before = values.clone();
         let collapsed = collapse_huge_pages(&values);
         assert!(values == before, "collapsed: {collapsed}");
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
-        if collapsed {
+        if kernel_collapses() {
+            assert!(collapsed);
+            // The advice split the mapping at the huge pages: the one that
+            // starts there is theirs alone.
             let (first, len) = whole_huge_pages(&values).unwrap();
-            assert!(
-                anon_huge_bytes(first) >= len,
-                "the kernel said it collapsed {len} bytes"
-            );
+            assert!(anon_huge_bytes(first) >= len, "{len} bytes collapsed");
         }
     }
 
+    /// Whether this kernel has `MADV_COLLAPSE` (Linux 6.1 on) and
+    /// transparent huge pages.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    fn kernel_collapses() -> bool {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        let mut parts = release
+            .split(['.', '-'])
+            .map(|p| p.parse::<u32>().unwrap_or(0));
+        let version = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+        version >= (6, 1) && std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists()
+    }
+
     /// The `AnonHugePages` of the mapping holding `addr`, from
-    /// `/proc/self/smaps`.
+    /// `/proc/self/smaps` (the advice splits a mapping at the huge pages it
+    /// covers, so for `addr` at their start this counts theirs alone).
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     fn anon_huge_bytes(addr: usize) -> usize {
         let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();

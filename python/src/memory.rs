@@ -8,9 +8,11 @@ use pyo3::prelude::*;
 /// float32, float16, uint16 or uint8: a table of any format) into
 /// transparent huge pages, its values kept: the crate's
 /// `memory::collapse_huge_pages`, with the GIL released while the kernel
-/// copies. Returns whether every such page is now a huge page (False off
-/// Linux, before Linux 6.1, for an array smaller than two huge pages or
-/// where the kernel found none free).
+/// copies. Returns whether every such page is now a huge page: False off
+/// Linux (with glibc), before Linux 6.1, for an array holding no whole
+/// 2 MiB page, where the kernel found none free, or for memory never
+/// written (then the advice still stands, and its pages come as huge ones
+/// when first written).
 #[pyfunction]
 pub(crate) fn collapse_huge_pages(py: Python<'_>, table: &Bound<'_, PyAny>) -> PyResult<bool> {
     let dtype = table

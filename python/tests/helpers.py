@@ -73,22 +73,40 @@ class NanOutputs:
 HUGE_PAGE = 2 << 20
 
 
-def huge_page_bytes(address, nbytes):
-    """The bytes of transparent huge pages (``AnonHugePages`` in ``/proc/self/smaps``) in
-    the mappings that overlap ``[address, address + nbytes)``; 0 off Linux."""
+def process_huge_bytes():
+    """The bytes of this process's memory in transparent huge pages (``AnonHugePages``
+    of ``/proc/self/smaps_rollup``); 0 off Linux. Counted before and after a call, the
+    difference is what the call moved into huge pages (or allocated there)."""
     try:
-        smaps = open("/proc/self/smaps").read().splitlines()
+        lines = open("/proc/self/smaps_rollup").read().splitlines()
     except OSError:
         return 0
-    total, inside = 0, False
-    for line in smaps:
-        head = line.split(maxsplit=1)[0]
-        if "-" in head and not head.endswith(":"):
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo < address + nbytes and address < hi
-        elif inside and head == "AnonHugePages:":
-            total += int(line.split()[1]) * 1024
-    return total
+    for line in lines:
+        if line.startswith("AnonHugePages:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def kernel_collapses():
+    """Whether this kernel has ``MADV_COLLAPSE`` (Linux 6.1 on) and transparent huge pages."""
+    import os
+    import platform
+
+    if platform.system() != "Linux" or not os.path.isdir("/sys/kernel/mm/transparent_hugepage"):
+        return False
+    parts = platform.release().replace("-", ".").split(".")
+    major, minor = (int(p) if p.isdigit() else 0 for p in (parts + ["0", "0"])[:2])
+    return (major, minor) >= (6, 1)
+
+
+def huge_pages_on_advice():
+    """Whether the system hands out huge pages where advised and only there (THP
+    ``madvise``): memory nobody advised stays in 4 KiB pages, so a test can tell advice
+    from none."""
+    try:
+        return "[madvise]" in open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return False
 
 
 def whole_huge_pages(address, nbytes):

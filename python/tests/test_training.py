@@ -2,14 +2,12 @@
 
 import io
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
 
-import embedding_kernels as ek
 import embedding_kernels.torch as ekt
-from helpers import HUGE_PAGE, huge_page_bytes, whole_huge_pages
+from helpers import huge_pages_on_advice, kernel_collapses, process_huge_bytes, whole_huge_pages
 
 VOCAB, DIM, CLASSES, BATCH, SEQ, STEPS = 60, 16, 5, 32, 8, 300
 
@@ -116,20 +114,30 @@ def test_from_pretrained_and_repr():
 def test_module_tables_are_in_huge_pages():
     """A fresh table from its first write; a pretrained one moved in place, still shared
     with the caller's tensor and holding the same values."""
-    probe = np.ones(3 * HUGE_PAGE // 4, np.float32)
-    if not ek.collapse_huge_pages(probe):
-        pytest.skip("this kernel moves no memory into huge pages (THP off, or before Linux 6.1)")
+    if not (kernel_collapses() and huge_pages_on_advice()):
+        pytest.skip("needs huge pages where advised and only there (THP madvise), Linux 6.1 on")
     rows, dim = 10_000, 1024  # 40 MB: fresh memory from the allocator, whatever came before
+    before = process_huge_bytes()
     fresh = ekt.EmbeddingBag(rows, dim, padding_idx=3)
+    assert process_huge_bytes() - before >= whole_huge_pages(fresh.weight.data_ptr(), rows * dim * 4)
     assert torch.all(fresh.weight[3] == 0) and fresh.weight.std() > 0.9
+
     table = torch.randn(rows, dim)
-    before = table.clone()
+    values = table.clone()
+    before = process_huge_bytes()
     pretrained = ekt.Embedding.from_pretrained(table)
+    assert process_huge_bytes() - before >= whole_huge_pages(table.data_ptr(), rows * dim * 4) > 0
     assert pretrained.weight.data_ptr() == table.data_ptr()
-    assert torch.equal(pretrained.weight, before)
-    for module in (fresh, pretrained):
-        start, nbytes = module.weight.data_ptr(), module.weight.numel() * 4
-        assert huge_page_bytes(start, nbytes) >= whole_huge_pages(start, nbytes) > 0
+    assert torch.equal(pretrained.weight, values)
+
+
+def test_a_table_without_a_numpy_view_is_left_as_it_is():
+    with torch.device("meta"):
+        meta = ekt.EmbeddingBag(1000, 1024)
+    assert meta.weight.is_meta
+    negated = torch.randn(1000, 1024)._neg_view()
+    pretrained = ekt.Embedding.from_pretrained(negated)
+    assert pretrained.weight.is_neg()
 
 
 @pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.Adagrad, torch.optim.SparseAdam])

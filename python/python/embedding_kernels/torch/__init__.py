@@ -14,10 +14,11 @@ int64 ids; any other device or dtype raises ``ValueError``. An id out of range
 (negative ones included) raises ``IndexError`` naming its flat position and
 value, before anything is written.
 
-Each module's table is in transparent huge pages on Linux: a fresh one from its first
-write, a ``_weight`` (and ``from_pretrained``'s ``embeddings``, shared with the caller as
-PyTorch shares it) moved there in place as the module is made, which takes about as long
-as a copy of it.
+Each module asks Linux to keep its table in transparent huge pages: a fresh one from its
+first write, a ``_weight`` (and ``from_pretrained``'s ``embeddings``, shared with the caller
+as PyTorch shares it) moved there in place as the module is made, which takes about as long
+as a copy of it. Where the kernel cannot (huge pages off, no free ones), the table stays
+as it was; a tensor assigned to ``weight`` later is left as it is.
 
 ``max_norm`` renormalises the looked-up rows in place, under ``no_grad``,
 with PyTorch's own ``torch.embedding_renorm_`` (the crate renormalises only
@@ -119,11 +120,17 @@ def _in_huge_pages(table: Tensor) -> None:
 
     PyTorch leaves a tensor in 4 KiB pages, and a lookup into a table much larger than
     the TLB covers then walks the page tables for nearly every id: minilm's bag sum
-    (30 522 x 384) took 94-97 us through ``EmbeddingBag`` from a table in 4 KiB pages
-    and 86-90 from the same table in huge pages (docs/benchmarks.md, "The modules'
-    tables in huge pages")."""
-    if table.is_contiguous():
-        collapse_huge_pages(table.detach().numpy())
+    (30 522 x 384) took 94-98 us through ``EmbeddingBag`` from a table in 4 KiB pages
+    and 90-91 from the same values in huge pages (docs/benchmarks.md, "The modules'
+    tables in huge pages"). Only a speed-up: a table without a NumPy view (on the meta
+    device, say) is left as it is."""
+    if not (table.is_cpu and table.is_contiguous()):
+        return
+    try:
+        array = table.detach().numpy()
+    except RuntimeError:
+        return
+    collapse_huge_pages(array)
 
 
 class _Table(nn.Module):
