@@ -121,11 +121,15 @@ pub fn collapse_huge_pages<T>(memory: &[T]) -> bool {
 /// (A slice of zero-sized values, whose address may be anywhere, spans no
 /// bytes and so no page.)
 fn whole_huge_pages<T>(memory: &[T]) -> Option<(usize, usize)> {
-    let bytes = core::mem::size_of_val(memory);
+    huge_pages_in(memory.as_ptr() as usize, core::mem::size_of_val(memory))
+}
+
+/// The start and length of the whole 2 MiB pages inside the `bytes` from
+/// address `start`, if any.
+fn huge_pages_in(start: usize, bytes: usize) -> Option<(usize, usize)> {
     if bytes < HUGE_PAGE {
         return None;
     }
-    let start = memory.as_ptr() as usize;
     let first = start.checked_next_multiple_of(HUGE_PAGE)?;
     let end = start.checked_add(bytes)?;
     let last = end - end % HUGE_PAGE;
@@ -242,11 +246,8 @@ impl AlignedTable {
         let ptr = core::ptr::NonNull::new(raw).ok_or(refused)?;
         // Advise before the first touch (the zeros below), so the kernel
         // backs the pages with huge ones as they fault in.
-        let bytes = layout.size();
-        let first = (raw as usize).next_multiple_of(HUGE_PAGE);
-        let end = raw as usize + bytes;
-        if end >= first + HUGE_PAGE {
-            madvise_hugepage(first, (end - first) / HUGE_PAGE * HUGE_PAGE);
+        if let Some((first, len)) = huge_pages_in(raw as usize, layout.size()) {
+            madvise_hugepage(first, len);
         }
         // SAFETY: `raw` is valid for writes of `len` `f32`s (the allocation
         // above) and aligned for `f32`; writing zero bytes makes them all

@@ -26,23 +26,15 @@ from torch import nn
 import embedding_kernels as ek
 from embedding_kernels.torch import EmbeddingBag
 
-# name: (num_embeddings, embedding_dim, num_ids), as compare.py
-WORKLOADS = {
-    "minilm": (30_522, 384, 8_192),
-    "gpt2": (50_257, 768, 16_384),
-    "recsys": (1_000_000, 128, 65_536),
-}
-BAG_SIZE = 16
+# compare.py's tables, ids and bags of 16 (this folder is on the path of a script run from it).
+from compare import data
+
+WORKLOADS = ("minilm", "gpt2", "recsys")
 BURST_S = 0.03
 
 
 def cases(name):
-    rows, dim, n = WORKLOADS[name]
-    gen = torch.Generator().manual_seed(0x5EED + rows)
-    weight = torch.randn(rows, dim, generator=gen)
-    ids = torch.randint(0, rows, (n,), generator=gen)
-    offsets = torch.arange(0, n, BAG_SIZE)
-
+    weight, ids, offsets = data(name)
     table = weight.clone()
     start = time.perf_counter()
     huge = EmbeddingBag.from_pretrained(table, mode="sum")

@@ -40,7 +40,7 @@ fn row_wise(name: &str) -> PyResult<RowWise> {
 }
 
 /// The dtype's name of `obj`, if it is a NumPy array.
-fn dtype_name(obj: &Bound<'_, PyAny>) -> Option<String> {
+pub(crate) fn dtype_name(obj: &Bound<'_, PyAny>) -> Option<String> {
     obj.cast::<PyUntypedArray>()
         .ok()
         .map(|a| a.dtype().to_string())

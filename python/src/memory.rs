@@ -1,7 +1,8 @@
 //! Tables in transparent huge pages: `collapse_huge_pages`.
 
 use crate::convert::{invalid, readonly, slice};
-use numpy::{Element, PyUntypedArray, PyUntypedArrayMethods};
+use crate::formats::dtype_name;
+use numpy::Element;
 use pyo3::prelude::*;
 
 /// Moves the whole 2 MiB pages of `table` (a C-contiguous array of
@@ -15,10 +16,8 @@ use pyo3::prelude::*;
 /// when first written).
 #[pyfunction]
 pub(crate) fn collapse_huge_pages(py: Python<'_>, table: &Bound<'_, PyAny>) -> PyResult<bool> {
-    let dtype = table
-        .cast::<PyUntypedArray>()
-        .map(|a| a.dtype().to_string())
-        .map_err(|_| invalid("table must be a numpy array".to_string()))?;
+    let dtype =
+        dtype_name(table).ok_or_else(|| invalid("table must be a numpy array".to_string()))?;
     match dtype.as_str() {
         "float32" => collapse::<f32>(py, table),
         "float16" => collapse::<half::f16>(py, table),
