@@ -60,18 +60,19 @@ pub(crate) fn zeroed_floats(
 /// [`EmbeddingError::SizeOverflow`](crate::EmbeddingError::SizeOverflow)
 /// for `rows × dim`, or
 /// [`EmbeddingError::AllocationFailed`](crate::EmbeddingError::AllocationFailed)
-/// for the output (`what` = "output"); then `values` is empty.
-pub(crate) fn fresh_floats(
-    values: &mut Vec<f32>,
+/// naming the values `what` ("output", "gradient"); then `values` is empty.
+pub(crate) fn fresh_floats<'v>(
+    values: &'v mut Vec<f32>,
     rows: usize,
     dim: usize,
-) -> Result<&mut [core::mem::MaybeUninit<f32>], crate::EmbeddingError> {
+    what: &'static str,
+) -> Result<&'v mut [core::mem::MaybeUninit<f32>], crate::EmbeddingError> {
     values.clear();
     let len = crate::shape::rows_len(rows, dim)?;
     values
         .try_reserve_exact(len)
         .map_err(|_| crate::EmbeddingError::AllocationFailed {
-            what: "output",
+            what,
             bytes: len as u128 * 4,
         })?;
     let fresh = &mut values.spare_capacity_mut()[..len];

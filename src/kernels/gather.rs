@@ -333,7 +333,7 @@ pub(crate) fn gather_fresh<I: Index>(
     ids: ValidIds<'_, I>,
     values: &mut Vec<f32>,
 ) -> Result<(), EmbeddingError> {
-    let fresh = crate::memory::fresh_floats(values, ids.len(), dim)?;
+    let fresh = crate::memory::fresh_floats(values, ids.len(), dim, "output")?;
     let len = fresh.len();
     drive(par, table, dim, ids, fresh, FillRow);
     // SAFETY: `drive` wrote all of `spare_capacity_mut()[..len]`: each of

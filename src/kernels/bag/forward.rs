@@ -113,7 +113,7 @@ pub(crate) fn forward_fresh<I: Index, T: RowFormat>(
             return forward_fresh(isa, par, table, ids, bags, pooling, values, max_indices);
         }
     }
-    let fresh = crate::memory::fresh_floats(values, bags.len(), table.dim());
+    let fresh = crate::memory::fresh_floats(values, bags.len(), table.dim(), "output");
     let fresh = match ids {
         CallIds::InTasks {
             ids,

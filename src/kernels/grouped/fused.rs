@@ -283,7 +283,7 @@ impl<S: Source, R: RowRule> TaskBody for Apply<'_, S, R> {
                             divide_by_count: true
                         }
                     );
-                    sum_positions::<V, S>(
+                    sum_positions::<V, S, _>(
                         self.source,
                         positions,
                         t.cols.clone(),

@@ -162,12 +162,12 @@ impl Planner {
 /// Carves `buf` (`width` floats per span unit) into one slice per task, in
 /// task order. Column-split tasks of one span share its unit, split by
 /// columns when `width == dim`; a `width` of 0 gives empty slices.
-pub(crate) fn carve<'a>(
+pub(crate) fn carve<'a, P>(
     tasks: &[Task],
-    buf: &'a mut [f32],
+    buf: &'a mut [P],
     width: usize,
     dim: usize,
-) -> Vec<&'a mut [f32]> {
+) -> Vec<&'a mut [P]> {
     let mut parts = Vec::with_capacity(tasks.len());
     let mut rest = buf;
     let mut at = 0; // the span unit `rest` starts at
@@ -207,23 +207,24 @@ pub(crate) fn carve<'a>(
     parts
 }
 
-/// What a consumer does with one task: its part of the table and of the
-/// state, with lanes `V`. Implementations are `#[inline(always)]`, so each
-/// task's loop is compiled inside [`Isa::run`].
-pub(crate) trait TaskBody: Sync {
+/// What a consumer does with one task: its part of the table (or of a
+/// fresh output, `P` = `MaybeUninit<f32>`) and of the state, with lanes `V`.
+/// Implementations are `#[inline(always)]`, so each task's loop is compiled
+/// inside [`Isa::run`].
+pub(crate) trait TaskBody<P = f32>: Sync {
     /// Runs task `t` on its part of the table and of the state.
-    fn task<V: Lanes>(&self, t: &Task, part: &mut [f32], state: &mut [f32]);
+    fn task<V: Lanes>(&self, t: &Task, part: &mut [P], state: &mut [f32]);
 }
 
 /// One task of a [`TaskBody`], as a [`Body`] for [`Isa::run`].
-struct OneTask<'a, B> {
+struct OneTask<'a, B, P> {
     body: &'a B,
     t: &'a Task,
-    part: &'a mut [f32],
+    part: &'a mut [P],
     state: &'a mut [f32],
 }
 
-impl<B: TaskBody> Body for OneTask<'_, B> {
+impl<P, B: TaskBody<P>> Body for OneTask<'_, B, P> {
     type Output = ();
 
     #[inline(always)]
@@ -234,15 +235,15 @@ impl<B: TaskBody> Body for OneTask<'_, B> {
 
 /// Runs `body` on every task with its part of the table and of the state,
 /// on the pool when `par`, else in order on the calling thread.
-pub(crate) fn run<B: TaskBody>(
+pub(crate) fn run<P: Send, B: TaskBody<P>>(
     par: bool,
     tasks: &[Task],
-    table: Vec<&mut [f32]>,
+    table: Vec<&mut [P]>,
     state: Vec<&mut [f32]>,
     body: &B,
 ) {
     let isa = Isa::detect();
-    let one = |((t, part), state): ((&Task, &mut [f32]), &mut [f32])| {
+    let one = |((t, part), state): ((&Task, &mut [P]), &mut [f32])| {
         isa.run(OneTask {
             body,
             t,

@@ -12,6 +12,7 @@ use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len};
 use crate::simd::Lanes;
 use crate::sparse_grad::SparseGrad;
+use core::mem::MaybeUninit;
 
 /// The coalesced gradient of an embedding lookup: [`sparse_backward_with`]
 /// with [`Parallelism::Auto`].
@@ -82,10 +83,12 @@ pub(crate) fn coalesce<I: Index, S: Source>(
     let num_embeddings = ids.num_embeddings();
     let groups = Groups::new_kept(ids, keep)?;
     // At most one row per id, and `ids.len() × dim` was checked.
-    let mut values = crate::memory::zeroed_floats(rows_len(groups.len(), dim)?, "gradient")?;
+    let mut values = Vec::new();
+    let fresh = crate::memory::fresh_floats(&mut values, groups.len(), dim, "gradient")?;
+    let len = fresh.len();
     if dim > 0 {
         let tasks = plan(&groups, dim, Space::Groups, true, GROUP_TASK_BYTES / 4);
-        let parts = carve(&tasks, &mut values, dim, dim);
+        let parts = carve(&tasks, fresh, dim, dim);
         let none = tasks.iter().map(|_| Default::default()).collect();
         let split = par.splits(source.bytes(), PARALLEL_MIN_BYTES);
         let body = Coalesce {
@@ -95,6 +98,19 @@ pub(crate) fn coalesce<I: Index, S: Source>(
         };
         run(split, &tasks, parts, none, &body);
     }
+    // SAFETY: every one of the `len` values (capacity reserved by
+    // `fresh_floats`) is written. With `dim == 0`, `len` is 0. Otherwise
+    // `plan` in `Space::Groups` puts every group `0..groups.len()` in a
+    // task (runs of groups, or one hot group as column blocks of `0..dim`),
+    // `carve` hands each task its groups' rows (or its columns of the hot
+    // row), and `Coalesce::task` writes, for each of its groups, the whole
+    // `width` values of that group's row in its part through
+    // `sum_positions`, which writes every value of its `dst`. `run` returns
+    // after every task has run.
+    #[allow(unsafe_code)]
+    unsafe {
+        values.set_len(len)
+    };
     // A copy: `rows` is one of the thread's spare vectors, sized for every
     // id; the caller's gradient gets one just large enough.
     let rows = copied(&groups.rows, "gradient")?;
@@ -108,16 +124,16 @@ struct Coalesce<'a, S> {
     divide_by_count: bool,
 }
 
-impl<S: Source> TaskBody for Coalesce<'_, S> {
+impl<S: Source> TaskBody<MaybeUninit<f32>> for Coalesce<'_, S> {
     #[inline(always)]
-    fn task<V: Lanes>(&self, t: &Task, part: &mut [f32], _state: &mut [f32]) {
+    fn task<V: Lanes>(&self, t: &Task, part: &mut [MaybeUninit<f32>], _state: &mut [f32]) {
         let (groups, width) = (self.groups, t.cols.len());
         let ahead = prefetch_ahead(width);
         let mut cursor = groups.starts[t.groups.start];
         for g in t.groups.clone() {
             groups.prefetch_through(g, ahead, self.source, &t.cols, &mut cursor);
             let at = (g - t.span.start) * width;
-            sum_positions::<V, S>(
+            sum_positions::<V, S, _>(
                 self.source,
                 groups.positions(g),
                 t.cols.clone(),
