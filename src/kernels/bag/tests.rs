@@ -2,7 +2,7 @@
 
 use super::forward::{forward_on, CallIds};
 use super::*;
-use crate::kernels::row_format::Slot;
+use crate::kernels::row_format::Written;
 use crate::kernels::row_format::{F32Rows, RowFormat};
 use crate::simd::Isa;
 
@@ -10,25 +10,6 @@ fn mix(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
     let z = (*state ^ (*state >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z ^ (z >> 31)
-}
-
-/// An output value that tells whether the kernel wrote it: what the
-/// layers' fresh outputs (`MaybeUninit<f32>`s, written once) need of the
-/// kernel, checked without reading uninitialised memory.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Written(Option<u32>);
-
-impl Slot for Written {
-    fn put(dst: &mut [Self], src: &[f32]) {
-        assert_eq!(dst.len(), src.len());
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = Written(Some(s.to_bits()));
-        }
-    }
-
-    fn zero(dst: &mut [Self]) {
-        dst.fill(Written(Some(0.0f32.to_bits())));
-    }
 }
 
 /// [`forward_on`] into `out` and `at` (prefilled by the caller), and again

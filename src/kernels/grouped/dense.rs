@@ -10,7 +10,7 @@
 //! additions in the same order, so both give the same bits.
 
 use super::plan::{carve, plan, run, Space, Task, TaskBody};
-use super::{add_position, check_padding, sum_positions, Groups, PerPosition, Source};
+use super::{check_padding, sum_positions, Groups, PerPosition, Source};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
 use crate::kernels::tuning::{
@@ -18,7 +18,8 @@ use crate::kernels::tuning::{
 };
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
-use crate::simd::{stream, Body, Isa, Lanes};
+use crate::simd::{row, stream, Body, Isa, Lanes};
+use core::ops::Range;
 
 /// The dense gradient of an embedding lookup, **overwriting** `grad_table`:
 /// row `r` becomes the sum of `grad_output[p, :]` over the positions `p`
@@ -202,19 +203,14 @@ impl<I: Index, K: Fn(usize, usize) -> bool, S: Source> Body for InCache<'_, '_, 
             }
         }
         for (r, &count) in counts.iter().enumerate() {
-            if count > 1 {
-                let count = count as f32;
-                grad_table[r * dim..(r + 1) * dim]
-                    .iter_mut()
-                    .for_each(|x| *x /= count);
-            }
+            divide(&mut grad_table[r * dim..(r + 1) * dim], count as usize);
         }
     }
 }
 
 /// One sweep task: its span of rows written once, sums or zeros, streamed
 /// past the caches (trick 3); or, for a column block of a hot row, that
-/// block summed in place.
+/// block's sum (`sum_positions`) stored in place.
 struct Sweep<'a, S> {
     groups: &'a Groups,
     source: &'a S,
@@ -260,8 +256,9 @@ impl<S: Source> TaskBody for Sweep<'_, S> {
 /// of [`sum_positions`], through a buffer in L1 rather than in registers.
 /// The sweep then streams `sum` to the table at once; summed in registers
 /// and stored just before that, recsys's dense backward (65 536 ids, rows of
-/// 128) took 16.3 ms against 14.4 on the Zen 5 host (docs/benchmarks.md,
-/// "Group sums in registers"), where the sparse and fused sums gained.
+/// 128) took a median 16.3 ms against 14.1 on the Zen 5 host, nine
+/// alternations (docs/benchmarks.md, "Group sums in registers"), where the
+/// sparse and fused sums gained.
 #[inline(always)]
 fn add_positions<V: Lanes, S: Source>(
     source: &S,
@@ -274,8 +271,27 @@ fn add_positions<V: Lanes, S: Source>(
     for &p in positions {
         add_position::<V, S>(source, p, 0..dim, sum);
     }
-    if divide_by_count && positions.len() > 1 {
-        let count = positions.len() as f32;
+    if divide_by_count {
+        divide(sum, positions.len());
+    }
+}
+
+/// `sum /= count` where more than one position was summed
+/// (`scale_grad_by_freq`; a sum of one is already its mean).
+#[inline(always)]
+fn divide(sum: &mut [f32], count: usize) {
+    if count > 1 {
+        let count = count as f32;
         sum.iter_mut().for_each(|x| *x /= count);
+    }
+}
+
+/// `dst += row(p) × scale(p)` for one position, the product rounded first.
+#[inline(always)]
+fn add_position<V: Lanes, S: Source>(source: &S, p: usize, cols: Range<usize>, dst: &mut [f32]) {
+    let src = source.row(p, cols);
+    match source.scale(p) {
+        None => row::add::<V>(dst, src),
+        Some(s) => row::add_scaled::<V>(dst, src, s),
     }
 }

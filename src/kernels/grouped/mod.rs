@@ -45,7 +45,8 @@
 //! 4. **Tasks own disjoint rows.** Groups are sorted by row, so a run of
 //!    groups covers a contiguous range of table rows, and the table (and an
 //!    optimiser's state) is carved into those ranges with `split_at_mut`.
-//!    No atomics, no locks, no `unsafe`.
+//!    No atomics, no locks. The one `unsafe`, the coalesced gradient's
+//!    `set_len`, rests on the tasks covering every group (`sparse.rs`).
 //! 5. **Hot rows are split by columns.** A row holding more than a task's
 //!    share of the positions (say 90 % of a batch) would serialise the call;
 //!    such a row becomes several tasks over disjoint column blocks of whole
@@ -75,7 +76,7 @@ pub use sparse::{sparse_backward, sparse_backward_with};
 
 use crate::error::EmbeddingError;
 use crate::kernels::row_format::Slot;
-use crate::simd::{row, Lanes, MAX_LANES};
+use crate::simd::{Lanes, MAX_LANES};
 use core::ops::Range;
 
 /// Where the gradient of each position comes from: position `p` adds
@@ -121,11 +122,12 @@ impl Source for PerPosition<'_> {
 /// before it is added (no fused multiply-add).
 ///
 /// The sums are kept in registers, [`SUM_VECTORS`] vectors of columns at a
-/// time, and `dst` is written once and never read: a fresh output (the
-/// coalesced gradient's values) needs no zeroing first, and a group of one
-/// position costs a copy rather than a fill and an addition through memory.
-/// The same additions in the same order as adding each row into a zeroed
-/// `dst`, so the same bits. Every value of `dst` is written.
+/// time (then one vector, then the last `cols.len() % V::WIDTH` columns),
+/// and `dst` is written once and never read: a fresh output (the coalesced
+/// gradient's values) needs no zeroing first, and a group of one position
+/// moves the bytes of a copy (it still adds its row to `+0.0`). The same
+/// additions in the same order as adding each row into a zeroed `dst`, so
+/// the same bits. Every value of `dst` is written.
 #[inline(always)]
 pub(crate) fn sum_positions<V: Lanes, S: Source, D: Slot>(
     source: &S,
@@ -142,24 +144,24 @@ pub(crate) fn sum_positions<V: Lanes, S: Source, D: Slot>(
         first: cols.start,
         count,
     };
-    let blocks = dst.len() / (SUM_VECTORS * V::WIDTH);
-    let (wide, rest) = dst.split_at_mut(blocks * SUM_VECTORS * V::WIDTH);
-    for (k, block) in wide.chunks_exact_mut(SUM_VECTORS * V::WIDTH).enumerate() {
-        sum.block::<V, SUM_VECTORS, D>(k * SUM_VECTORS * V::WIDTH, block);
+    let block = SUM_VECTORS * V::WIDTH;
+    let (wide, rest) = dst.split_at_mut(dst.len() / block * block);
+    for (k, d) in wide.chunks_exact_mut(block).enumerate() {
+        sum.vectors::<V, SUM_VECTORS, D>(k * block, d);
     }
     let at = wide.len();
-    let (vectors, tail) = rest.split_at_mut(rest.len() - rest.len() % V::WIDTH);
-    for (k, one) in vectors.chunks_exact_mut(V::WIDTH).enumerate() {
-        sum.block::<V, 1, D>(at + k * V::WIDTH, one);
+    let (vectors, tail) = rest.split_at_mut(rest.len() / V::WIDTH * V::WIDTH);
+    for (k, d) in vectors.chunks_exact_mut(V::WIDTH).enumerate() {
+        sum.vectors::<V, 1, D>(at + k * V::WIDTH, d);
     }
-    let at = at + vectors.len();
-    for (j, d) in tail.chunks_exact_mut(1).enumerate() {
-        D::put(d, &[sum.value(at + j)]);
-    }
+    sum.tail(at + vectors.len(), tail);
 }
 
 /// Vectors of columns [`sum_positions`] sums at once: 128 columns with
-/// AVX-512, 64 with AVX, in eight registers, which every level has to spare.
+/// AVX-512 and 64 with AVX, in a quarter and a half of the registers. The
+/// portable lanes without AVX hold eight `f32x8`s in all sixteen SSE
+/// registers, so there the row's loads wait on spills (the bits are the
+/// same).
 const SUM_VECTORS: usize = 8;
 
 /// The terms of one group's sum: its positions' rows from column `first`
@@ -174,12 +176,11 @@ struct Positions<'a, S> {
 impl<S: Source> Positions<'_, S> {
     /// The sums of the `N` vectors from column `first + at` on, into `dst`.
     #[inline(always)]
-    fn block<V: Lanes, const N: usize, D: Slot>(&self, at: usize, dst: &mut [D]) {
+    fn vectors<V: Lanes, const N: usize, D: Slot>(&self, at: usize, dst: &mut [D]) {
         let cols = self.first + at..self.first + at + N * V::WIDTH;
         let mut acc = [V::splat(0.0); N];
         for &p in self.positions {
-            let row = self.source.row(p, cols.clone());
-            let row = row.chunks_exact(V::WIDTH);
+            let row = self.source.row(p, cols.clone()).chunks_exact(V::WIDTH);
             match self.source.scale(p) {
                 None => {
                     for (a, x) in acc.iter_mut().zip(row) {
@@ -207,37 +208,26 @@ impl<S: Source> Positions<'_, S> {
         }
     }
 
-    /// The sum of column `first + at` alone.
+    /// The sums of the fewer than one vector's columns from `first + at`
+    /// on, into `dst`, one value at a time in one pass over the positions.
     #[inline(always)]
-    fn value(&self, at: usize) -> f32 {
-        let col = self.first + at;
-        let mut acc = 0.0;
+    fn tail<D: Slot>(&self, at: usize, dst: &mut [D]) {
+        if dst.is_empty() {
+            return;
+        }
+        let cols = self.first + at..self.first + at + dst.len();
+        let acc = &mut [0.0f32; MAX_LANES][..dst.len()];
         for &p in self.positions {
-            let x = self.source.row(p, col..col + 1)[0];
-            acc += match self.source.scale(p) {
-                None => x,
-                Some(s) => x * s,
-            };
+            let row = self.source.row(p, cols.clone());
+            match self.source.scale(p) {
+                None => acc.iter_mut().zip(row).for_each(|(a, x)| *a += *x),
+                Some(s) => acc.iter_mut().zip(row).for_each(|(a, x)| *a += *x * s),
+            }
         }
-        match self.count {
-            Some(count) => acc / count,
-            None => acc,
+        if let Some(count) = self.count {
+            acc.iter_mut().for_each(|a| *a /= count);
         }
-    }
-}
-
-/// `dst += row(p) × scale(p)` for one position, the product rounded first.
-#[inline(always)]
-pub(crate) fn add_position<V: Lanes, S: Source>(
-    source: &S,
-    p: usize,
-    cols: Range<usize>,
-    dst: &mut [f32],
-) {
-    let src = source.row(p, cols);
-    match source.scale(p) {
-        None => row::add::<V>(dst, src),
-        Some(s) => row::add_scaled::<V>(dst, src, s),
+        D::put(dst, acc);
     }
 }
 

@@ -242,6 +242,8 @@ pub(crate) fn run<P: Send, B: TaskBody<P>>(
     state: Vec<&mut [f32]>,
     body: &B,
 ) {
+    debug_assert_eq!(table.len(), tasks.len(), "one part of the table a task");
+    debug_assert_eq!(state.len(), tasks.len(), "one part of the state a task");
     let isa = Isa::detect();
     let one = |((t, part), state): ((&Task, &mut [P]), &mut [f32])| {
         isa.run(OneTask {

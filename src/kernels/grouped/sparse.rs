@@ -7,12 +7,12 @@ use super::{check_padding, sum_positions, Groups, PerPosition, Source};
 use crate::buffer::copied;
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
+use crate::kernels::row_format::Slot;
 use crate::kernels::tuning::{prefetch_ahead, GROUP_TASK_BYTES, PARALLEL_MIN_BYTES};
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len};
 use crate::simd::Lanes;
 use crate::sparse_grad::SparseGrad;
-use core::mem::MaybeUninit;
 
 /// The coalesced gradient of an embedding lookup: [`sparse_backward_with`]
 /// with [`Parallelism::Auto`].
@@ -86,27 +86,18 @@ pub(crate) fn coalesce<I: Index, S: Source>(
     let mut values = Vec::new();
     let fresh = crate::memory::fresh_floats(&mut values, groups.len(), dim, "gradient")?;
     let len = fresh.len();
-    if dim > 0 {
-        let tasks = plan(&groups, dim, Space::Groups, true, GROUP_TASK_BYTES / 4);
-        let parts = carve(&tasks, fresh, dim, dim);
-        let none = tasks.iter().map(|_| Default::default()).collect();
-        let split = par.splits(source.bytes(), PARALLEL_MIN_BYTES);
-        let body = Coalesce {
-            groups: &groups,
-            source,
-            divide_by_count,
-        };
-        run(split, &tasks, parts, none, &body);
-    }
-    // SAFETY: every one of the `len` values (capacity reserved by
-    // `fresh_floats`) is written. With `dim == 0`, `len` is 0. Otherwise
-    // `plan` in `Space::Groups` puts every group `0..groups.len()` in a
-    // task (runs of groups, or one hot group as column blocks of `0..dim`),
-    // `carve` hands each task its groups' rows (or its columns of the hot
-    // row), and `Coalesce::task` writes, for each of its groups, the whole
-    // `width` values of that group's row in its part through
-    // `sum_positions`, which writes every value of its `dst`. `run` returns
-    // after every task has run.
+    let split = par.splits(source.bytes(), PARALLEL_MIN_BYTES);
+    sum_groups(
+        split,
+        &groups,
+        source,
+        dim,
+        divide_by_count,
+        GROUP_TASK_BYTES / 4,
+        fresh,
+    );
+    // SAFETY: `sum_groups` wrote every one of the `len` values (capacity
+    // reserved by `fresh_floats`, `groups × dim`): see there.
     #[allow(unsafe_code)]
     unsafe {
         values.set_len(len)
@@ -117,6 +108,43 @@ pub(crate) fn coalesce<I: Index, S: Source>(
     Ok(SparseGrad::from_parts(rows, values, num_embeddings, dim))
 }
 
+/// Each group's summed row into `values` (`groups × dim` of them, group
+/// `g`'s row at `g × dim`), in tasks of about `budget` floats, on the pool
+/// when `split`.
+///
+/// Writes every value of `values`, which [`coalesce`]'s `set_len` relies
+/// on: with `dim == 0` or no groups there are none. Otherwise `plan` in
+/// `Space::Groups` gives each task a span equal to its range of groups, the
+/// ranges one after another from group 0 to the last, or one hot group as
+/// column blocks that tile `0..dim`; `carve` hands out one part per task
+/// (so `run` pairs every task with its part), each the task's groups' rows
+/// or its columns of the hot row; `Coalesce::task` writes each of its
+/// groups' `width` values through `sum_positions`, which writes every value
+/// of its `dst`. `run` returns after every task has run.
+fn sum_groups<S: Source, D: Slot>(
+    split: bool,
+    groups: &Groups,
+    source: &S,
+    dim: usize,
+    divide_by_count: bool,
+    budget: usize,
+    values: &mut [D],
+) {
+    debug_assert_eq!(values.len(), groups.len() * dim);
+    if dim == 0 {
+        return;
+    }
+    let tasks = plan(groups, dim, Space::Groups, true, budget);
+    let parts = carve(&tasks, values, dim, dim);
+    let none = tasks.iter().map(|_| Default::default()).collect();
+    let body = Coalesce {
+        groups,
+        source,
+        divide_by_count,
+    };
+    run(split, &tasks, parts, none, &body);
+}
+
 /// One task of [`coalesce`]: the summed rows of its groups.
 struct Coalesce<'a, S> {
     groups: &'a Groups,
@@ -124,10 +152,12 @@ struct Coalesce<'a, S> {
     divide_by_count: bool,
 }
 
-impl<S: Source> TaskBody<MaybeUninit<f32>> for Coalesce<'_, S> {
+impl<S: Source, D: Slot> TaskBody<D> for Coalesce<'_, S> {
     #[inline(always)]
-    fn task<V: Lanes>(&self, t: &Task, part: &mut [MaybeUninit<f32>], _state: &mut [f32]) {
+    fn task<V: Lanes>(&self, t: &Task, part: &mut [D], _state: &mut [f32]) {
         let (groups, width) = (self.groups, t.cols.len());
+        debug_assert_eq!(t.span, t.groups, "a coalesced task's span is its groups");
+        debug_assert_eq!(part.len(), t.groups.len() * width);
         let ahead = prefetch_ahead(width);
         let mut cursor = groups.starts[t.groups.start];
         for g in t.groups.clone() {
@@ -140,6 +170,122 @@ impl<S: Source> TaskBody<MaybeUninit<f32>> for Coalesce<'_, S> {
                 self.divide_by_count,
                 &mut part[at..at + width],
             );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::groups::tests::{groups_of, mix};
+    use super::*;
+    use crate::kernels::row_format::Written;
+    use core::ops::Range;
+
+    /// Gradient rows, one a position, each times its factor when there are
+    /// factors (a bag's weights, say).
+    struct Scaled<'a> {
+        grad: &'a [f32],
+        dim: usize,
+        factors: Option<&'a [f32]>,
+    }
+
+    impl Source for Scaled<'_> {
+        fn row(&self, p: usize, cols: Range<usize>) -> &[f32] {
+            &self.grad[p * self.dim + cols.start..p * self.dim + cols.end]
+        }
+
+        fn scale(&self, p: usize) -> Option<f32> {
+            self.factors.map(|f| f[p])
+        }
+
+        fn bytes(&self) -> usize {
+            core::mem::size_of_val(self.grad)
+        }
+    }
+
+    /// Every value of `sum_groups`' output is written, with the bits of each
+    /// group's sum added value by value in position order from `+0.0`:
+    /// widths with and without a scalar tail, hot rows cut into column
+    /// blocks (small budgets), factors, `scale_grad_by_freq`, both threads'
+    /// settings. The output starts as NaNs, and as `Written(None)`s, which
+    /// tell a value never written from any value.
+    #[test]
+    fn every_value_of_the_coalesced_rows_is_written_with_the_reference_bits() {
+        let mut seed = 7;
+        for case in 0..300 {
+            let rows = 1 + mix(&mut seed) as usize % 60;
+            let dim = 1 + mix(&mut seed) as usize % 150;
+            let n = mix(&mut seed) as usize % 400;
+            let hot = mix(&mut seed) as usize % rows;
+            let ids: Vec<usize> = (0..n)
+                .map(|_| match mix(&mut seed) % 3 {
+                    0 => hot,
+                    _ => mix(&mut seed) as usize % rows,
+                })
+                .collect();
+            let grad: Vec<f32> = (0..n * dim)
+                .map(|_| (mix(&mut seed) % 2001) as f32 / 64.0 - 15.6)
+                .collect();
+            let factors: Vec<f32> = (0..n)
+                .map(|_| (mix(&mut seed) % 9) as f32 / 4.0 - 1.0)
+                .collect();
+            let groups = groups_of(rows, &ids);
+            let budget = 1 + mix(&mut seed) as usize % 3000;
+            for (scaled, divide_by_count, split) in [
+                (false, false, false),
+                (true, false, true),
+                (false, true, true),
+                (true, true, false),
+            ] {
+                let source = Scaled {
+                    grad: &grad,
+                    dim,
+                    factors: scaled.then_some(&factors[..]),
+                };
+                let mut want = vec![0.0f32; groups.len() * dim];
+                for (g, row) in want.chunks_exact_mut(dim).enumerate() {
+                    let positions = groups.positions(g);
+                    for (j, w) in row.iter_mut().enumerate() {
+                        let mut acc = 0.0f32;
+                        for &p in positions {
+                            let x = grad[p * dim + j];
+                            acc += if scaled { x * factors[p] } else { x };
+                        }
+                        if divide_by_count && positions.len() > 1 {
+                            acc /= positions.len() as f32;
+                        }
+                        *w = acc;
+                    }
+                }
+                let what = format!(
+                    "case {case}: rows {rows} dim {dim} n {n} budget {budget} \
+                     scaled {scaled} divide {divide_by_count} split {split}"
+                );
+                let mut got = vec![f32::NAN; want.len()];
+                sum_groups(
+                    split,
+                    &groups,
+                    &source,
+                    dim,
+                    divide_by_count,
+                    budget,
+                    &mut got,
+                );
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{what}");
+                let mut written = vec![Written(None); want.len()];
+                sum_groups(
+                    split,
+                    &groups,
+                    &source,
+                    dim,
+                    divide_by_count,
+                    budget,
+                    &mut written,
+                );
+                let want: Vec<Written> = want.iter().map(|x| Written(Some(x.to_bits()))).collect();
+                assert_eq!(written, want, "{what}");
+            }
         }
     }
 }
