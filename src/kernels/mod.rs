@@ -19,6 +19,8 @@ mod scatter;
 mod spare;
 mod token_position;
 pub(crate) mod tuning;
+#[cfg(test)]
+mod written;
 
 pub use bag::{
     bag_backward, bag_backward_with, bag_forward, bag_forward_with, bag_max_backward,

@@ -229,27 +229,6 @@ pub(crate) trait Slot: Send + Sized {
     fn zero(dst: &mut [Self]);
 }
 
-/// An output value that tells whether the kernel wrote it: what the
-/// layers' fresh outputs (`MaybeUninit<f32>`s, written once) need of the
-/// kernel, checked without reading uninitialised memory.
-#[cfg(test)]
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Written(pub(crate) Option<u32>);
-
-#[cfg(test)]
-impl Slot for Written {
-    fn put(dst: &mut [Self], src: &[f32]) {
-        assert_eq!(dst.len(), src.len());
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = Written(Some(s.to_bits()));
-        }
-    }
-
-    fn zero(dst: &mut [Self]) {
-        dst.fill(Written(Some(0.0f32.to_bits())));
-    }
-}
-
 impl Slot for f32 {
     #[inline(always)]
     fn put(dst: &mut [f32], src: &[f32]) {

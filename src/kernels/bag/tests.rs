@@ -2,8 +2,8 @@
 
 use super::forward::{forward_on, CallIds};
 use super::*;
-use crate::kernels::row_format::Written;
 use crate::kernels::row_format::{F32Rows, RowFormat};
+use crate::kernels::written::Written;
 use crate::simd::Isa;
 
 fn mix(state: &mut u64) -> u64 {

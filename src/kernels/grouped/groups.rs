@@ -267,6 +267,20 @@ pub(super) mod tests {
         *state >> 33
     }
 
+    /// `n` ids of `rows` rows, a third of them one hot row (drawn too).
+    pub(crate) fn ids_with_a_hot_row(seed: &mut u64, rows: usize, n: usize) -> Vec<usize> {
+        let hot = mix(seed) as usize % rows;
+        (0..n)
+            .map(|_| {
+                if mix(seed).is_multiple_of(3) {
+                    hot
+                } else {
+                    mix(seed) as usize % rows
+                }
+            })
+            .collect()
+    }
+
     pub(crate) fn groups_of(rows: usize, ids: &[usize]) -> Groups {
         Groups::new(ValidIds::new(ids, rows).unwrap(), None).unwrap()
     }

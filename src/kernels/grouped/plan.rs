@@ -296,7 +296,7 @@ impl<F: Fn(&mut [f32]) + Sync> TaskBody for EachRow<'_, F> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::groups::tests::{groups_of, mix};
+    use super::super::groups::tests::{groups_of, ids_with_a_hot_row, mix};
     use super::*;
 
     /// Every plan, for many shapes and tiny budgets: spans are disjoint and
@@ -310,16 +310,7 @@ mod tests {
             let rows = 1 + mix(&mut seed) as usize % 200;
             let dim = 1 + mix(&mut seed) as usize % 80;
             let n = mix(&mut seed) as usize % 300;
-            let hot = mix(&mut seed) as usize % rows;
-            let ids: Vec<usize> = (0..n)
-                .map(|_| {
-                    if mix(&mut seed).is_multiple_of(3) {
-                        hot
-                    } else {
-                        mix(&mut seed) as usize % rows
-                    }
-                })
-                .collect();
+            let ids = ids_with_a_hot_row(&mut seed, rows, n);
             let groups = groups_of(rows, &ids);
             let budget = 1 + mix(&mut seed) as usize % 4000;
             for space in [Space::Rows(Some(rows)), Space::Rows(None), Space::Groups] {

@@ -176,9 +176,9 @@ impl<S: Source, D: Slot> TaskBody<D> for Coalesce<'_, S> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::groups::tests::{groups_of, mix};
+    use super::super::groups::tests::{groups_of, ids_with_a_hot_row, mix};
     use super::*;
-    use crate::kernels::row_format::Written;
+    use crate::kernels::written::Written;
     use core::ops::Range;
 
     /// Gradient rows, one a position, each times its factor when there are
@@ -203,6 +203,29 @@ mod tests {
         }
     }
 
+    /// `sum_groups` into an output of `start`s.
+    fn sum_into<D: Slot + Clone>(
+        start: D,
+        split: bool,
+        groups: &Groups,
+        source: &Scaled<'_>,
+        dim: usize,
+        divide_by_count: bool,
+        budget: usize,
+    ) -> Vec<D> {
+        let mut out = vec![start; groups.len() * dim];
+        sum_groups(
+            split,
+            groups,
+            source,
+            dim,
+            divide_by_count,
+            budget,
+            &mut out,
+        );
+        out
+    }
+
     /// Every value of `sum_groups`' output is written, with the bits of each
     /// group's sum added value by value in position order from `+0.0`:
     /// widths with and without a scalar tail, hot rows cut into column
@@ -216,13 +239,7 @@ mod tests {
             let rows = 1 + mix(&mut seed) as usize % 60;
             let dim = 1 + mix(&mut seed) as usize % 150;
             let n = mix(&mut seed) as usize % 400;
-            let hot = mix(&mut seed) as usize % rows;
-            let ids: Vec<usize> = (0..n)
-                .map(|_| match mix(&mut seed) % 3 {
-                    0 => hot,
-                    _ => mix(&mut seed) as usize % rows,
-                })
-                .collect();
+            let ids = ids_with_a_hot_row(&mut seed, rows, n);
             let grad: Vec<f32> = (0..n * dim)
                 .map(|_| (mix(&mut seed) % 2001) as f32 / 64.0 - 15.6)
                 .collect();
@@ -261,27 +278,25 @@ mod tests {
                     "case {case}: rows {rows} dim {dim} n {n} budget {budget} \
                      scaled {scaled} divide {divide_by_count} split {split}"
                 );
-                let mut got = vec![f32::NAN; want.len()];
-                sum_groups(
-                    split,
-                    &groups,
-                    &source,
-                    dim,
-                    divide_by_count,
-                    budget,
-                    &mut got,
-                );
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&got), bits(&want), "{what}");
-                let mut written = vec![Written(None); want.len()];
-                sum_groups(
+                let got = sum_into(
+                    f32::NAN,
                     split,
                     &groups,
                     &source,
                     dim,
                     divide_by_count,
                     budget,
-                    &mut written,
+                );
+                assert_eq!(bits(&got), bits(&want), "{what}");
+                let written = sum_into(
+                    Written(None),
+                    split,
+                    &groups,
+                    &source,
+                    dim,
+                    divide_by_count,
+                    budget,
                 );
                 let want: Vec<Written> = want.iter().map(|x| Written(Some(x.to_bits()))).collect();
                 assert_eq!(written, want, "{what}");
