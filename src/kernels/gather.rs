@@ -114,12 +114,13 @@ pub fn gather_with<I: Index>(
 /// rows of [`GATHER_STREAM_MIN_DIM`] values or more, when the call is split
 /// across two threads or more. Split, the call is bound by memory
 /// bandwidth, and a plain store's read of each output line is traffic the
-/// streaming store saves (recsys, 128 values a row, 1.10-1.22x and gpt2,
-/// 768, 1.19-1.39x faster on two threads). On one thread the loads of the
-/// rows wait on latency, and the streaming stores slowed recsys down by 1.3x
-/// to 2.7x; on rows of 16 values (narrow) they took the warm loop from
-/// 0.96 to 1.57 ms. Not on CPUs where they do not pay
-/// ([`gather_streams_pay`]).
+/// streaming store saves (gpt2, 768 values a row, 1.19-1.43x faster on two
+/// threads). On rows of 128 values (recsys) they were 1.10-1.22x faster on
+/// one Zen 4 host and 1.19-1.79x slower on another, so the rows must be
+/// wider ([`GATHER_STREAM_MIN_DIM`]). On one thread the loads of the rows
+/// wait on latency, and the streaming stores slowed recsys down by 1.3x to
+/// 2.7x; on rows of 16 values (narrow) they took the warm loop from 0.96 to
+/// 1.57 ms. Not on CPUs where they do not pay ([`gather_streams_pay`]).
 fn streams(par: Parallelism, bytes: usize, dim: usize) -> bool {
     bytes >= GATHER_STREAM_MIN_BYTES
         && dim >= GATHER_STREAM_MIN_DIM

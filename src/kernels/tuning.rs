@@ -138,14 +138,21 @@ pub(crate) const STREAM_MIN_BYTES: usize = 8 << 20;
 /// would be evicted before anyone read it anyway.
 pub(crate) const GATHER_STREAM_MIN_BYTES: usize = 16 << 20;
 
-/// The narrowest rows [`gather`](crate::gather) streams: 128 values (512
-/// bytes, recsys's rows) gained, 16 values (narrow's) lost.
-pub(crate) const GATHER_STREAM_MIN_DIM: usize = 128;
+/// The narrowest rows [`gather`](crate::gather) streams: 256 values (1
+/// KiB). On the Zen 4 host of 2026-11-29 (two threads, 32 MiB outputs,
+/// plain against streaming stores in one process), rows of 128 values
+/// (recsys's) took 1.19-1.35x the time with streaming stores from a table
+/// in huge pages and 1.29-1.79x from 4 KiB pages, rows of 256 values
+/// 0.89-1.01x, 384 values 0.81-0.90x, and gpt2's 768 values 0.70-0.83x
+/// (docs/benchmarks.md, "Streaming stores for wide rows only"). Rows of 16
+/// values (narrow's) lost too.
+pub(crate) const GATHER_STREAM_MIN_DIM: usize = 256;
 
 /// Whether [`gather`](crate::gather)'s streaming stores pay on this CPU:
 /// only on AMD's family 25 (Zen 3 and Zen 4, as `/proc/cpuinfo` names it),
-/// where they made recsys's and gpt2's gathers 1.10-1.39x faster on the Zen
-/// 4 host that chose the threshold. Elsewhere plain stores: on AMD's family
+/// where they made gpt2's gather 1.19-1.39x faster on the Zen 4 host that
+/// chose the threshold (2026-11-24) and 1.20-1.43x on the one of
+/// 2026-11-29. Elsewhere plain stores: on AMD's family
 /// 26 (Zen 5) plain stores took gpt2's gather (48 MiB out) to 0.62-0.91x the
 /// time in eleven processes, and recsys's (32 MiB) to 0.56-1.16x; on an
 /// Intel family 6 host (Xeon, model 207, a 300 MiB L3) streaming took
