@@ -681,15 +681,18 @@ impl<const BITS: u32> RowFormat for Packed<'_, BITS> {
         cols: Cols<N>,
         hints: BagHints,
     ) {
-        // The block's codes (a whole block's worth, even for a row's last
-        // few columns: a hint past them is only a wasted fetch), then the
-        // scale and bias at the row's end; both counted at compile time.
-        // A packed row is never a line's bare values, so never `Line`.
-        let base = self.bytes.as_ptr();
-        let codes = row.start + cols.start / Self::PER_BYTE;
-        let affine = row.start + row.len - Self::AFFINE_BYTES;
-        prefetch::bag_block(base, codes, N * Self::vector_bytes::<V>(), hints);
-        prefetch::bag_block(base, affine, Self::AFFINE_BYTES, hints);
+        // A row of a line or less: a hint at each end, two where its codes
+        // and scale and bias took four. Wider: the block's codes (a whole
+        // block's worth: a hint past the row is only a wasted fetch), then
+        // the scale and bias. Never `Line` (never a line's bare values).
+        let (base, end) = (self.bytes.as_ptr(), row.start + row.len);
+        if row.len <= crate::memory::LINE_BYTES {
+            prefetch::bag_block(base, row.start, row.len, hints);
+        } else {
+            let codes = row.start + cols.start / Self::PER_BYTE;
+            prefetch::bag_block(base, codes, N * Self::vector_bytes::<V>(), hints);
+            prefetch::bag_block(base, end - Self::AFFINE_BYTES, Self::AFFINE_BYTES, hints);
+        }
     }
 
     #[inline(always)]
@@ -760,14 +763,11 @@ mod tests {
         assert_eq!(packed(56), BagHints::L1, "56 codes and 8 bytes: one line");
         assert_eq!(packed(57), whole);
         assert_eq!(packed(384), whole);
-        assert_eq!(
-            Packed::<4> {
-                bytes: &bytes,
-                dim: 384
-            }
-            .bag_hints(),
-            whole
-        );
+        let int4 = Packed::<4> {
+            bytes: &bytes,
+            dim: 384,
+        };
+        assert_eq!(int4.bag_hints(), whole);
     }
 
     /// A bag hints a row of one line once only where the rows really are
