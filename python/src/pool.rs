@@ -203,9 +203,10 @@ pub(crate) fn pool_spin_counts() -> (u64, u64) {
 /// thread touches take memory). rayon's default is Rust's 2 MiB, which an
 /// optimised build never comes near (its largest kernel frame is 48 KiB),
 /// but an unoptimised one, as CI builds the extension, keeps every local of
-/// a kernel's inlined body in a slot of its own: the bag sum's AVX-512 body
-/// took 4.3 MB, and a bag call split onto a pool thread overflowed its stack
-/// (a segmentation fault, since a library has no handler for it).
+/// a kernel's body in a slot of its own: the bag sum's blocks, kept out of
+/// line there (the crate's `build.rs`), take up to 364 KB each. A thread
+/// that overflows its stack crashes the process (a segmentation fault, since
+/// a library has no handler for it), so the pool leaves room to spare.
 const POOL_STACK_BYTES: usize = 16 << 20;
 
 /// Makes the pool on the first call; refuses a call that the pool cannot

@@ -402,6 +402,17 @@ impl RowHeads {
 /// 48 KiB L1 (see [`gather_hints_in_l1`]).
 const GATHER_L1_AHEAD_BYTES: usize = 8 << 10;
 
+/// The widest row a bag hints whole, into L2, in its pass over the row's
+/// first column block, and not at all in the passes over its other blocks
+/// (`Rows::blocks`), where each pass hints its own block otherwise: fewer
+/// instructions a block. With eight lanes, warm, on a Zen 4 host: minilm's
+/// 8-bit rows (392 bytes) 0.95x the time, the 4-bit rows of minilm and gpt2
+/// (196, 388 bytes) 0.96x and 0.97x. Wider rows keep a block's hints a pass:
+/// hinted whole, gpt2's `f16` and bf16 rows (1 536 bytes) took 1.20-1.22x the
+/// time, minilm's (768) 1.05x, gpt2's 8-bit rows (776) 0.98x
+/// (docs/benchmarks.md, "Whole rows hinted once").
+pub(crate) const WHOLE_ROW_HINT_MAX_BYTES: usize = 512;
+
 /// Tables smaller than this are read without prefetch hints (by the
 /// lookups): they sit in a core's L2 (512 KiB on Zen 3, 1 MiB on Zen 4) or
 /// at worst L3, and the hints (one per line of every row) only add

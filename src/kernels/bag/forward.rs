@@ -9,6 +9,7 @@ use crate::index::{IdsWindow, Index, ValidIds};
 use crate::kernels::row_format::{Cols, F32Rows, OnRows, RowFormat, RowSpan, Slot};
 use crate::kernels::tuning::{
     bag_ahead, bags_per_task, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES,
+    WHOLE_ROW_HINT_MAX_BYTES,
 };
 use crate::parallel::{for_each_chunk, for_each_chunk_pair, Parallelism};
 use crate::pooling::{Mode, Pooling};
@@ -331,8 +332,11 @@ impl<I: Index, T: RowFormat> Rows<'_, I, T> {
     /// still among the call's ids (`bag.end + ahead <= limit`). It walks the
     /// bag's ids and the ids `ahead` on as two slices, so a position costs
     /// two id loads, a hint and the block: no clamp, no index check, no
-    /// test. Fewer instructions a row let more rows' loads be in flight at
-    /// once, which is what a bag of narrow rows waits on. Where the row is
+    /// test. There a short row of several blocks hinted into L2 is hinted
+    /// whole in the pass over its first block, and its other passes cost an
+    /// id load and the block ([`fast_rows`](Self::fast_rows)). Fewer
+    /// instructions a row let more rows' loads be in flight at once, which
+    /// is what a bag of narrow rows waits on. Where the row is
     /// this one block (`dim == N·V::WIDTH`: 16 columns on AVX-512, 128, …)
     /// the loop is compiled with the row's length a constant, so a row's
     /// offset is a shift and every bound a constant away from it (narrow's
@@ -362,6 +366,18 @@ impl<I: Index, T: RowFormat> Rows<'_, I, T> {
                     BagHints::L2 => self.fast_blocks(bag, len, cols, f, BagHints::L2),
                     BagHints::Head => self.fast_blocks(bag, len, cols, f, BagHints::Head),
                 }
+            } else if self.hints == BagHints::L2
+                && self.table.row_bytes() <= WHOLE_ROW_HINT_MAX_BYTES
+            {
+                // A row of several blocks hinted into L2, and short: the
+                // whole row in the pass over its first block, nothing in
+                // the others (see `WHOLE_ROW_HINT_MAX_BYTES`).
+                let len = T::row_len(self.dim);
+                if cols.start == 0 {
+                    self.fast_rows(bag, len, cols, f, true)
+                } else {
+                    self.fast_rows(bag, len, cols, f, false)
+                }
             } else {
                 self.fast_blocks(bag, T::row_len(self.dim), cols, f, self.hints)
             }
@@ -389,6 +405,34 @@ impl<I: Index, T: RowFormat> Rows<'_, I, T> {
         for (p, (r, n)) in bag.clone().zip(here.rows().zip(next.rows())) {
             table.prefetch_block::<V, N>(RowSpan::of(n, row_len), cols, hints);
             f.visit(p, table, RowSpan::of(r, row_len), cols);
+        }
+        bag.len()
+    }
+
+    /// The fast loop of [`blocks`](Self::blocks) hinting whole rows into L2
+    /// (`whole`, a constant where the caller passes one) or nothing: for a
+    /// row of several blocks, the pass over its first block and the others.
+    #[inline(always)]
+    fn fast_rows<V: Lanes, const N: usize, F: Visit<V, N>>(
+        &self,
+        bag: Range<usize>,
+        row_len: usize,
+        cols: Cols<N>,
+        f: &mut F,
+        whole: bool,
+    ) -> usize {
+        let table = &self.table;
+        let here = self.ids.slice(bag.clone());
+        if whole {
+            let next = self.ids.slice(bag.start + self.ahead..bag.end + self.ahead);
+            for (p, (r, n)) in bag.clone().zip(here.rows().zip(next.rows())) {
+                table.prefetch_row(RowSpan::of(n, row_len));
+                f.visit(p, table, RowSpan::of(r, row_len), cols);
+            }
+        } else {
+            for (p, r) in bag.clone().zip(here.rows()) {
+                f.visit(p, table, RowSpan::of(r, row_len), cols);
+            }
         }
         bag.len()
     }

@@ -55,13 +55,13 @@ impl<I: Index, T: RowFormat, S: Slot> BlockBody for Max<'_, '_, I, T, S> {
     /// is replaced), and its position in the bag replaces the winner's,
     /// through the same mask.
     // Inlined into the wrapper that enables the lanes' instructions. Not in
-    // a debug build: there every inlined block keeps its own stack slots,
-    // and with sixteen-lane vectors one bag task's frame grew past a
-    // thread's 2 MiB stack; out of line, each block size has a frame of its
-    // own (and calls its intrinsics out of line, which is correct, only
-    // slower; so does an optimised build with debug assertions on).
-    #[cfg_attr(not(debug_assertions), inline(always))]
-    #[cfg_attr(debug_assertions, inline(never))]
+    // an unoptimised build (build.rs): there every inlined block keeps its
+    // own stack slots, and with sixteen-lane vectors one bag call's frame
+    // grew past a thread's 2 MiB stack; out of line, each block size has a
+    // frame of its own (and calls its intrinsics out of line, which is
+    // correct, only slower).
+    #[cfg_attr(not(unoptimised), inline(always))]
+    #[cfg_attr(unoptimised, inline(never))]
     fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize {
         let (bag, start) = (self.bag.clone(), self.bag.start);
         let mut max = Running {

@@ -94,8 +94,8 @@ struct EachBag<'r, 'i, I: Index, T, S> {
 impl<I: Index, T: RowFormat, S: Slot> BlockBody for EachBag<'_, '_, I, T, S> {
     /// Each bag's sum, as [`pool`] writes it, through the one block `cols`.
     // Inlined or not as `Sum::block`, for the same reason.
-    #[cfg_attr(not(debug_assertions), inline(always))]
-    #[cfg_attr(debug_assertions, inline(never))]
+    #[cfg_attr(not(unoptimised), inline(always))]
+    #[cfg_attr(unoptimised, inline(never))]
     fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize {
         for (k, dst) in self.out.chunks_exact_mut(self.terms.rows.dim).enumerate() {
             let mut sum = Sum {
@@ -145,13 +145,13 @@ impl<I: Index, T: RowFormat, S: Slot> BlockBody for Sum<'_, '_, I, T, S> {
     /// sum's loop holds the accumulators and nothing else (with one shared
     /// loop the compiler kept half of them on the stack).
     // Inlined into the wrapper that enables the lanes' instructions. Not in
-    // a debug build: there every inlined block keeps its own stack slots,
-    // and with sixteen-lane vectors one bag task's frame grew past a
-    // thread's 2 MiB stack; out of line, each block size has a frame of its
-    // own (and calls its intrinsics out of line, which is correct, only
-    // slower; so does an optimised build with debug assertions on).
-    #[cfg_attr(not(debug_assertions), inline(always))]
-    #[cfg_attr(debug_assertions, inline(never))]
+    // an unoptimised build (build.rs): there every inlined block keeps its
+    // own stack slots, and with sixteen-lane vectors one bag call's frame
+    // grew past a thread's 2 MiB stack; out of line, each block size has a
+    // frame of its own (and calls its intrinsics out of line, which is
+    // correct, only slower).
+    #[cfg_attr(not(unoptimised), inline(always))]
+    #[cfg_attr(unoptimised, inline(never))]
     fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize {
         let bag = self.bag.clone();
         let Terms {
