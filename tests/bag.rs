@@ -37,8 +37,7 @@ use embedding_kernels::{reference, EmbeddingError, Index, Operand, Parallelism};
 use embedding_kernels::{EmbeddingBag, EmbeddingBagOptions, QuantizedEmbeddingBag};
 use proptest::prelude::*;
 
-mod common;
-use common::{
+use crate::common::{
     around_prefetch_size, assert_gradient, bad_id, bits, convert, draw_ids, ids_as, mismatch,
     not_whole_rows, numeric_gradient, pools, row, run_table, weighted_sum, zero_dim, Pattern, Row,
     SplitMix,

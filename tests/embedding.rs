@@ -1,9 +1,7 @@
 //! The layer (`Embedding`) against the one-hot reference and against
 //! finite differences: every backward path, every option, every pool size.
 
-mod common;
-
-use common::{
+use crate::common::{
     assert_close, assert_error, bad_id, bits, convert, draw_ids, invalid, mismatch, not_whole_rows,
     numeric_gradient, pools, row, run_table, values, weighted_sum, Pattern, Row, SplitMix,
 };

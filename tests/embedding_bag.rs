@@ -2,9 +2,7 @@
 //! bag-matrix reference and finite differences, the fused row-wise Adagrad
 //! step, and errors that change nothing.
 
-mod common;
-
-use common::{
+use crate::common::{
     assert_error, assert_gradient, bad_id, bits, central_differences, invalid, mismatch,
     not_whole_rows, pools, row, run_table, weighted_sum, Row, SplitMix,
 };

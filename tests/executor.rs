@@ -3,9 +3,7 @@
 //! on three threads, or skips some and repeats others), refuse a bad id in
 //! the same way and write nothing; and the executor is the one that ran them.
 
-mod common;
-
-use common::{bits, SplitMix};
+use crate::common::{bits, SplitMix};
 use embedding_kernels::formats::{PackedTable, RowWise, TableRef};
 use embedding_kernels::{
     bag_backward_with, bag_forward_with, bag_sparse_step_with, dense_backward_with, gather_with,

@@ -4,8 +4,7 @@
 //! serializer, and files we write are read back with its own parser, so
 //! neither half is only checked against the other.
 
-mod common;
-use common::{bits, not_whole_rows, row, run_table, zero_dim, Row, SplitMix};
+use crate::common::{bits, not_whole_rows, row, run_table, zero_dim, Row, SplitMix};
 use std::collections::HashMap;
 use std::fs;
 use std::path::Path;

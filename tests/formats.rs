@@ -4,9 +4,9 @@
 //! bytes on every thread count. PyTorch's own bytes are compared in
 //! `formats_golden` below when its golden file is present.
 
-mod common;
+use crate::common;
 
-use common::{pools, row, run_table, SplitMix};
+use crate::common::{pools, row, run_table, SplitMix};
 use embedding_kernels::formats::{self, PackedTable, RowWise};
 use embedding_kernels::{EmbeddingError, Operand, Parallelism};
 

@@ -15,9 +15,7 @@
 //! composition on every pool and `Parallelism`. Table and gradient values
 //! span 24 binades, so a sum taken in another order shows in the bits.
 
-mod common;
-
-use common::{
+use crate::common::{
     assert_close, assert_error, bad_id, bits, central_differences, convert, draw_ids, ids_as,
     invalid, mismatch, pools, row, run_table, values, weighted_sum, Pattern, Row, SplitMix,
 };

@@ -8,8 +8,7 @@ use embedding_kernels::{
 };
 use proptest::prelude::*;
 
-mod common;
-use common::{
+use crate::common::{
     around_prefetch_size, bad_id, bits, convert, draw_ids, ids_as, mismatch, not_whole_rows, pools,
     row, run_table, zero_dim, Pattern, Row, SplitMix,
 };

@@ -22,8 +22,7 @@ use embedding_kernels::{reference, EmbeddingError, Index, Operand, Parallelism};
 use embedding_kernels::{scatter_add_scaled, scatter_add_scaled_with};
 use proptest::prelude::*;
 
-mod common;
-use common::{
+use crate::common::{
     assert_gradient, bad_id, bits, central_differences, convert as to_ids, mismatch,
     not_whole_rows, pools, row, run_table, weighted_sum, zero_dim, Row, SplitMix as Rng,
 };

@@ -4,9 +4,9 @@
 //! mode, padding row and offsets rule, refuse `max_norm`, and check their
 //! arguments as the kernels do.
 
-mod common;
+use crate::common;
 
-use common::SplitMix;
+use crate::common::SplitMix;
 use embedding_kernels::formats::{Format, OwnedTable};
 use embedding_kernels::{
     table_bag_forward, table_gather, Embedding, EmbeddingBag, EmbeddingBagOptions, EmbeddingError,

@@ -6,9 +6,9 @@
 //! kernels refuse, with the same error, and writes nothing. Every result is
 //! compared across pools of 1, 2, 3 and 8 threads, serial and split.
 
-mod common;
+use crate::common;
 
-use common::{pools, SplitMix};
+use crate::common::{pools, SplitMix};
 use embedding_kernels::formats::{self, PackedTable, RowWise, TableRef};
 use embedding_kernels::{
     bag_forward, gather, gather_half_with, reference, table_bag_forward, table_bag_forward_with,
