@@ -54,12 +54,7 @@ impl<I: Index, T: RowFormat, S: Slot> BlockBody for Max<'_, '_, I, T, S> {
     /// greater value replaces (an ordered compare, so a NaN neither wins nor
     /// is replaced), and its position in the bag replaces the winner's,
     /// through the same mask.
-    // Inlined into the wrapper that enables the lanes' instructions. Not in
-    // an unoptimised build (build.rs): there every inlined block keeps its
-    // own stack slots, and with sixteen-lane vectors one bag call's frame
-    // grew past a thread's 2 MiB stack; out of line, each block size has a
-    // frame of its own (and calls its intrinsics out of line, which is
-    // correct, only slower).
+    // Inlined or not as `Sum::block` (sum.rs), for the same reason.
     #[cfg_attr(not(unoptimised), inline(always))]
     #[cfg_attr(unoptimised, inline(never))]
     fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize {
