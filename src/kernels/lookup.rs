@@ -17,10 +17,9 @@
 //! output rows, as the `f32` gather: the bits cannot depend on the thread
 //! count.
 
+use super::blocks::{each_block, BlockBody, Cols};
 use super::gather::{for_each_row_block, gather_valid};
-use super::row_format::{
-    dispatch, each_block, value, Affine, BlockBody, Cols, OnRows, RowFormat, RowSpan, Sink,
-};
+use super::row_format::{dispatch, value, Affine, OnRows, RowFormat, RowSpan, Sink};
 use super::tuning::{prefetch_ahead, PREFETCH_MIN_TABLE_BYTES};
 use crate::error::{EmbeddingError, Operand};
 use crate::formats::{Data, TableRef};

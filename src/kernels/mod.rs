@@ -9,6 +9,7 @@
 //! `_with` one takes a [`Parallelism`](crate::Parallelism) first.
 
 mod bag;
+pub(crate) mod blocks;
 mod gather;
 mod grouped;
 #[cfg(test)]

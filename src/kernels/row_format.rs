@@ -26,11 +26,11 @@
 //! closure is compiled apart from the wrapper that enables AVX, and would
 //! call each instruction out of line.
 //!
-//! A row is read as column blocks of `N` vectors ([`Cols`]): the ladder of
-//! [`each_block`] (24, 16 or 8 vectors, then 16, 8, 4, 2, 1, then the last
-//! `dim % V::WIDTH` columns zero-padded into one vector).
+//! A row is read as column blocks of `N` vectors ([`Cols`], cut by
+//! [`each_block`](super::blocks::each_block): `kernels/blocks.rs`).
 
 use crate::formats::{Data, PackedTable, RowWise, TableRef};
+use crate::kernels::blocks::Cols;
 use crate::kernels::tuning::RowHeads;
 use crate::memory::LINE_BYTES as LINE;
 use crate::simd::prefetch::{self, BagHints, L2};
@@ -173,52 +173,6 @@ pub(crate) fn value<V: Lanes>(lanes: V, affine: Option<Affine<V>>) -> V {
     }
 }
 
-/// A column block: `width` columns from `start`, read as `N` vectors. A
-/// whole block has `width == N·V::WIDTH`; the last `dim % V::WIDTH`
-/// columns of a row are a block of one vector, zero-padded.
-#[derive(Clone, Copy)]
-pub(crate) struct Cols<const N: usize> {
-    pub(crate) start: usize,
-    pub(crate) width: usize,
-    /// Whether the block fills its `N` vectors.
-    whole: bool,
-}
-
-impl<const N: usize> Cols<N> {
-    /// The `N·V::WIDTH` columns from `start`.
-    #[inline(always)]
-    pub(crate) fn whole<V: Lanes>(start: usize) -> Self {
-        Cols {
-            start,
-            width: N * V::WIDTH,
-            whole: true,
-        }
-    }
-
-    /// Whether the block fills its `N` vectors (else it is a row's last
-    /// few columns, one vector).
-    #[inline(always)]
-    pub(crate) fn is_whole(self) -> bool {
-        self.whole
-    }
-
-    /// Writes the block's `N` vectors of `V` to its columns of `dst`, a row.
-    #[inline(always)]
-    pub(crate) fn store<V: Lanes, S: Slot>(self, lanes: [V; N], dst: &mut [S]) {
-        let dst = &mut dst[self.start..self.start + self.width];
-        let mut values = [0.0f32; MAX_LANES];
-        if self.is_whole() {
-            for (o, v) in dst.chunks_exact_mut(V::WIDTH).zip(lanes) {
-                v.store(&mut values);
-                S::put(o, &values[..V::WIDTH]);
-            }
-        } else {
-            lanes[0].store(&mut values);
-            S::put(dst, &values[..self.width]);
-        }
-    }
-}
-
 /// A value of an output that a kernel writes once: an `f32` of a caller's
 /// buffer, or a `MaybeUninit<f32>` of fresh memory, which is then written
 /// once instead of zeroed first and written again.
@@ -276,94 +230,6 @@ fn put_arrays<'d, 's, const N: usize>(
         *d = s.map(MaybeUninit::new);
     }
     (dst_rest, src_rest)
-}
-
-impl Cols<1> {
-    /// The last `width` (fewer than a vector of `V`'s) columns of a row,
-    /// from `start`.
-    #[inline(always)]
-    pub(crate) fn tail<V: Lanes>(start: usize, width: usize) -> Self {
-        debug_assert!(width < V::WIDTH);
-        Cols {
-            start,
-            width,
-            whole: false,
-        }
-    }
-}
-
-/// What [`each_block`] runs on each column block of a row.
-pub(crate) trait BlockBody {
-    /// Works on columns `cols` with lanes `V`; returns a count the caller
-    /// keeps (the bags: how many rows were kept).
-    fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize;
-}
-
-/// How many column blocks [`each_block`] cuts a row of `dim` values into
-/// (its blocks counted by running it).
-#[inline(always)]
-pub(crate) fn block_count<V: Lanes>(dim: usize, widest: usize) -> usize {
-    struct Count(usize);
-    impl BlockBody for Count {
-        #[inline(always)]
-        fn block<V: Lanes, const N: usize>(&mut self, _cols: Cols<N>) -> usize {
-            self.0 += 1;
-            0
-        }
-    }
-    let mut count = Count(0);
-    each_block::<V, _>(dim, widest, &mut count);
-    count.0
-}
-
-/// Runs `body` on every column block of a row of `dim` values: blocks of
-/// `widest` vectors (24, 16, 12 or 8), then the smaller sizes that fit (16,
-/// 8, 4, 2, 1; 12 only as the widest), then the last `dim % V::WIDTH` columns.
-/// Returns the count of the last block.
-#[inline(always)]
-pub(crate) fn each_block<V: Lanes, B: BlockBody>(dim: usize, widest: usize, body: &mut B) -> usize {
-    let (mut kept, mut c) = (0, 0);
-    let w = V::WIDTH;
-    if widest >= 24 {
-        while c + 24 * w <= dim {
-            kept = body.block::<V, 24>(Cols::whole::<V>(c));
-            c += 24 * w;
-        }
-    }
-    if widest >= 16 {
-        while c + 16 * w <= dim {
-            kept = body.block::<V, 16>(Cols::whole::<V>(c));
-            c += 16 * w;
-        }
-    }
-    if widest == 12 {
-        while c + 12 * w <= dim {
-            kept = body.block::<V, 12>(Cols::whole::<V>(c));
-            c += 12 * w;
-        }
-    }
-    if widest >= 8 {
-        while c + 8 * w <= dim {
-            kept = body.block::<V, 8>(Cols::whole::<V>(c));
-            c += 8 * w;
-        }
-    }
-    while c + 4 * w <= dim {
-        kept = body.block::<V, 4>(Cols::whole::<V>(c));
-        c += 4 * w;
-    }
-    if c + 2 * w <= dim {
-        kept = body.block::<V, 2>(Cols::whole::<V>(c));
-        c += 2 * w;
-    }
-    if c + w <= dim {
-        kept = body.block::<V, 1>(Cols::whole::<V>(c));
-        c += w;
-    }
-    if c < dim {
-        kept = body.block::<V, 1>(Cols::tail::<V>(c, dim - c));
-    }
-    kept
 }
 
 /// A value a table holds as it is, a vector's worth of which become lanes:

@@ -15,7 +15,9 @@
 //!
 //! Soundness rests on one rule: the lane types, [`Avx256`] and [`Avx512`],
 //! are private to this file, and the only code that names them is [`run`],
-//! which takes an [`Avx`], a proof that the CPU has the level's features.
+//! which takes an [`Avx`], a proof that the CPU has the level's features,
+//! and the block wrappers ([`block_avx2`], [`block_avx512`]), which only
+//! the lane types' own methods call.
 //! So every instruction below runs on a CPU that has it, though the trait's
 //! methods are safe. Helpers that issue a level's instructions are
 //! associated functions of its lane type (`Avx512::copy_by_lines`), under
@@ -25,6 +27,7 @@
 #![allow(unsafe_code)]
 
 use super::{first, Body, Lanes, EIGHT};
+use crate::kernels::blocks::{BlockBody, Cols};
 use crate::memory::LINE_BYTES;
 use core::arch::x86_64::{
     __m128i, __m256, __m256i, __m512, _mm256_add_ps, _mm256_and_si256, _mm256_blendv_ps,
@@ -143,6 +146,21 @@ fn run_avx2<B: Body>(body: B) -> B::Output {
 #[target_feature(enable = "avx,avx2,fma,f16c,avx512f,avx512vl")]
 fn run_avx512<B: Body>(body: B) -> B::Output {
     body.run::<Avx512>()
+}
+
+/// One block of a body run by [`run_avx2`], as a function of its own with
+/// the same features: see [`Lanes::block_apart`].
+#[target_feature(enable = "avx,avx2,fma,f16c")]
+#[inline(never)]
+fn block_avx2<B: BlockBody, const N: usize>(body: &mut B, cols: Cols<N>) -> usize {
+    body.block::<Avx256, N>(cols)
+}
+
+/// [`block_avx2`] for [`run_avx512`]'s lanes and features.
+#[target_feature(enable = "avx,avx2,fma,f16c,avx512f,avx512vl")]
+#[inline(never)]
+fn block_avx512<B: BlockBody, const N: usize>(body: &mut B, cols: Cols<N>) -> usize {
+    body.block::<Avx512, N>(cols)
 }
 
 /// One 256-bit register of eight `f32`s, on a CPU with the features of
@@ -287,6 +305,12 @@ impl Lanes for Avx256 {
     fn stream(dst: &mut [f32], src: Option<&[f32]>) {
         // SAFETY: see above the impl.
         unsafe { stream(dst, src) }
+    }
+
+    #[inline(always)]
+    fn block_apart<B: BlockBody, const N: usize>(body: &mut B, cols: Cols<N>) -> usize {
+        // SAFETY: see above the impl; the function needs the same features.
+        unsafe { block_avx2(body, cols) }
     }
 }
 
@@ -476,6 +500,12 @@ impl Lanes for Avx512 {
         // 32-byte streaming stores: a whole line is written either way.
         // SAFETY: see above the impl (AVX at this level).
         unsafe { stream(dst, src) }
+    }
+
+    #[inline(always)]
+    fn block_apart<B: BlockBody, const N: usize>(body: &mut B, cols: Cols<N>) -> usize {
+        // SAFETY: see above the impl; the function needs the same features.
+        unsafe { block_avx512(body, cols) }
     }
 }
 

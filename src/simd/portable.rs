@@ -1,6 +1,7 @@
 //! [`Lanes`] for `wide::f32x8`: the instruction set the build targets.
 
 use super::{first, Lanes, EIGHT};
+use crate::kernels::blocks::{BlockBody, Cols};
 use wide::f32x8;
 
 impl Lanes for f32x8 {
@@ -91,6 +92,11 @@ impl Lanes for f32x8 {
     #[inline(always)]
     fn stream(dst: &mut [f32], src: Option<&[f32]>) {
         super::stream::sse(dst, src);
+    }
+
+    #[inline(never)]
+    fn block_apart<B: BlockBody, const N: usize>(body: &mut B, cols: Cols<N>) -> usize {
+        body.block::<f32x8, N>(cols)
     }
 }
 

@@ -6,7 +6,8 @@ use super::{max, sum};
 use crate::bags::Bags;
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{IdsWindow, Index, ValidIds};
-use crate::kernels::row_format::{Cols, F32Rows, OnRows, RowFormat, RowSpan, Slot};
+use crate::kernels::blocks::Cols;
+use crate::kernels::row_format::{F32Rows, OnRows, RowFormat, RowSpan, Slot};
 use crate::kernels::tuning::{
     bag_ahead, bags_per_task, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES,
     WHOLE_ROW_HINT_MAX_BYTES,

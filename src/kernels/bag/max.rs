@@ -3,9 +3,8 @@
 
 use super::forward::{Rows, Visit};
 use crate::index::Index;
-use crate::kernels::row_format::{
-    each_block, value, Affine, BlockBody, Cols, RowFormat, RowSpan, Sink, Slot,
-};
+use crate::kernels::blocks::{each_block, BlockBody, Cols};
+use crate::kernels::row_format::{value, Affine, RowFormat, RowSpan, Sink, Slot};
 use crate::simd::{Lanes, MAX_LANES};
 use core::ops::Range;
 
@@ -48,15 +47,16 @@ struct Max<'r, 'i, I: Index, T, S> {
 }
 
 impl<I: Index, T: RowFormat, S: Slot> BlockBody for Max<'_, '_, I, T, S> {
+    const APART: bool = true;
+
     /// Columns `cols` of the bag's max into `dst` and the winners' ids into
     /// `args`; returns how many rows were kept (and writes nothing when none
     /// was). The first kept row is taken as it is; after it a strictly
     /// greater value replaces (an ordered compare, so a NaN neither wins nor
     /// is replaced), and its position in the bag replaces the winner's,
     /// through the same mask.
-    // Inlined or not as `Sum::block` (sum.rs), for the same reason.
-    #[cfg_attr(not(unoptimised), inline(always))]
-    #[cfg_attr(unoptimised, inline(never))]
+    // Inlined into its block wrapper, as `Sum::block` (sum.rs).
+    #[inline(always)]
     fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize {
         let (bag, start) = (self.bag.clone(), self.bag.start);
         let mut max = Running {

@@ -4,9 +4,8 @@
 use super::forward::{Rows, Visit};
 use crate::bags::Bags;
 use crate::index::Index;
-use crate::kernels::row_format::{
-    block_count, each_block, Affine, BlockBody, Cols, RowFormat, RowSpan, Sink, Slot,
-};
+use crate::kernels::blocks::{block_count, each_block, BlockBody, Cols};
+use crate::kernels::row_format::{Affine, RowFormat, RowSpan, Sink, Slot};
 use crate::simd::Lanes;
 use core::ops::Range;
 
@@ -92,10 +91,11 @@ struct EachBag<'r, 'i, I: Index, T, S> {
 }
 
 impl<I: Index, T: RowFormat, S: Slot> BlockBody for EachBag<'_, '_, I, T, S> {
+    const APART: bool = true;
+
     /// Each bag's sum, as [`pool`] writes it, through the one block `cols`.
-    // Inlined or not as `Sum::block`, for the same reason.
-    #[cfg_attr(not(unoptimised), inline(always))]
-    #[cfg_attr(unoptimised, inline(never))]
+    // Inlined into its block wrapper, as `Sum::block`.
+    #[inline(always)]
     fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize {
         for (k, dst) in self.out.chunks_exact_mut(self.terms.rows.dim).enumerate() {
             let mut sum = Sum {
@@ -138,20 +138,20 @@ struct Sum<'r, 'i, I: Index, T, S> {
 }
 
 impl<I: Index, T: RowFormat, S: Slot> BlockBody for Sum<'_, '_, I, T, S> {
+    const APART: bool = true;
+
     /// Columns `cols` of the bag's sum into `dst`; returns how many rows
     /// were kept. The sums start from `-0.0`, so the first kept term comes
     /// through to the bit (`-0.0 + x == x`); a mean divides in the registers
     /// before the one store. One copy of the loop per weighting, so the plain
     /// sum's loop holds the accumulators and nothing else (with one shared
     /// loop the compiler kept half of them on the stack).
-    // Inlined into the wrapper that enables the lanes' instructions. Not in
-    // an unoptimised build (build.rs): there every inlined block keeps its
-    // own stack slots, and with sixteen-lane vectors one bag call's frame
-    // grew past a thread's 2 MiB stack; out of line, each block size has a
-    // frame of its own (and calls its intrinsics out of line, which is
-    // correct, only slower).
-    #[cfg_attr(not(unoptimised), inline(always))]
-    #[cfg_attr(unoptimised, inline(never))]
+    // Inlined into its block wrapper (`APART`), a function of its own with
+    // the lanes' instructions. Also unoptimised, where every inlined local
+    // keeps a stack slot of its own, that keeps the frames small: with all
+    // the block sizes inlined into one function, a sixteen-lane bag sum's
+    // frame reached 7 MB there and overflowed a thread's stack.
+    #[inline(always)]
     fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize {
         let bag = self.bag.clone();
         let Terms {

@@ -1,0 +1,162 @@
+//! Column blocks: a row read as blocks of `N` vectors ([`Cols`]), cut by
+//! the ladder of [`each_block`] (24, 16 or 8 vectors, then 16, 8, 4, 2, 1,
+//! then the last `dim % V::WIDTH` columns zero-padded into one vector), each
+//! handed to a [`BlockBody`] with `N` a constant, so a block's vectors can
+//! live in registers.
+
+use crate::kernels::row_format::Slot;
+use crate::simd::{Lanes, MAX_LANES};
+
+/// A column block: `width` columns from `start`, read as `N` vectors. A
+/// whole block has `width == N·V::WIDTH`; the last `dim % V::WIDTH`
+/// columns of a row are a block of one vector, zero-padded.
+#[derive(Clone, Copy)]
+pub(crate) struct Cols<const N: usize> {
+    pub(crate) start: usize,
+    pub(crate) width: usize,
+    /// Whether the block fills its `N` vectors.
+    whole: bool,
+}
+
+impl<const N: usize> Cols<N> {
+    /// The `N·V::WIDTH` columns from `start`.
+    #[inline(always)]
+    pub(crate) fn whole<V: Lanes>(start: usize) -> Self {
+        Cols {
+            start,
+            width: N * V::WIDTH,
+            whole: true,
+        }
+    }
+
+    /// Whether the block fills its `N` vectors (else it is a row's last
+    /// few columns, one vector).
+    #[inline(always)]
+    pub(crate) fn is_whole(self) -> bool {
+        self.whole
+    }
+
+    /// Writes the block's `N` vectors of `V` to its columns of `dst`, a row.
+    #[inline(always)]
+    pub(crate) fn store<V: Lanes, S: Slot>(self, lanes: [V; N], dst: &mut [S]) {
+        let dst = &mut dst[self.start..self.start + self.width];
+        let mut values = [0.0f32; MAX_LANES];
+        if self.is_whole() {
+            for (o, v) in dst.chunks_exact_mut(V::WIDTH).zip(lanes) {
+                v.store(&mut values);
+                S::put(o, &values[..V::WIDTH]);
+            }
+        } else {
+            lanes[0].store(&mut values);
+            S::put(dst, &values[..self.width]);
+        }
+    }
+}
+
+impl Cols<1> {
+    /// The last `width` (fewer than a vector of `V`'s) columns of a row,
+    /// from `start`.
+    #[inline(always)]
+    pub(crate) fn tail<V: Lanes>(start: usize, width: usize) -> Self {
+        debug_assert!(width < V::WIDTH);
+        Cols {
+            start,
+            width,
+            whole: false,
+        }
+    }
+}
+
+/// What [`each_block`] runs on each column block of a row.
+pub(crate) trait BlockBody: Sized {
+    /// Whether [`each_block`] calls each block size as a function of its
+    /// own ([`Lanes::block_apart`]) rather than inlining them all into its
+    /// caller. The bags' blocks are large, and a bag kernel holds up to
+    /// eight sizes of each: inlined into one function, they made LLVM's
+    /// optimisation of the kernel superlinear in its size (a bag sum over
+    /// one id type and format took 5.1 CPU-minutes to compile, 0.7 with its
+    /// blocks apart: docs/benchmarks.md, "Blocks apart"). A call costs a
+    /// few nanoseconds; a bag's block takes hundreds.
+    const APART: bool = false;
+
+    /// Works on columns `cols` with lanes `V`; returns a count the caller
+    /// keeps (the bags: how many rows were kept).
+    fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize;
+}
+
+/// `body`'s block `cols`, inlined or apart as [`BlockBody::APART`] says.
+#[inline(always)]
+fn block<V: Lanes, B: BlockBody, const N: usize>(body: &mut B, cols: Cols<N>) -> usize {
+    if B::APART {
+        V::block_apart(body, cols)
+    } else {
+        body.block::<V, N>(cols)
+    }
+}
+
+/// How many column blocks [`each_block`] cuts a row of `dim` values into
+/// (its blocks counted by running it).
+#[inline(always)]
+pub(crate) fn block_count<V: Lanes>(dim: usize, widest: usize) -> usize {
+    struct Count(usize);
+    impl BlockBody for Count {
+        #[inline(always)]
+        fn block<V: Lanes, const N: usize>(&mut self, _cols: Cols<N>) -> usize {
+            self.0 += 1;
+            0
+        }
+    }
+    let mut count = Count(0);
+    each_block::<V, _>(dim, widest, &mut count);
+    count.0
+}
+
+/// Runs `body` on every column block of a row of `dim` values: blocks of
+/// `widest` vectors (24, 16, 12 or 8), then the smaller sizes that fit (16,
+/// 8, 4, 2, 1; 12 only as the widest), then the last `dim % V::WIDTH` columns.
+/// Returns the count of the last block.
+#[inline(always)]
+pub(crate) fn each_block<V: Lanes, B: BlockBody>(dim: usize, widest: usize, body: &mut B) -> usize {
+    let (mut kept, mut c) = (0, 0);
+    let w = V::WIDTH;
+    if widest >= 24 {
+        while c + 24 * w <= dim {
+            kept = block::<V, _, 24>(body, Cols::whole::<V>(c));
+            c += 24 * w;
+        }
+    }
+    if widest >= 16 {
+        while c + 16 * w <= dim {
+            kept = block::<V, _, 16>(body, Cols::whole::<V>(c));
+            c += 16 * w;
+        }
+    }
+    if widest == 12 {
+        while c + 12 * w <= dim {
+            kept = block::<V, _, 12>(body, Cols::whole::<V>(c));
+            c += 12 * w;
+        }
+    }
+    if widest >= 8 {
+        while c + 8 * w <= dim {
+            kept = block::<V, _, 8>(body, Cols::whole::<V>(c));
+            c += 8 * w;
+        }
+    }
+    while c + 4 * w <= dim {
+        kept = block::<V, _, 4>(body, Cols::whole::<V>(c));
+        c += 4 * w;
+    }
+    if c + 2 * w <= dim {
+        kept = block::<V, _, 2>(body, Cols::whole::<V>(c));
+        c += 2 * w;
+    }
+    if c + w <= dim {
+        kept = block::<V, _, 1>(body, Cols::whole::<V>(c));
+        c += w;
+    }
+    if c < dim {
+        kept = block::<V, _, 1>(body, Cols::tail::<V>(c, dim - c));
+    }
+    kept
+}
