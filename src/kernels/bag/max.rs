@@ -65,20 +65,22 @@ impl<I: Index, T: RowFormat, S: Slot> BlockBody for Max<'_, '_, I, T, S> {
             first: true,
             start,
         };
-        let kept = self.rows.blocks::<V, N, _>(bag, self.limit, cols, &mut max);
+        // A copy the compiler keeps in registers, as in `Sum::block`.
+        let rows = *self.rows;
+        let kept = rows.blocks::<V, N, _>(bag, self.limit, cols, &mut max);
         let Running {
             mut best, mut from, ..
         } = max;
         if kept > 0 {
-            self.rows.table.in_column_order(&mut best);
-            self.rows.table.in_column_order(&mut from);
+            rows.table.in_column_order(&mut best);
+            rows.table.in_column_order(&mut from);
             cols.store(best, self.dst);
             let winners = &mut self.args[cols.start..cols.start + cols.width];
             let mut at = [0.0f32; MAX_LANES];
             for (args, f) in winners.chunks_mut(V::WIDTH).zip(from) {
                 f.store(&mut at);
                 for (arg, k) in args.iter_mut().zip(&at) {
-                    *arg = self.rows.ids.row(start + k.to_bits() as usize) as i64;
+                    *arg = rows.ids.row(start + k.to_bits() as usize) as i64;
                 }
             }
         }

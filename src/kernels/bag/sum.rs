@@ -160,6 +160,11 @@ impl<I: Index, T: RowFormat, S: Slot> BlockBody for Sum<'_, '_, I, T, S> {
             mean,
             limit,
         } = self.terms;
+        // A copy on this function's stack, which the compiler keeps in
+        // registers: read through the reference, the table's and the ids'
+        // fields were loaded again after each hint, which may write memory
+        // as far as the compiler knows.
+        let rows = *rows;
         let (mut acc, kept) = match weights {
             None => {
                 let mut plain = Plain([V::splat(T::SUM_FROM); N]);
