@@ -160,10 +160,10 @@ impl<I: Index, T: RowFormat, S: Slot> BlockBody for Sum<'_, '_, I, T, S> {
             mean,
             limit,
         } = self.terms;
-        // A copy on this function's stack, which the compiler keeps in
-        // registers: read through the reference, the table's and the ids'
-        // fields were loaded again after each hint, which may write memory
-        // as far as the compiler knows.
+        // A local copy, which the compiler can keep in registers: read
+        // through the reference, the table's and the ids' fields may be
+        // loaded again after each hint, which LLVM counts as a possible
+        // write to memory.
         let rows = *rows;
         let (mut acc, kept) = match weights {
             None => {
