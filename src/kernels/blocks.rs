@@ -68,7 +68,7 @@ impl Cols<1> {
 }
 
 /// What [`each_block`] runs on each column block of a row.
-pub(crate) trait BlockBody: Sized {
+pub(crate) trait BlockBody {
     /// Whether [`each_block`] calls each block size as a function of its
     /// own ([`Lanes::block_apart`]) rather than inlining them all into its
     /// caller. The bags' blocks are large, and a bag kernel holds up to
@@ -117,46 +117,43 @@ pub(crate) fn block_count<V: Lanes>(dim: usize, widest: usize) -> usize {
 /// Returns the count of the last block.
 #[inline(always)]
 pub(crate) fn each_block<V: Lanes, B: BlockBody>(dim: usize, widest: usize, body: &mut B) -> usize {
-    let (mut kept, mut c) = (0, 0);
-    let w = V::WIDTH;
+    let mut c = 0;
+    let mut kept = 0;
     if widest >= 24 {
-        while c + 24 * w <= dim {
-            kept = block::<V, _, 24>(body, Cols::whole::<V>(c));
-            c += 24 * w;
-        }
+        kept = blocks_of::<V, B, 24>(body, dim, &mut c, kept);
     }
     if widest >= 16 {
-        while c + 16 * w <= dim {
-            kept = block::<V, _, 16>(body, Cols::whole::<V>(c));
-            c += 16 * w;
-        }
+        kept = blocks_of::<V, B, 16>(body, dim, &mut c, kept);
     }
     if widest == 12 {
-        while c + 12 * w <= dim {
-            kept = block::<V, _, 12>(body, Cols::whole::<V>(c));
-            c += 12 * w;
-        }
+        kept = blocks_of::<V, B, 12>(body, dim, &mut c, kept);
     }
     if widest >= 8 {
-        while c + 8 * w <= dim {
-            kept = block::<V, _, 8>(body, Cols::whole::<V>(c));
-            c += 8 * w;
-        }
+        kept = blocks_of::<V, B, 8>(body, dim, &mut c, kept);
     }
-    while c + 4 * w <= dim {
-        kept = block::<V, _, 4>(body, Cols::whole::<V>(c));
-        c += 4 * w;
-    }
-    if c + 2 * w <= dim {
-        kept = block::<V, _, 2>(body, Cols::whole::<V>(c));
-        c += 2 * w;
-    }
-    if c + w <= dim {
-        kept = block::<V, _, 1>(body, Cols::whole::<V>(c));
-        c += w;
-    }
+    kept = blocks_of::<V, B, 4>(body, dim, &mut c, kept);
+    // Fewer than four vectors are left: at most one block of 2, then of 1.
+    kept = blocks_of::<V, B, 2>(body, dim, &mut c, kept);
+    kept = blocks_of::<V, B, 1>(body, dim, &mut c, kept);
     if c < dim {
         kept = block::<V, _, 1>(body, Cols::tail::<V>(c, dim - c));
+    }
+    kept
+}
+
+/// Whole blocks of `N` vectors from column `*c` while they fit in `dim`,
+/// `*c` moved past them; returns the last block's count, or `kept` when
+/// none ran.
+#[inline(always)]
+fn blocks_of<V: Lanes, B: BlockBody, const N: usize>(
+    body: &mut B,
+    dim: usize,
+    c: &mut usize,
+    mut kept: usize,
+) -> usize {
+    while *c + N * V::WIDTH <= dim {
+        kept = block::<V, _, N>(body, Cols::whole::<V>(*c));
+        *c += N * V::WIDTH;
     }
     kept
 }
