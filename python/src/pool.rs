@@ -203,8 +203,8 @@ pub(crate) fn pool_spin_counts() -> (u64, u64) {
 /// thread touches take memory). rayon's default is Rust's 2 MiB, which an
 /// optimised build never comes near (its largest kernel frame is 48 KiB),
 /// but an unoptimised one, as CI builds the extension, keeps every local of
-/// a kernel's body in a slot of its own: the bag sum's blocks, each a
-/// function of its own (`Lanes::block_apart`), take up to 380 KB in the
+/// a kernel's body in a slot of its own: the bag sum's blocks, each size a
+/// function of its own (`Lanes::blocks_apart`), take up to 380 KB in the
 /// crate's unoptimised test build. A thread
 /// that overflows its stack crashes the process (a segmentation fault, since
 /// a library has no handler for it), so the pool leaves room to spare.

@@ -53,12 +53,12 @@ impl<const N: usize> Cols<N> {
     }
 }
 
-impl Cols<1> {
+impl<const N: usize> Cols<N> {
     /// The last `width` (fewer than a vector of `V`'s) columns of a row,
-    /// from `start`.
+    /// from `start`: a block of one vector, so only made with `N == 1`.
     #[inline(always)]
-    pub(crate) fn tail<V: Lanes>(start: usize, width: usize) -> Self {
-        debug_assert!(width < V::WIDTH);
+    fn tail<V: Lanes>(start: usize, width: usize) -> Self {
+        debug_assert!(N == 1 && width < V::WIDTH);
         Cols {
             start,
             width,
@@ -69,29 +69,20 @@ impl Cols<1> {
 
 /// What [`each_block`] runs on each column block of a row.
 pub(crate) trait BlockBody {
-    /// Whether [`each_block`] calls each block size as a function of its
-    /// own ([`Lanes::block_apart`]) rather than inlining them all into its
-    /// caller. The bags' blocks are large, and a bag kernel holds up to
-    /// eight sizes of each: inlined into one function, they made LLVM's
-    /// optimisation of the kernel superlinear in its size (a bag sum over
-    /// one id type and format took 5.1 CPU-minutes to compile, 0.7 with its
-    /// blocks apart: docs/benchmarks.md, "Blocks apart"). A call costs a
-    /// few nanoseconds; a bag's block takes hundreds.
+    /// Whether [`each_block`] calls each run of blocks of one size as a
+    /// function of its own ([`Lanes::blocks_apart`]) rather than inlining
+    /// them all into its caller. The bags' blocks are large, and a bag
+    /// kernel holds up to eight sizes of each: inlined into one function,
+    /// they made LLVM's optimisation of the kernel superlinear in its size
+    /// (a bag sum over one id type and format took 5.1 CPU-minutes to
+    /// compile, 0.7 with its blocks apart: docs/benchmarks.md, "Blocks
+    /// apart"). One call runs all of a row's blocks of its size, so a row
+    /// costs a call per size it holds (one to three), not one per block.
     const APART: bool = false;
 
     /// Works on columns `cols` with lanes `V`; returns a count the caller
     /// keeps (the bags: how many rows were kept).
     fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize;
-}
-
-/// `body`'s block `cols`, inlined or apart as [`BlockBody::APART`] says.
-#[inline(always)]
-fn block<V: Lanes, B: BlockBody, const N: usize>(body: &mut B, cols: Cols<N>) -> usize {
-    if B::APART {
-        V::block_apart(body, cols)
-    } else {
-        body.block::<V, N>(cols)
-    }
 }
 
 /// How many column blocks [`each_block`] cuts a row of `dim` values into
@@ -120,40 +111,61 @@ pub(crate) fn each_block<V: Lanes, B: BlockBody>(dim: usize, widest: usize, body
     let mut c = 0;
     let mut kept = 0;
     if widest >= 24 {
-        kept = blocks_of::<V, B, 24>(body, dim, &mut c, kept);
+        kept = run::<V, B, 24>(body, dim, &mut c, kept);
     }
     if widest >= 16 {
-        kept = blocks_of::<V, B, 16>(body, dim, &mut c, kept);
+        kept = run::<V, B, 16>(body, dim, &mut c, kept);
     }
     if widest == 12 {
-        kept = blocks_of::<V, B, 12>(body, dim, &mut c, kept);
+        kept = run::<V, B, 12>(body, dim, &mut c, kept);
     }
     if widest >= 8 {
-        kept = blocks_of::<V, B, 8>(body, dim, &mut c, kept);
+        kept = run::<V, B, 8>(body, dim, &mut c, kept);
     }
-    kept = blocks_of::<V, B, 4>(body, dim, &mut c, kept);
-    // Fewer than four vectors are left: at most one block of 2, then of 1.
-    kept = blocks_of::<V, B, 2>(body, dim, &mut c, kept);
-    kept = blocks_of::<V, B, 1>(body, dim, &mut c, kept);
-    if c < dim {
-        kept = block::<V, _, 1>(body, Cols::tail::<V>(c, dim - c));
+    kept = run::<V, B, 4>(body, dim, &mut c, kept);
+    // Fewer than four vectors are left: at most one block of 2, then of 1,
+    // then the last columns (with the blocks of 1).
+    kept = run::<V, B, 2>(body, dim, &mut c, kept);
+    run::<V, B, 1>(body, dim, &mut c, kept)
+}
+
+/// [`blocks_of`], inlined or apart as [`BlockBody::APART`] says; apart,
+/// called only when it has a block to run.
+#[inline(always)]
+fn run<V: Lanes, B: BlockBody, const N: usize>(
+    body: &mut B,
+    dim: usize,
+    c: &mut usize,
+    kept: usize,
+) -> usize {
+    if !B::APART {
+        blocks_of::<V, B, N>(body, dim, c, kept)
+    } else if *c + N * V::WIDTH <= dim || (N == 1 && *c < dim) {
+        V::blocks_apart::<B, N>(body, dim, c, kept)
+    } else {
+        kept
     }
-    kept
 }
 
 /// Whole blocks of `N` vectors from column `*c` while they fit in `dim`,
-/// `*c` moved past them; returns the last block's count, or `kept` when
-/// none ran.
+/// then, for `N == 1`, the last `dim - *c` columns (fewer than a vector) as
+/// a block of their own; `*c` moved past them. Returns the last block's
+/// count, or `kept` when none ran.
 #[inline(always)]
-fn blocks_of<V: Lanes, B: BlockBody, const N: usize>(
+pub(crate) fn blocks_of<V: Lanes, B: BlockBody, const N: usize>(
     body: &mut B,
     dim: usize,
     c: &mut usize,
     mut kept: usize,
 ) -> usize {
     while *c + N * V::WIDTH <= dim {
-        kept = block::<V, _, N>(body, Cols::whole::<V>(*c));
+        kept = body.block::<V, N>(Cols::whole::<V>(*c));
         *c += N * V::WIDTH;
+    }
+    if N == 1 && *c < dim {
+        let tail = Cols::<N>::tail::<V>(*c, dim - *c);
+        kept = body.block::<V, N>(tail);
+        *c = dim;
     }
     kept
 }

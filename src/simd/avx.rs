@@ -16,7 +16,7 @@
 //! Soundness rests on one rule: the lane types, [`Avx256`] and [`Avx512`],
 //! are private to this file, and the only code that names them is [`run`],
 //! which takes an [`Avx`], a proof that the CPU has the level's features,
-//! and the block wrappers ([`block_avx2`], [`block_avx512`]), which only
+//! and the block wrappers ([`blocks_avx2`], [`blocks_avx512`]), which only
 //! the lane types' own methods call.
 //! So every instruction below runs on a CPU that has it, though the trait's
 //! methods are safe. Helpers that issue a level's instructions are
@@ -27,7 +27,7 @@
 #![allow(unsafe_code)]
 
 use super::{first, Body, Lanes, EIGHT};
-use crate::kernels::blocks::{BlockBody, Cols};
+use crate::kernels::blocks::{blocks_of, BlockBody};
 use crate::memory::LINE_BYTES;
 use core::arch::x86_64::{
     __m128i, __m256, __m256i, __m512, _mm256_add_ps, _mm256_and_si256, _mm256_blendv_ps,
@@ -148,19 +148,30 @@ fn run_avx512<B: Body>(body: B) -> B::Output {
     body.run::<Avx512>()
 }
 
-/// One block of a body run by [`run_avx2`], as a function of its own with
-/// the same features: see [`Lanes::block_apart`].
+/// A row's run of blocks of `N` vectors for a body run by [`run_avx2`], as
+/// a function of its own with the same features: see
+/// [`Lanes::blocks_apart`].
 #[target_feature(enable = "avx,avx2,fma,f16c")]
 #[inline(never)]
-fn block_avx2<B: BlockBody, const N: usize>(body: &mut B, cols: Cols<N>) -> usize {
-    body.block::<Avx256, N>(cols)
+fn blocks_avx2<B: BlockBody, const N: usize>(
+    body: &mut B,
+    dim: usize,
+    c: &mut usize,
+    kept: usize,
+) -> usize {
+    blocks_of::<Avx256, B, N>(body, dim, c, kept)
 }
 
-/// [`block_avx2`] for [`run_avx512`]'s lanes and features.
+/// [`blocks_avx2`] for [`run_avx512`]'s lanes and features.
 #[target_feature(enable = "avx,avx2,fma,f16c,avx512f,avx512vl")]
 #[inline(never)]
-fn block_avx512<B: BlockBody, const N: usize>(body: &mut B, cols: Cols<N>) -> usize {
-    body.block::<Avx512, N>(cols)
+fn blocks_avx512<B: BlockBody, const N: usize>(
+    body: &mut B,
+    dim: usize,
+    c: &mut usize,
+    kept: usize,
+) -> usize {
+    blocks_of::<Avx512, B, N>(body, dim, c, kept)
 }
 
 /// One 256-bit register of eight `f32`s, on a CPU with the features of
@@ -308,9 +319,14 @@ impl Lanes for Avx256 {
     }
 
     #[inline(always)]
-    fn block_apart<B: BlockBody, const N: usize>(body: &mut B, cols: Cols<N>) -> usize {
+    fn blocks_apart<B: BlockBody, const N: usize>(
+        body: &mut B,
+        dim: usize,
+        c: &mut usize,
+        kept: usize,
+    ) -> usize {
         // SAFETY: see above the impl; the function needs the same features.
-        unsafe { block_avx2(body, cols) }
+        unsafe { blocks_avx2::<B, N>(body, dim, c, kept) }
     }
 }
 
@@ -503,9 +519,14 @@ impl Lanes for Avx512 {
     }
 
     #[inline(always)]
-    fn block_apart<B: BlockBody, const N: usize>(body: &mut B, cols: Cols<N>) -> usize {
+    fn blocks_apart<B: BlockBody, const N: usize>(
+        body: &mut B,
+        dim: usize,
+        c: &mut usize,
+        kept: usize,
+    ) -> usize {
         // SAFETY: see above the impl; the function needs the same features.
-        unsafe { block_avx512(body, cols) }
+        unsafe { blocks_avx512::<B, N>(body, dim, c, kept) }
     }
 }
 

@@ -40,7 +40,7 @@ pub(crate) mod prefetch;
 pub(crate) mod row;
 pub(crate) mod stream;
 
-use crate::kernels::blocks::{BlockBody, Cols};
+use crate::kernels::blocks::BlockBody;
 
 /// The most lanes a vector of any lane type holds: buffers that take one
 /// vector of any type are this long.
@@ -131,11 +131,17 @@ pub(crate) trait Lanes: Copy + Send + Sync + 'static {
     /// `dst = src`, or zeros when `src` is `None`, with non-temporal stores
     /// where `dst` is aligned for this register (see [`stream`]).
     fn stream(dst: &mut [f32], src: Option<&[f32]>);
-    /// `body.block::<Self, N>(cols)`, compiled as a function of its own
-    /// with this lane type's instruction set: for the AVX types a function
-    /// with the features of its level, called from the wrapper that made
-    /// the lanes (see `avx.rs`), so it needs no proof of its own.
-    fn block_apart<B: BlockBody, const N: usize>(body: &mut B, cols: Cols<N>) -> usize;
+    /// [`blocks_of::<Self, B, N>`](crate::kernels::blocks::blocks_of), the run of a row's blocks of
+    /// `N` vectors, compiled as a function of its own with this lane type's
+    /// instruction set: for the AVX types a function with the features of
+    /// its level, called from the wrapper that made the lanes (see
+    /// `avx.rs`), so it needs no proof of its own.
+    fn blocks_apart<B: BlockBody, const N: usize>(
+        body: &mut B,
+        dim: usize,
+        c: &mut usize,
+        kept: usize,
+    ) -> usize;
 }
 
 /// Lanes per vector of the eight-lane types.

@@ -1,7 +1,7 @@
 //! [`Lanes`] for `wide::f32x8`: the instruction set the build targets.
 
 use super::{first, Lanes, EIGHT};
-use crate::kernels::blocks::{BlockBody, Cols};
+use crate::kernels::blocks::{blocks_of, BlockBody};
 use wide::f32x8;
 
 impl Lanes for f32x8 {
@@ -95,8 +95,13 @@ impl Lanes for f32x8 {
     }
 
     #[inline(never)]
-    fn block_apart<B: BlockBody, const N: usize>(body: &mut B, cols: Cols<N>) -> usize {
-        body.block::<f32x8, N>(cols)
+    fn blocks_apart<B: BlockBody, const N: usize>(
+        body: &mut B,
+        dim: usize,
+        c: &mut usize,
+        kept: usize,
+    ) -> usize {
+        blocks_of::<f32x8, B, N>(body, dim, c, kept)
     }
 }
 
