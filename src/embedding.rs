@@ -37,7 +37,7 @@
 //! `len / dim`, see no rows in a table of width 0.
 
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{Index, ValidIds};
+use crate::index::{check_splits, Index, RowId, ValidIds};
 use crate::kernels::{self, gather_fresh, gather_valid, Groups, PARALLEL_MIN_BYTES};
 use crate::memory::AlignedTable;
 use crate::parallel::{in_pool, Parallelism};
@@ -396,7 +396,7 @@ impl Embedding {
         ids: &[I],
         shape: &[usize],
     ) -> Result<Embedded, EmbeddingError> {
-        in_pool(ValidIds::splits(self.parallelism, ids), || {
+        in_pool(check_splits(self.parallelism, ids), || {
             check_shape(ids.len(), shape)?;
             let len = rows_len(ids.len(), self.embedding_dim)?;
             let valid = ValidIds::new_with(self.parallelism, ids, self.num_embeddings)?;
@@ -427,7 +427,7 @@ impl Embedding {
         ids: &[I],
         out: &mut [f32],
     ) -> Result<(), EmbeddingError> {
-        in_pool(ValidIds::splits(self.parallelism, ids), || {
+        in_pool(check_splits(self.parallelism, ids), || {
             let len = rows_len(ids.len(), self.embedding_dim)?;
             check_len(Operand::Output, len, out.len())?;
             let valid = ValidIds::new_with(self.parallelism, ids, self.num_embeddings)?;
@@ -437,7 +437,7 @@ impl Embedding {
 
     /// The renormalisation and the lookup of checked ids into an output of
     /// the right length; fails only before anything is written.
-    fn lookup_valid<I: Index>(
+    fn lookup_valid<I: RowId>(
         &mut self,
         valid: ValidIds<'_, I>,
         out: &mut [f32],
@@ -489,7 +489,7 @@ impl Embedding {
     /// ([`InputEmbedding`](crate::input::InputEmbedding),
     /// [`EmbeddingBag`](crate::EmbeddingBag)). Fails only when the grouping
     /// of `ids` cannot be allocated, and then the table is untouched.
-    pub(crate) fn renorm_rows<I: Index>(
+    pub(crate) fn renorm_rows<I: RowId>(
         &mut self,
         ids: ValidIds<'_, I>,
     ) -> Result<(), EmbeddingError> {
@@ -501,7 +501,7 @@ impl Embedding {
     /// The allocating half of [`renorm_rows`](Self::renorm_rows): `ids`
     /// grouped by row, or `None` without `max_norm`. A caller renormalising
     /// two tables makes both plans before it changes either.
-    pub(crate) fn renorm_plan<I: Index>(
+    pub(crate) fn renorm_plan<I: RowId>(
         &self,
         ids: ValidIds<'_, I>,
     ) -> Result<Option<RenormPlan>, EmbeddingError> {

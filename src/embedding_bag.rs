@@ -28,7 +28,7 @@
 use crate::bags::Bags;
 use crate::embedding::{Embedding, EmbeddingOptions, Gradient};
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{Index, ValidIds};
+use crate::index::{check_splits, Ids, Index, ValidIds};
 use crate::kernels::{
     bag_backward_valid, bag_max_backward, bag_sparse_backward_with, bag_step, check_backward_rows,
     check_forward_rows, check_forward_shapes, check_forward_unallocated, forward_valid,
@@ -290,7 +290,7 @@ impl EmbeddingBag {
         bags: &Bags,
         per_sample_weights: Option<&[f32]>,
     ) -> Result<BagOutput, EmbeddingError> {
-        in_pool(ValidIds::splits(self.table.parallelism(), ids), || {
+        in_pool(check_splits(self.table.parallelism(), ids), || {
             let pooling = self.pooling(per_sample_weights);
             let dim = self.embedding_dim();
             let rows = self.table.num_embeddings();
@@ -305,16 +305,25 @@ impl EmbeddingBag {
                 let len = check_forward_shapes(rows, dim, ids, bags, &pooling)?;
                 (
                     CallIds::InTasks {
-                        ids,
+                        ids: Ids::of(ids),
                         num_embeddings: rows,
                     },
                     len,
                 )
             };
-            let mut values =
-                ids_first(par, ids, rows, crate::buffer::with_capacity(len, "output"))?;
+            let mut values = ids_first(
+                par,
+                Ids::of(ids),
+                rows,
+                crate::buffer::with_capacity(len, "output"),
+            )?;
             let mut max_indices = if self.mode == Mode::Max {
-                ids_first(par, ids, rows, crate::buffer::zeroed(len, "max_indices"))?
+                ids_first(
+                    par,
+                    Ids::of(ids),
+                    rows,
+                    crate::buffer::zeroed(len, "max_indices"),
+                )?
             } else {
                 Vec::new()
             };
@@ -347,7 +356,7 @@ impl EmbeddingBag {
         out: &mut [f32],
         max_indices: &mut [i64],
     ) -> Result<(), EmbeddingError> {
-        in_pool(ValidIds::splits(self.table.parallelism(), ids), || {
+        in_pool(check_splits(self.table.parallelism(), ids), || {
             let pooling = self.pooling(per_sample_weights);
             let dim = self.embedding_dim();
             // Every check before `max_norm` may change the table; the kernel
@@ -506,7 +515,7 @@ impl EmbeddingBag {
         bags: &Bags,
         per_sample_weights: Option<&[f32]>,
         max_indices: Option<&[i64]>,
-    ) -> Result<ValidIds<'a, I>, EmbeddingError> {
+    ) -> Result<ValidIds<'a, I::Row>, EmbeddingError> {
         let pooling = self.pooling(per_sample_weights);
         let rows = self.table.num_embeddings();
         let dim = self.embedding_dim();

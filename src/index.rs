@@ -2,26 +2,62 @@
 //! makes them safe to use.
 //!
 //! PyTorch hands out `int64` ids (and accepts `int32`); Rust code tends to
-//! hold `u32` or `usize`. [`Index`] covers all five. Each id is mapped to a
-//! `u64` *key*: an id that is not negative is its own key, and every negative
-//! id becomes `u64::MAX`, which no row count (a `usize`) exceeds. So one
-//! unsigned comparison, `key < num_embeddings`, rejects both the negative and
-//! the too-large ids, whatever `num_embeddings` is (even past 2^63, a table
-//! no machine holds but a number a kernel may be given). That comparison has
-//! no branch per id, and the scan is compiled like the kernels, for the
-//! widest instruction set the CPU has, where the compiler turns it into
-//! 64-bit SIMD compares (the baseline x86-64 target has none).
+//! hold `u32` or `usize`. [`Index`] covers all five. The kernels, though,
+//! see only two: an id is read as the unsigned integer of its width (its
+//! [row type](RowId), `u32` or `u64`), bits unchanged, so `i32` ids are read
+//! as `u32` and `i64` and `usize` ids as `u64`, and each kernel is compiled
+//! twice rather than five times. A negative id read that way is 2^31 or more
+//! (2^63 for 64 bits), so the check bounds a signed type's ids by
+//! `min(num_embeddings, 2^31)` (or 2^63), which no valid id of that type
+//! reaches anyway: one unsigned comparison per id, `id < bound`, rejects
+//! both the negative and the too-large ids, whatever `num_embeddings` is
+//! (even past 2^63, a table no machine holds but a number a kernel may be
+//! given). An error still reports the id as the caller wrote it (-1 stays
+//! -1), from its bits and whether its type was signed.
+//!
+//! The comparison has no branch per id, and the scan is compiled like the
+//! kernels, for the widest instruction set the CPU has, where the compiler
+//! turns it into SIMD compares (the baseline x86-64 target has no 64-bit
+//! compare).
 
 use crate::error::EmbeddingError;
 use crate::parallel::Parallelism;
 use crate::simd::{Body, Isa, Lanes};
 
+pub(crate) use sealed::RowId;
+
 mod sealed {
-    pub trait Sealed {
-        /// The row of an id already checked to be in range: the plain
-        /// conversion, without the mapping of negative values that
-        /// [`Index::key`](super::Index::key) needs to reject them (one or two
-        /// instructions fewer per id in the kernels' loops).
+    /// What the crate needs of an id type and keeps to itself.
+    pub trait Sealed: Sized {
+        /// The unsigned type of the same width, as which the kernels read
+        /// ids of this type (the same bits).
+        type Row: RowId;
+
+        /// Whether the type is signed: its negative values read as
+        /// [`Row`](Self::Row) are those from 2^(bits - 1) on.
+        const SIGNED: bool;
+
+        /// `ids` read as their row type (the same memory).
+        fn as_rows(ids: &[Self]) -> &[Self::Row];
+    }
+
+    /// The two types the kernels read ids as, `u32` and `u64`.
+    pub trait RowId: super::Index + bytemuck::Pod + Ord {
+        /// The width in bits.
+        const BITS: u32;
+
+        /// The value, zero-extended.
+        fn widen(self) -> u64;
+
+        /// `bound` as this type, or `None` when it is past the type's
+        /// largest value (then every value is below it).
+        fn narrow(bound: u64) -> Option<Self>;
+
+        /// The id of this value's bits in its caller's type: a signed one
+        /// (sign-extended) or an unsigned one.
+        fn value(self, signed: bool) -> i128;
+
+        /// The row of an id already checked to be one.
         fn checked_row(self) -> usize;
     }
 }
@@ -41,64 +77,166 @@ pub trait Index: Copy + Send + Sync + core::fmt::Debug + sealed::Sealed + 'stati
     fn to_i128(self) -> i128;
 }
 
-macro_rules! impl_unsigned {
-    ($($t:ty),*) => {$(
+macro_rules! impl_index {
+    ($($t:ty => $row:ty, $signed:literal;)*) => {$(
         impl sealed::Sealed for $t {
+            type Row = $row;
+            const SIGNED: bool = $signed;
+
             #[inline(always)]
-            fn checked_row(self) -> usize {
-                self as usize
+            fn as_rows(ids: &[$t]) -> &[$row] {
+                // The same size and alignment, checked when compiled.
+                bytemuck::must_cast_slice(ids)
             }
         }
         impl Index for $t {
             #[inline(always)]
             fn key(self) -> u64 {
+                if self as i128 >= 0 {
+                    self as u64
+                } else {
+                    u64::MAX
+                }
+            }
+            #[inline(always)]
+            fn to_i128(self) -> i128 {
+                self as i128
+            }
+        }
+    )*};
+}
+
+macro_rules! impl_row_id {
+    ($($t:ty => $signed:ty;)*) => {$(
+        impl sealed::RowId for $t {
+            const BITS: u32 = <$t>::BITS;
+
+            #[inline(always)]
+            fn widen(self) -> u64 {
                 self as u64
             }
             #[inline(always)]
-            fn to_i128(self) -> i128 {
-                self as i128
+            fn narrow(bound: u64) -> Option<$t> {
+                <$t>::try_from(bound).ok()
             }
-        }
-    )*};
-}
-
-macro_rules! impl_signed {
-    ($($t:ty),*) => {$(
-        impl sealed::Sealed for $t {
+            #[inline(always)]
+            fn value(self, signed: bool) -> i128 {
+                if signed {
+                    self as $signed as i128
+                } else {
+                    self as i128
+                }
+            }
             #[inline(always)]
             fn checked_row(self) -> usize {
                 self as usize
             }
         }
-        impl Index for $t {
-            #[inline(always)]
-            fn key(self) -> u64 {
-                // Sign-extend to 64 bits, then OR in the sign spread over all
-                // 64 bits: a negative id becomes u64::MAX (not its two's
-                // complement, which a table of 2^64 - 1 rows would accept),
-                // and a positive one stays itself. No branch, so the scan
-                // still vectorises.
-                let wide = self as i64;
-                (wide as u64) | ((wide >> 63) as u64)
-            }
-            #[inline(always)]
-            fn to_i128(self) -> i128 {
-                self as i128
-            }
-        }
     )*};
 }
 
-impl_unsigned!(u32, u64, usize);
-impl_signed!(i32, i64);
+#[cfg(target_pointer_width = "64")]
+type UsizeRow = u64;
+#[cfg(target_pointer_width = "32")]
+type UsizeRow = u32;
+
+impl_index! {
+    u32 => u32, false;
+    i32 => u32, true;
+    u64 => u64, false;
+    i64 => u64, true;
+    usize => UsizeRow, false;
+}
+impl_row_id! {
+    u32 => i32;
+    u64 => i64;
+}
+
+/// A caller's ids as the kernels read them, not checked yet: their bits as
+/// the row type `R`, and whether their type was signed (which the check
+/// and its error need).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ids<'a, R: RowId> {
+    ids: &'a [R],
+    signed: bool,
+}
+
+impl<'a, R: RowId> Ids<'a, R> {
+    /// `ids`, read as their row type.
+    #[inline]
+    pub(crate) fn of<I: Index<Row = R>>(ids: &'a [I]) -> Self {
+        Ids {
+            ids: I::as_rows(ids),
+            signed: I::SIGNED,
+        }
+    }
+
+    /// How many ids there are.
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// The least value that is not a row of a table of `num_embeddings`
+    /// rows, or `None` when every value of `R` is one: `num_embeddings`, or
+    /// for a signed type at most 2^(bits - 1), where its negative values
+    /// start.
+    #[inline]
+    fn bound(&self, num_embeddings: usize) -> Option<R> {
+        let rows = num_embeddings as u64;
+        let bound = if self.signed {
+            rows.min(1 << (R::BITS - 1))
+        } else {
+            rows
+        };
+        R::narrow(bound)
+    }
+
+    /// Checks every id against `num_embeddings`, first to last, the scan
+    /// split across the rayon pool when `par` would hand a call of the ids'
+    /// bytes to it (under `Auto`, from [`CHECK_PARALLEL_MIN_BYTES`] of ids):
+    /// a call with that many ids is usually split next (its output or rows
+    /// read reach the kernels' threshold), and a serial scan would keep the
+    /// other threads waiting.
+    ///
+    /// # Errors
+    /// [`EmbeddingError::IndexOutOfRange`] for the first id that is negative
+    /// or not below `num_embeddings`, with its position and its value in the
+    /// caller's type.
+    pub(crate) fn check(
+        self,
+        par: Parallelism,
+        num_embeddings: usize,
+    ) -> Result<ValidIds<'a, R>, EmbeddingError> {
+        if let Some(bound) = self.bound(num_embeddings) {
+            if let Some(block_no) = first_bad_block(par, self.ids, bound) {
+                // The first bad id from that block on (in it, since the
+                // scan found one there).
+                let start = block_no * CHECK_BLOCK;
+                let rest = self.ids.get(start..).unwrap_or_default();
+                if let Some(offset) = rest.iter().position(|&id| id >= bound) {
+                    return Err(EmbeddingError::IndexOutOfRange {
+                        position: start + offset,
+                        index: rest[offset].value(self.signed),
+                        num_embeddings,
+                    });
+                }
+            }
+        }
+        Ok(ValidIds {
+            ids: self.ids,
+            num_embeddings,
+        })
+    }
+}
 
 /// Ids that have been checked against a row count: every one of them is a
-/// valid row. Only [`ValidIds::new_with`] (and [`ValidIds::new`]) make one
-/// from unchecked ids, so a kernel that takes this type cannot be handed an
-/// unchecked id.
+/// valid row. Only [`Ids::check`] (and [`ValidIds::new_with`],
+/// [`ValidIds::new`]) make one from unchecked ids, so a kernel that takes
+/// this type cannot be handed an unchecked id.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct ValidIds<'a, I: Index> {
-    ids: &'a [I],
+pub(crate) struct ValidIds<'a, R: RowId> {
+    ids: &'a [R],
     num_embeddings: usize,
 }
 
@@ -107,9 +245,9 @@ pub(crate) struct ValidIds<'a, I: Index> {
 /// their own ids ([`IdsWindow::check`]), or all of a call's checked ids
 /// ([`IdsWindow::all`]).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct IdsWindow<'a, I: Index> {
+pub(crate) struct IdsWindow<'a, R: RowId> {
     /// Position `base + k` of the call's ids is `ids`' `k`.
-    ids: ValidIds<'a, I>,
+    ids: ValidIds<'a, R>,
     base: usize,
 }
 
@@ -130,13 +268,21 @@ const CHECK_PARALLEL_MIN_BYTES: usize = 1 << 20;
 /// (512 KiB of `i64`s).
 const CHECK_TASK_BLOCKS: usize = 64;
 
+/// Whether the check of `ids` ([`Ids::check`], [`ValidIds::new_with`]) is
+/// split across the pool under `par`.
+pub(crate) fn check_splits<T>(par: Parallelism, ids: &[T]) -> bool {
+    par.plan(core::mem::size_of_val(ids), CHECK_PARALLEL_MIN_BYTES)
+        .is_pool()
+        && ids.len() > CHECK_TASK_BLOCKS * CHECK_BLOCK
+}
+
 /// The number of the first block of [`CHECK_BLOCK`] ids that holds an id
-/// whose key is `bound` or more, by one scan or, when
-/// [`ValidIds::splits`], by tasks of [`CHECK_TASK_BLOCKS`] blocks on the
-/// pool (the least of their first bad blocks: the same answer).
-fn first_bad_block<I: Index>(par: Parallelism, ids: &[I], bound: u64) -> Option<usize> {
+/// of `bound` or more, by one scan or, when [`check_splits`], by tasks of
+/// [`CHECK_TASK_BLOCKS`] blocks on the pool (the least of their first bad
+/// blocks: the same answer).
+fn first_bad_block<R: RowId>(par: Parallelism, ids: &[R], bound: R) -> Option<usize> {
     let isa = Isa::detect();
-    if !ValidIds::splits(par, ids) {
+    if !check_splits(par, ids) {
         return isa.run(FirstBadBlock { ids, bound });
     }
     let tasks = ids.chunks(CHECK_TASK_BLOCKS * CHECK_BLOCK).collect();
@@ -149,17 +295,17 @@ fn first_bad_block<I: Index>(par: Parallelism, ids: &[I], bound: u64) -> Option<
     .min()
 }
 
-/// The scan of [`ValidIds::new`]: the number of the first block of
-/// [`CHECK_BLOCK`] ids that holds an id whose key is `bound` or more.
-/// Compiled for the widest instruction set, like the kernels: the baseline
-/// x86-64 target has no 64-bit compare, so there the scan is scalar and costs
-/// a third of a narrow bag sum.
-struct FirstBadBlock<'a, I> {
-    ids: &'a [I],
-    bound: u64,
+/// The scan of [`Ids::check`]: the number of the first block of
+/// [`CHECK_BLOCK`] ids that holds an id of `bound` or more. Compiled for
+/// the widest instruction set, like the kernels: the baseline x86-64
+/// target has no 64-bit compare, so there the scan is scalar and costs a
+/// third of a narrow bag sum.
+struct FirstBadBlock<'a, R> {
+    ids: &'a [R],
+    bound: R,
 }
 
-impl<I: Index> Body for FirstBadBlock<'_, I> {
+impl<R: RowId> Body for FirstBadBlock<'_, R> {
     type Output = Option<usize>;
 
     #[inline(always)]
@@ -167,60 +313,37 @@ impl<I: Index> Body for FirstBadBlock<'_, I> {
         let bound = self.bound;
         // A fold with `|` rather than `any`: no early exit inside a block,
         // so the compiler turns it into SIMD compares.
-        self.ids.chunks(CHECK_BLOCK).position(|block| {
-            block
-                .iter()
-                .fold(false, |acc, &id| acc | (id.key() >= bound))
-        })
+        self.ids
+            .chunks(CHECK_BLOCK)
+            .position(|block| block.iter().fold(false, |acc, &id| acc | (id >= bound)))
     }
 }
 
-impl<'a, I: Index> ValidIds<'a, I> {
-    /// Checks every id against `num_embeddings`, first to last.
+impl<'a, R: RowId> ValidIds<'a, R> {
+    /// Checks every id of `ids` against `num_embeddings`, first to last, on
+    /// this thread.
     ///
     /// # Errors
-    /// [`EmbeddingError::IndexOutOfRange`] for the first id that is negative
-    /// or not below `num_embeddings`, with its position and value.
-    pub(crate) fn new(ids: &'a [I], num_embeddings: usize) -> Result<Self, EmbeddingError> {
-        Self::new_with(Parallelism::Serial, ids, num_embeddings)
+    /// As [`Ids::check`].
+    pub(crate) fn new<I: Index<Row = R>>(
+        ids: &'a [I],
+        num_embeddings: usize,
+    ) -> Result<Self, EmbeddingError> {
+        Ids::of(ids).check(Parallelism::Serial, num_embeddings)
     }
 
-    /// [`new`](Self::new), the scan split across the rayon pool when `par`
-    /// would hand a call of the ids' bytes to it (under `Auto`, from
-    /// [`CHECK_PARALLEL_MIN_BYTES`] of ids): a call with that many ids is
-    /// usually split next (its output or rows read reach the kernels'
-    /// threshold), and a serial scan would keep the other threads waiting.
-    pub(crate) fn new_with(
+    /// [`new`](Self::new), the scan split across the pool as
+    /// [`Ids::check`] says.
+    ///
+    /// # Errors
+    /// As [`Ids::check`].
+    #[inline]
+    pub(crate) fn new_with<I: Index<Row = R>>(
         par: Parallelism,
         ids: &'a [I],
         num_embeddings: usize,
     ) -> Result<Self, EmbeddingError> {
-        let bound = num_embeddings as u64;
-        if let Some(block_no) = first_bad_block(par, ids, bound) {
-            // The first bad id from that block on (in it, since the scan
-            // found one there).
-            let start = block_no * CHECK_BLOCK;
-            let rest = ids.get(start..).unwrap_or_default();
-            if let Some(offset) = rest.iter().position(|&id| id.key() >= bound) {
-                return Err(EmbeddingError::IndexOutOfRange {
-                    position: start + offset,
-                    index: rest[offset].to_i128(),
-                    num_embeddings,
-                });
-            }
-        }
-        Ok(ValidIds {
-            ids,
-            num_embeddings,
-        })
-    }
-
-    /// Whether [`new_with`](Self::new_with) splits the check of `ids`
-    /// under `par`.
-    pub(crate) fn splits(par: Parallelism, ids: &[I]) -> bool {
-        par.plan(core::mem::size_of_val(ids), CHECK_PARALLEL_MIN_BYTES)
-            .is_pool()
-            && ids.len() > CHECK_TASK_BLOCKS * CHECK_BLOCK
+        Ids::of(ids).check(par, num_embeddings)
     }
 
     /// How many ids there are.
@@ -249,24 +372,24 @@ impl<'a, I: Index> ValidIds<'a, I> {
     pub(crate) fn row(&self, position: usize) -> usize {
         // Every id was checked to lie in `0..num_embeddings`, so its plain
         // conversion is its row.
-        sealed::Sealed::checked_row(self.ids[position])
+        self.ids[position].checked_row()
     }
 
     /// The ids themselves.
     #[cfg(test)]
-    pub(crate) fn as_slice(&self) -> &'a [I] {
+    pub(crate) fn as_slice(&self) -> &'a [R] {
         self.ids
     }
 
     /// The rows of all ids, in order.
     #[inline]
     pub(crate) fn rows(&self) -> impl ExactSizeIterator<Item = usize> + '_ {
-        self.ids.iter().map(|&id| sealed::Sealed::checked_row(id))
+        self.ids.iter().map(|&id| id.checked_row())
     }
 
     /// The ids of `range`, still checked.
     #[inline]
-    pub(crate) fn slice(&self, range: core::ops::Range<usize>) -> ValidIds<'a, I> {
+    pub(crate) fn slice(&self, range: core::ops::Range<usize>) -> ValidIds<'a, R> {
         ValidIds {
             ids: &self.ids[range],
             num_embeddings: self.num_embeddings,
@@ -274,10 +397,10 @@ impl<'a, I: Index> ValidIds<'a, I> {
     }
 }
 
-impl<'a, I: Index> IdsWindow<'a, I> {
+impl<'a, R: RowId> IdsWindow<'a, R> {
     /// All of a call's checked ids.
     #[inline]
-    pub(crate) fn all(ids: ValidIds<'a, I>) -> Self {
+    pub(crate) fn all(ids: ValidIds<'a, R>) -> Self {
         IdsWindow { ids, base: 0 }
     }
 
@@ -286,14 +409,15 @@ impl<'a, I: Index> IdsWindow<'a, I> {
     /// `None` if one of them is not a row, or `positions` does not lie in
     /// `ids`.
     pub(crate) fn check(
-        ids: &'a [I],
+        ids: Ids<'a, R>,
         positions: core::ops::Range<usize>,
         num_embeddings: usize,
     ) -> Option<Self> {
         let base = positions.start;
-        let ids = ids.get(positions)?;
-        let bound = num_embeddings as u64;
-        match Isa::detect().run(FirstBadBlock { ids, bound }) {
+        let bound = ids.bound(num_embeddings);
+        let ids = ids.ids.get(positions)?;
+        let bad = bound.and_then(|bound| Isa::detect().run(FirstBadBlock { ids, bound }));
+        match bad {
             Some(_) => None,
             None => Some(IdsWindow {
                 ids: ValidIds {
@@ -321,7 +445,7 @@ impl<'a, I: Index> IdsWindow<'a, I> {
     /// # Panics
     /// If `range` does not lie in the window, like slice indexing.
     #[inline]
-    pub(crate) fn slice(&self, range: core::ops::Range<usize>) -> ValidIds<'a, I> {
+    pub(crate) fn slice(&self, range: core::ops::Range<usize>) -> ValidIds<'a, R> {
         let from = range.start.wrapping_sub(self.base);
         self.ids.slice(from..range.end.wrapping_sub(self.base))
     }
@@ -413,10 +537,11 @@ mod tests {
                 assert_eq!(got, want, "{par:?} {planted:?}");
                 // The block itself, not only the error found from it (an
                 // early block would still lead to the right id).
-                let serial = first_bad_block(Parallelism::Serial, &ids, 100);
+                let rows = <i64 as sealed::Sealed>::as_rows(&ids);
+                let serial = first_bad_block(Parallelism::Serial, rows, 100);
                 let (split, block) = pool.install(|| {
-                    let split = ValidIds::splits(par, &ids);
-                    (split, first_bad_block(par, &ids, 100))
+                    let split = check_splits(par, &ids);
+                    (split, first_bad_block(par, rows, 100))
                 });
                 assert_eq!(block, serial, "{par:?} {planted:?}");
                 assert_eq!(split, par != Parallelism::Serial, "{par:?}");
@@ -488,9 +613,76 @@ mod tests {
         let big = [1000, -1, 1 << 32, -(1 << 32), i64::MIN, i64::MAX];
         scan_finds_the_first_bad_id(999i64, &big, rows);
         scan_finds_the_first_bad_id(999usize, &[1000, usize::MAX], rows);
-        // Row counts past 2^32 and 2^63: only the negative ids are bad.
+        // Row counts past 2^31, 2^32 and 2^63: only the negative ids are
+        // bad (a negative id read as its row type is 2^31 or 2^63 and more).
         scan_finds_the_first_bad_id(i64::MAX, &[-1, i64::MIN], usize::MAX);
+        scan_finds_the_first_bad_id(i32::MAX, &[-1, i32::MIN], usize::MAX);
+        scan_finds_the_first_bad_id(i32::MAX, &[-1, i32::MIN], 1 << 31);
+        scan_finds_the_first_bad_id(i32::MAX - 1, &[i32::MAX, -1], i32::MAX as usize);
         scan_finds_the_first_bad_id(u32::MAX - 1, &[u32::MAX], u32::MAX as usize);
+        if usize::BITS == 64 {
+            // Every u32 is a row of 2^32 rows: the scan has no bound.
+            scan_finds_the_first_bad_id(u32::MAX, &[], 1 << 32);
+            scan_finds_the_first_bad_id(usize::MAX - 1, &[usize::MAX], usize::MAX);
+        }
+    }
+
+    /// A task's window check of `ids` against `rows` accepts exactly the
+    /// ids that are rows, whatever their type.
+    fn window_check_agrees<I: Index>(ids: &[I], rows: usize) {
+        for start in 0..ids.len() {
+            for end in start..=ids.len() {
+                let got = IdsWindow::check(Ids::of(ids), start..end, rows);
+                let want = ids[start..end].iter().all(|&id| {
+                    let v = id.to_i128();
+                    v >= 0 && v < rows as i128
+                });
+                assert_eq!(got.is_some(), want, "{ids:?}[{start}..{end}] of {rows}");
+                if let Some(window) = got {
+                    for (p, id) in ids.iter().enumerate().take(end).skip(start) {
+                        assert_eq!(window.row(p) as i128, id.to_i128());
+                    }
+                }
+            }
+        }
+        assert!(IdsWindow::check(Ids::of(ids), 0..ids.len() + 1, rows).is_none());
+    }
+
+    #[test]
+    fn a_window_check_accepts_exactly_the_rows_of_every_type() {
+        for rows in [
+            0,
+            1,
+            5,
+            i32::MAX as usize,
+            1 << 31,
+            u32::MAX as usize,
+            usize::MAX,
+        ] {
+            window_check_agrees(&[0i32, 4, -1, 5, i32::MAX, i32::MIN], rows);
+            window_check_agrees(&[0u32, 4, 5, u32::MAX, 1 << 31], rows);
+            window_check_agrees(&[0i64, 4, -1, 5, i64::MAX, i64::MIN, 1 << 32], rows);
+            window_check_agrees(&[0u64, 4, 5, u64::MAX, 1 << 63], rows);
+            window_check_agrees(&[0usize, 4, 5, usize::MAX], rows);
+        }
+    }
+
+    #[test]
+    fn every_type_reports_the_value_its_caller_wrote() {
+        fn reported<I: Index>(id: I) -> i128 {
+            match ValidIds::new(&[id], 4) {
+                Err(EmbeddingError::IndexOutOfRange { index, .. }) => index,
+                other => panic!("{id:?}: {other:?}"),
+            }
+        }
+        assert_eq!(reported(-1i32), -1);
+        assert_eq!(reported(i32::MIN), i32::MIN as i128);
+        assert_eq!(reported(u32::MAX), u32::MAX as i128);
+        assert_eq!(reported(-7i64), -7);
+        assert_eq!(reported(i64::MIN), i64::MIN as i128);
+        assert_eq!(reported(u64::MAX), u64::MAX as i128);
+        assert_eq!(reported(usize::MAX), usize::MAX as i128);
+        assert_eq!(reported(4usize), 4);
     }
 
     #[test]

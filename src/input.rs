@@ -84,7 +84,7 @@
 
 use crate::embedding::{check_shape, Embedded, Embedding, EmbeddingOptions};
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{Index, ValidIds};
+use crate::index::{Index, RowId, ValidIds};
 use crate::kernels::{
     embed_positions_backward_with, embed_positions_with, scatter_add_scaled_with, scatter_add_with,
 };
@@ -383,7 +383,7 @@ impl InputEmbedding {
     fn embed_valid<I: Index>(
         &mut self,
         ids: &[I],
-        valid: ValidIds<'_, I>,
+        valid: ValidIds<'_, I::Row>,
         seq_len: usize,
         out: &mut [f32],
     ) -> Result<(), EmbeddingError> {
@@ -562,7 +562,7 @@ impl InputEmbedding {
         ids: &'a [I],
         batch: usize,
         seq_len: usize,
-    ) -> Result<ValidIds<'a, I>, EmbeddingError> {
+    ) -> Result<ValidIds<'a, I::Row>, EmbeddingError> {
         self.check_batch(ids.len(), batch, seq_len)?;
         let len = rows_len(ids.len(), self.embedding_dim())?;
         check_len(Operand::GradOutput, len, grad_output.len())?;
@@ -582,7 +582,7 @@ fn sqrt_dim(dim: usize, wanted: bool) -> Option<f32> {
 /// the padding row set to zeros.
 ///
 /// Fails only when the counts cannot be allocated.
-fn apply_token_options<I: Index>(
+fn apply_token_options<I: RowId>(
     tokens: &Embedding,
     ids: ValidIds<'_, I>,
     grad: &mut [f32],

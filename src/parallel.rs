@@ -538,8 +538,7 @@ mod tests {
         let (dim, n) = (3, 150_000);
         let (table, mut ids) = case(1000, dim, n, 11);
         assert!(
-            crate::index::ValidIds::splits(Parallelism::Auto, &ids)
-                || rayon::current_num_threads() < 2
+            crate::index::check_splits(Parallelism::Auto, &ids) || rayon::current_num_threads() < 2
         );
         let mut want = vec![f32::NAN; n * dim];
         crate::gather_with(Parallelism::Serial, &table, dim, &ids, &mut want).expect("gather");

@@ -40,7 +40,7 @@ use crate::embedding::{check_shape, Embedded, Embedding};
 use crate::embedding_bag::{BagOutput, EmbeddingBag};
 use crate::error::{EmbeddingError, Operand};
 use crate::formats::{Format, OwnedTable};
-use crate::index::{Index, ValidIds};
+use crate::index::{check_splits, Ids, Index, ValidIds};
 use crate::io::FileError;
 use crate::kernels::{
     check_forward_rows, check_forward_shapes, forward_fresh, ids_first, table_bag_forward_with,
@@ -181,17 +181,22 @@ impl QuantizedEmbeddingBag {
         bags: &Bags,
         per_sample_weights: Option<&[f32]>,
     ) -> Result<BagOutput, EmbeddingError> {
-        in_pool(ValidIds::splits(self.parallelism, ids), || {
+        in_pool(check_splits(self.parallelism, ids), || {
             let pooling = self.pooling(per_sample_weights);
             let (rows, dim) = (self.num_embeddings(), self.embedding_dim());
             // The forward's tasks check the ids, each those it reads.
             let par = self.parallelism;
             let len = check_forward_shapes(rows, dim, ids, bags, &pooling)?;
             let values = crate::buffer::with_capacity(len, "output");
-            let mut values = ids_first(par, ids, rows, values)?;
+            let mut values = ids_first(par, Ids::of(ids), rows, values)?;
             let max = self.mode == Mode::Max;
             let mut max_indices = if max {
-                ids_first(par, ids, rows, crate::buffer::zeroed(len, "max_indices"))?
+                ids_first(
+                    par,
+                    Ids::of(ids),
+                    rows,
+                    crate::buffer::zeroed(len, "max_indices"),
+                )?
             } else {
                 Vec::new()
             };
@@ -200,7 +205,7 @@ impl QuantizedEmbeddingBag {
                 par,
                 table,
                 CallIds::InTasks {
-                    ids,
+                    ids: Ids::of(ids),
                     num_embeddings: rows,
                 },
                 bags,
@@ -229,7 +234,7 @@ impl QuantizedEmbeddingBag {
         out: &mut [f32],
         max_indices: &mut [i64],
     ) -> Result<(), EmbeddingError> {
-        in_pool(ValidIds::splits(self.parallelism, ids), || {
+        in_pool(check_splits(self.parallelism, ids), || {
             let pooling = self.pooling(per_sample_weights);
             let dim = self.embedding_dim();
             if dim == 0 {

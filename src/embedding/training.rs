@@ -5,7 +5,7 @@
 
 use super::{Embedding, Gradient};
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{Index, ValidIds};
+use crate::index::{Index, RowId, ValidIds};
 use crate::kernels::{self, dense_backward_valid, sparse_backward_with, Groups, Target};
 use crate::optim::{Sgd, SparseOptimizer};
 use crate::shape::{check_len, rows_len};
@@ -145,7 +145,7 @@ impl Embedding {
 
     /// The allocating half of [`sparse_step`](Self::sparse_step): the
     /// checked ids grouped by row, less the padding row.
-    pub(crate) fn step_groups<I: Index>(
+    pub(crate) fn step_groups<I: RowId>(
         &self,
         valid: ValidIds<'_, I>,
     ) -> Result<Groups, EmbeddingError> {

@@ -54,7 +54,7 @@ use super::tuning::{
     PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES,
 };
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{Index, ValidIds};
+use crate::index::{check_splits, Index, RowId, ValidIds};
 use crate::parallel::{for_each_chunk, in_pool, Parallelism};
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::prefetch::{self, Level, L1, L2};
@@ -98,7 +98,7 @@ pub fn gather_with<I: Index>(
     ids: &[I],
     out: &mut [f32],
 ) -> Result<(), EmbeddingError> {
-    in_pool(ValidIds::splits(par, ids), || {
+    in_pool(check_splits(par, ids), || {
         let ids = check(par, table, dim, ids, out)?;
         if streams(par, core::mem::size_of_val(out), dim) {
             drive(par, table, dim, ids, out, StreamRow);
@@ -156,7 +156,7 @@ pub fn gather_scaled_with<I: Index>(
     scale: f32,
     out: &mut [f32],
 ) -> Result<(), EmbeddingError> {
-    in_pool(ValidIds::splits(par, ids), || {
+    in_pool(check_splits(par, ids), || {
         let ids = check(par, table, dim, ids, out)?;
         drive(par, table, dim, ids, out, ScaleRow(scale));
         Ok(())
@@ -165,7 +165,7 @@ pub fn gather_scaled_with<I: Index>(
 
 /// [`gather_with`] on ids already checked against `table` (the layer checks
 /// them once, renormalises, then looks up).
-pub(crate) fn gather_valid<I: Index>(
+pub(crate) fn gather_valid<I: RowId>(
     par: Parallelism,
     table: &[f32],
     dim: usize,
@@ -183,7 +183,7 @@ pub(crate) fn check<'a, I: Index>(
     dim: usize,
     ids: &'a [I],
     out: &[f32],
-) -> Result<ValidIds<'a, I>, EmbeddingError> {
+) -> Result<ValidIds<'a, I::Row>, EmbeddingError> {
     let rows = table_rows(table.len(), dim, Operand::Table)?;
     let out_len = rows_len(ids.len(), dim)?;
     check_len(Operand::Output, out_len, out.len())?;
@@ -247,7 +247,7 @@ impl<const BY_LINES: bool> RowOp for CopyRow<BY_LINES> {
 /// time of a bare loop of 64-byte copies, against 1.12-1.18x with the plain
 /// copy alone (docs/benchmarks.md, "Masked row ends and a hint count a
 /// call").
-fn copy_rows<I: Index>(
+fn copy_rows<I: RowId>(
     par: Parallelism,
     table: &[f32],
     dim: usize,
@@ -327,7 +327,7 @@ impl RowOp for FillRow {
 /// [`EmbeddingError::SizeOverflow`] or
 /// [`EmbeddingError::AllocationFailed`] for the output; then `values` is
 /// empty.
-pub(crate) fn gather_fresh<I: Index>(
+pub(crate) fn gather_fresh<I: RowId>(
     par: Parallelism,
     table: &[f32],
     dim: usize,
@@ -354,7 +354,7 @@ pub(crate) fn gather_fresh<I: Index>(
 
 /// Splits the work (or not) and runs a [`GatherBlock`] on each piece, with
 /// `op` placed at the piece's first row.
-pub(crate) fn drive<I: Index, Op: RowOp>(
+pub(crate) fn drive<I: RowId, Op: RowOp>(
     par: Parallelism,
     table: &[f32],
     dim: usize,
@@ -403,14 +403,14 @@ pub(crate) fn for_each_row_block<T, F>(
 /// One piece of a gather: `out[i, :] = op(table[ids[first + i], :])` for
 /// its rows. The one loop body, shared by the serial and the parallel
 /// driver.
-struct GatherBlock<'a, 'i, I: Index, Op: RowOp> {
+struct GatherBlock<'a, 'i, I: RowId, Op: RowOp> {
     piece: Piece<'a, 'i, I>,
     dim: usize,
     out: &'a mut [Op::Out],
     op: Op,
 }
 
-impl<I: Index, Op: RowOp> Body for GatherBlock<'_, '_, I, Op> {
+impl<I: RowId, Op: RowOp> Body for GatherBlock<'_, '_, I, Op> {
     type Output = ();
 
     #[inline(always)]
@@ -459,7 +459,7 @@ impl<I: Index, Op: RowOp> Body for GatherBlock<'_, '_, I, Op> {
 /// thread mostly takes next and then starts with its rows on the way), and
 /// the position of the piece's first row among them.
 #[derive(Clone, Copy)]
-struct Piece<'a, 'i, I: Index> {
+struct Piece<'a, 'i, I: RowId> {
     table: &'a [f32],
     ids: ValidIds<'i, I>,
     first: usize,
@@ -470,7 +470,7 @@ struct Piece<'a, 'i, I: Index> {
 /// is read (the whole row, or its start: [`gather_hinted_floats`]): the
 /// loop for rows of any width.
 #[inline(always)]
-fn wide_rows<V: Lanes, I: Index, Op: RowOp, L: Level>(
+fn wide_rows<V: Lanes, I: RowId, Op: RowOp, L: Level>(
     piece: Piece<'_, '_, I>,
     dim: usize,
     out: &mut [Op::Out],
@@ -501,7 +501,7 @@ fn wide_rows<V: Lanes, I: Index, Op: RowOp, L: Level>(
 /// call's last `ahead`) walk the ids and the ids `ahead` on as two slices
 /// (no test a row), the rest follow unhinted.
 #[inline(always)]
-fn narrow_rows<V: Lanes, I: Index, Op: RowOp>(
+fn narrow_rows<V: Lanes, I: RowId, Op: RowOp>(
     piece: Piece<'_, '_, I>,
     dim: usize,
     out: &mut [Op::Out],

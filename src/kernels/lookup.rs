@@ -23,7 +23,7 @@ use super::row_format::{dispatch, value, Affine, OnRows, RowFormat, RowSpan, Sin
 use super::tuning::{prefetch_ahead, PREFETCH_MIN_TABLE_BYTES};
 use crate::error::{EmbeddingError, Operand};
 use crate::formats::{Data, TableRef};
-use crate::index::{Index, ValidIds};
+use crate::index::{check_splits, Index, RowId, ValidIds};
 use crate::parallel::{in_pool, Parallelism};
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::prefetch::{self, L2};
@@ -70,7 +70,7 @@ pub fn table_gather_with<I: Index>(
     ids: &[I],
     out: &mut [f32],
 ) -> Result<(), EmbeddingError> {
-    in_pool(ValidIds::splits(par, ids), || {
+    in_pool(check_splits(par, ids), || {
         let dim = table.dim();
         check_len(Operand::Output, rows_len(ids.len(), dim)?, out.len())?;
         let ids = ValidIds::new_with(par, ids, table.rows())?;
@@ -84,13 +84,13 @@ pub fn table_gather_with<I: Index>(
 }
 
 /// The lookup of a decoded format, as an operation over any [`RowFormat`].
-struct Lookup<'a, 'i, I: Index> {
+struct Lookup<'a, 'i, I: RowId> {
     par: Parallelism,
     ids: ValidIds<'i, I>,
     out: &'a mut [f32],
 }
 
-impl<I: Index> OnRows for Lookup<'_, '_, I> {
+impl<I: RowId> OnRows for Lookup<'_, '_, I> {
     type Output = ();
 
     fn on<T: RowFormat>(self, table: T) {
@@ -109,13 +109,13 @@ impl<I: Index> OnRows for Lookup<'_, '_, I> {
 }
 
 /// One task of the lookup: `out` holds the rows of `ids`.
-struct LookupTask<'a, 'i, I: Index, T> {
+struct LookupTask<'a, 'i, I: RowId, T> {
     table: T,
     ids: ValidIds<'i, I>,
     out: &'a mut [f32],
 }
 
-impl<I: Index, T: RowFormat> Body for LookupTask<'_, '_, I, T> {
+impl<I: RowId, T: RowFormat> Body for LookupTask<'_, '_, I, T> {
     type Output = ();
 
     #[inline(always)]

@@ -57,7 +57,7 @@
 
 use super::tuning::{prefetch_ahead, LINE_FLOATS, SCATTER_PARALLEL_MIN_BYTES};
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{Index, ValidIds};
+use crate::index::{Index, RowId, ValidIds};
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::prefetch::{RowLines, L1};
@@ -159,7 +159,7 @@ pub(crate) fn check<'a, I: Index>(
     dim: usize,
     ids: &'a [I],
     grad_table: &[f32],
-) -> Result<ValidIds<'a, I>, EmbeddingError> {
+) -> Result<ValidIds<'a, I::Row>, EmbeddingError> {
     let rows = table_rows(grad_table.len(), dim, Operand::GradTable)?;
     let len = rows_len(ids.len(), dim)?;
     check_len(Operand::GradOutput, len, grad_output.len())?;
@@ -173,7 +173,7 @@ pub(crate) fn check<'a, I: Index>(
 ///
 /// Splits the columns across the pool when the call is worth it (trick 1),
 /// and otherwise runs one block of all columns on the calling thread.
-pub(crate) fn drive<I: Index, A: AddRow>(
+pub(crate) fn drive<I: RowId, A: AddRow>(
     par: Parallelism,
     grad_output: &[f32],
     dim: usize,
@@ -340,7 +340,7 @@ trait ColumnRows {
 /// for each position in order, add its `cols` into its row's `cols` (through
 /// `add`), and hand them to `position_sink`.
 #[inline(always)]
-fn accumulate<I: Index, R: ColumnRows, A: AddRow, P: PositionTableSink>(
+fn accumulate<I: RowId, R: ColumnRows, A: AddRow, P: PositionTableSink>(
     grad_output: &[f32],
     dim: usize,
     ids: ValidIds<'_, I>,
@@ -361,7 +361,7 @@ fn accumulate<I: Index, R: ColumnRows, A: AddRow, P: PositionTableSink>(
 }
 
 /// The arguments of [`accumulate`], run as a [`Body`].
-struct Accumulate<'a, 'i, I: Index, R, A, P> {
+struct Accumulate<'a, 'i, I: RowId, R, A, P> {
     grad_output: &'a [f32],
     dim: usize,
     ids: ValidIds<'i, I>,
@@ -371,7 +371,7 @@ struct Accumulate<'a, 'i, I: Index, R, A, P> {
     position_sink: P,
 }
 
-impl<I: Index, R: ColumnRows, A: AddRow, P: PositionTableSink> Body
+impl<I: RowId, R: ColumnRows, A: AddRow, P: PositionTableSink> Body
     for Accumulate<'_, '_, I, R, A, P>
 {
     type Output = ();

@@ -6,7 +6,7 @@
 use super::{check_backward_rows, Bags};
 use crate::buffer::{copied, zeroed};
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{Index, ValidIds};
+use crate::index::{Index, RowId, ValidIds};
 use crate::kernels::grouped::{self, Groups, RowRule, Source, Target};
 use crate::kernels::spare;
 use crate::optim::SparseOptimizer;
@@ -51,7 +51,7 @@ impl Source for PerBag<'_> {
 }
 
 /// The gradient source of a sum or mean bag batch.
-fn bag_source<'a, I: Index>(
+fn bag_source<'a, I: RowId>(
     ids: ValidIds<'_, I>,
     bags: &Bags,
     pooling: &Pooling<'_>,
@@ -163,7 +163,7 @@ pub fn bag_backward_with<I: Index>(
 /// checked (sum or mean; `grad_table` whole rows of `dim` for the ids).
 ///
 /// Fails only when the allocator refuses its workspace, before any write.
-pub(crate) fn bag_backward_valid<I: Index>(
+pub(crate) fn bag_backward_valid<I: RowId>(
     par: Parallelism,
     grad_bags: &[f32],
     dim: usize,
@@ -329,7 +329,7 @@ impl<'a> BagUpdate<'a> {
     /// The workspace of the update of `ids` (checked) with `grad_bags`.
     ///
     /// Fails only when the allocator refuses it.
-    pub(crate) fn new<I: Index>(
+    pub(crate) fn new<I: RowId>(
         grad_bags: &'a [f32],
         dim: usize,
         ids: ValidIds<'_, I>,

@@ -5,7 +5,7 @@
 use super::{max, sum};
 use crate::bags::Bags;
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{IdsWindow, Index, ValidIds};
+use crate::index::{Ids, IdsWindow, RowId, ValidIds};
 use crate::kernels::blocks::Cols;
 use crate::kernels::row_format::{F32Rows, OnRows, RowFormat, RowSpan, Slot};
 use crate::kernels::tuning::{
@@ -23,7 +23,7 @@ use core::sync::atomic::{AtomicBool, Ordering};
 /// fail.
 // `bag_forward_with`'s arguments, with the ids checked.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn forward_valid<I: Index>(
+pub(crate) fn forward_valid<I: RowId>(
     par: Parallelism,
     table: &[f32],
     dim: usize,
@@ -50,7 +50,7 @@ pub(crate) fn forward_valid<I: Index>(
 /// The ids of a bag forward: checked before the call, or checked by its
 /// tasks.
 #[derive(Clone, Copy)]
-pub(crate) enum CallIds<'i, I: Index> {
+pub(crate) enum CallIds<'i, I: RowId> {
     /// Every id checked, by [`ValidIds::new_with`].
     Checked(ValidIds<'i, I>),
     /// Not checked yet: each task checks the positions it reads (its bags'
@@ -59,7 +59,10 @@ pub(crate) enum CallIds<'i, I: Index> {
     /// one). Only for an output nobody sees until the call succeeds
     /// ([`forward_fresh`]); the ids outside every bag, which no task reads,
     /// are the caller's to check ([`forward_fresh`] does).
-    InTasks { ids: &'i [I], num_embeddings: usize },
+    InTasks {
+        ids: Ids<'i, I>,
+        num_embeddings: usize,
+    },
 }
 
 /// [`forward_valid`] into a fresh output: `values` (emptied, and reserved
@@ -80,7 +83,7 @@ pub(crate) enum CallIds<'i, I: Index> {
 /// for the output; then `values` is empty.
 // `forward_valid`'s arguments, the output a `Vec`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn forward_fresh<I: Index, T: RowFormat>(
+pub(crate) fn forward_fresh<I: RowId, T: RowFormat>(
     isa: Isa,
     par: Parallelism,
     table: T,
@@ -110,8 +113,7 @@ pub(crate) fn forward_fresh<I: Index, T: RowFormat>(
         if untouched || IdsWindow::check(ids, past_the_bags, num_embeddings).is_none() {
             // No task would check them, or one past the bags is bad: the
             // whole check finds the first bad one.
-            let valid = ValidIds::new_with(par, ids, num_embeddings)?;
-            let ids = CallIds::Checked(valid);
+            let ids = CallIds::Checked(ids.check(par, num_embeddings)?);
             return forward_fresh(isa, par, table, ids, bags, pooling, values, max_indices);
         }
     }
@@ -152,7 +154,7 @@ pub(crate) fn forward_fresh<I: Index, T: RowFormat>(
         CallIds::InTasks {
             ids,
             num_embeddings,
-        } => CallIds::Checked(ValidIds::new_with(par, ids, num_embeddings)?),
+        } => CallIds::Checked(ids.check(par, num_embeddings)?),
         checked => checked,
     };
     forward_fresh(isa, par, table, ids, bags, pooling, values, max_indices)
@@ -160,7 +162,7 @@ pub(crate) fn forward_fresh<I: Index, T: RowFormat>(
 
 /// [`forward_on`]'s arguments but the table: the bag forward as an
 /// operation over any [`RowFormat`].
-pub(super) struct Forward<'a, 'i, I: Index, S = f32> {
+pub(super) struct Forward<'a, 'i, I: RowId, S = f32> {
     pub(super) isa: Isa,
     pub(super) par: Parallelism,
     pub(super) ids: ValidIds<'i, I>,
@@ -171,7 +173,7 @@ pub(super) struct Forward<'a, 'i, I: Index, S = f32> {
 }
 
 /// [`forward_fresh`] as an operation over any [`RowFormat`].
-pub(super) struct FreshForward<'a, 'i, I: Index> {
+pub(super) struct FreshForward<'a, 'i, I: RowId> {
     pub(super) isa: Isa,
     pub(super) par: Parallelism,
     pub(super) ids: CallIds<'i, I>,
@@ -181,7 +183,7 @@ pub(super) struct FreshForward<'a, 'i, I: Index> {
     pub(super) max_indices: &'a mut [i64],
 }
 
-impl<I: Index> OnRows for FreshForward<'_, '_, I> {
+impl<I: RowId> OnRows for FreshForward<'_, '_, I> {
     type Output = Result<(), EmbeddingError>;
 
     fn on<T: RowFormat>(self, table: T) -> Self::Output {
@@ -198,7 +200,7 @@ impl<I: Index> OnRows for FreshForward<'_, '_, I> {
     }
 }
 
-impl<I: Index, S: Slot> OnRows for Forward<'_, '_, I, S> {
+impl<I: RowId, S: Slot> OnRows for Forward<'_, '_, I, S> {
     type Output = ();
 
     fn on<T: RowFormat>(self, table: T) {
@@ -223,7 +225,7 @@ impl<I: Index, S: Slot> OnRows for Forward<'_, '_, I, S> {
 /// written theirs). With [`CallIds::InTasks`] the ids outside every bag are
 /// not checked here.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn forward_on<I: Index, T: RowFormat, S: Slot>(
+pub(super) fn forward_on<I: RowId, T: RowFormat, S: Slot>(
     isa: Isa,
     par: Parallelism,
     table: T,
@@ -313,7 +315,7 @@ pub(super) fn forward_on<I: Index, T: RowFormat, S: Slot>(
 /// What every block of every bag reads: the table, the checked ids, the
 /// padding row, the prefetch distance and how to hint.
 #[derive(Clone, Copy)]
-pub(super) struct Rows<'i, I: Index, T> {
+pub(super) struct Rows<'i, I: RowId, T> {
     pub(super) table: T,
     pub(super) dim: usize,
     pub(super) ids: IdsWindow<'i, I>,
@@ -324,7 +326,7 @@ pub(super) struct Rows<'i, I: Index, T> {
     pub(super) hints: BagHints,
 }
 
-impl<I: Index, T: RowFormat> Rows<'_, I, T> {
+impl<I: RowId, T: RowFormat> Rows<'_, I, T> {
     /// Hands `f` columns `cols` of each kept row of `bag`, in order, and
     /// returns how many rows were kept. Before each position it prefetches
     /// the same block of the row `ahead` positions on.
@@ -500,7 +502,7 @@ pub(super) trait Visit<V: Lanes, const N: usize> {
 
 /// One task of the forward: the bags from `first_bag` whose rows `out` (and
 /// `max_indices`, for max) hold.
-struct BagTask<'a, 'i, I: Index, T, S> {
+struct BagTask<'a, 'i, I: RowId, T, S> {
     rows: Rows<'i, I, T>,
     bags: &'a Bags,
     pooling: &'a Pooling<'a>,
@@ -509,7 +511,7 @@ struct BagTask<'a, 'i, I: Index, T, S> {
     max_indices: &'a mut [i64],
 }
 
-impl<I: Index, T: RowFormat, S: Slot> Body for BagTask<'_, '_, I, T, S> {
+impl<I: RowId, T: RowFormat, S: Slot> Body for BagTask<'_, '_, I, T, S> {
     type Output = ();
 
     #[inline(always)]

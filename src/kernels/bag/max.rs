@@ -2,7 +2,7 @@
 //! position each column's winner came from.
 
 use super::forward::{Rows, Visit};
-use crate::index::Index;
+use crate::index::RowId;
 use crate::kernels::blocks::{each_block, BlockBody, Cols};
 use crate::kernels::row_format::{value, Affine, RowFormat, RowSpan, Sink, Slot};
 use crate::simd::{Lanes, MAX_LANES};
@@ -16,7 +16,7 @@ use core::ops::Range;
 /// The bag must hold at most `2^32` positions (the positions ride in the
 /// bits of an `f32` lane); the checks refuse longer ones.
 #[inline(always)]
-pub(super) fn pool<V: Lanes, I: Index, T: RowFormat, S: Slot>(
+pub(super) fn pool<V: Lanes, I: RowId, T: RowFormat, S: Slot>(
     rows: &Rows<'_, I, T>,
     bag: Range<usize>,
     limit: usize,
@@ -38,7 +38,7 @@ pub(super) fn pool<V: Lanes, I: Index, T: RowFormat, S: Slot>(
 }
 
 /// One bag's max: its rows, and where the values and winners go.
-struct Max<'r, 'i, I: Index, T, S> {
+struct Max<'r, 'i, I: RowId, T, S> {
     rows: &'r Rows<'i, I, T>,
     bag: Range<usize>,
     limit: usize,
@@ -46,7 +46,7 @@ struct Max<'r, 'i, I: Index, T, S> {
     args: &'r mut [i64],
 }
 
-impl<I: Index, T: RowFormat, S: Slot> BlockBody for Max<'_, '_, I, T, S> {
+impl<I: RowId, T: RowFormat, S: Slot> BlockBody for Max<'_, '_, I, T, S> {
     const APART: bool = true;
 
     /// Columns `cols` of the bag's max into `dst` and the winners' ids into

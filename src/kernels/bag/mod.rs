@@ -97,7 +97,7 @@ pub(crate) use forward::{forward_valid, CallIds};
 use crate::bags::Bags;
 use crate::error::{EmbeddingError, Operand};
 use crate::formats::TableRef;
-use crate::index::{Index, ValidIds};
+use crate::index::{check_splits, Ids, Index, RowId, ValidIds};
 use crate::kernels::row_format::{dispatch, F32Rows};
 use crate::parallel::{in_pool, Parallelism};
 use crate::pooling::{Mode, Pooling};
@@ -144,7 +144,7 @@ fn check_forward<'a, I: Index>(
     pooling: &Pooling<'_>,
     out: &[f32],
     max_indices: &[i64],
-) -> Result<ValidIds<'a, I>, EmbeddingError> {
+) -> Result<ValidIds<'a, I::Row>, EmbeddingError> {
     let rows = table_rows(table.len(), dim, Operand::Table)?;
     check_forward_rows(par, rows, dim, ids, bags, pooling, out, max_indices)
 }
@@ -162,7 +162,7 @@ pub(crate) fn check_forward_rows<'a, I: Index>(
     pooling: &Pooling<'_>,
     out: &[f32],
     max_indices: &[i64],
-) -> Result<ValidIds<'a, I>, EmbeddingError> {
+) -> Result<ValidIds<'a, I::Row>, EmbeddingError> {
     check_pooling(rows, ids, bags, pooling)?;
     check_outputs(par, rows, dim, ids, bags, pooling, out, max_indices)
 }
@@ -179,7 +179,7 @@ fn check_outputs<'a, I: Index>(
     pooling: &Pooling<'_>,
     out: &[f32],
     max_indices: &[i64],
-) -> Result<ValidIds<'a, I>, EmbeddingError> {
+) -> Result<ValidIds<'a, I::Row>, EmbeddingError> {
     let out_len = rows_len(bags.len(), dim)?;
     check_len(Operand::Output, out_len, out.len())?;
     if pooling.mode == Mode::Max {
@@ -200,7 +200,7 @@ pub(crate) fn check_forward_unallocated<'a, I: Index>(
     ids: &'a [I],
     bags: &Bags,
     pooling: &Pooling<'_>,
-) -> Result<(ValidIds<'a, I>, usize), EmbeddingError> {
+) -> Result<(ValidIds<'a, I::Row>, usize), EmbeddingError> {
     let out_len = check_forward_shapes(rows, dim, ids, bags, pooling)?;
     Ok((ValidIds::new_with(par, ids, rows)?, out_len))
 }
@@ -210,15 +210,15 @@ pub(crate) fn check_forward_unallocated<'a, I: Index>(
 /// `rows`, that id's error, as if every id had been checked before anything
 /// was allocated (the order a caller of a fresh forward sees with the ids
 /// left to the tasks; a size that overflows still comes first).
-pub(crate) fn ids_first<T, I: Index>(
+pub(crate) fn ids_first<T, R: RowId>(
     par: Parallelism,
-    ids: &[I],
+    ids: Ids<'_, R>,
     rows: usize,
     allocated: Result<T, EmbeddingError>,
 ) -> Result<T, EmbeddingError> {
     allocated.or_else(|e| {
         if let EmbeddingError::AllocationFailed { .. } = e {
-            ValidIds::new_with(par, ids, rows)?;
+            ids.check(par, rows)?;
         }
         Err(e)
     })
@@ -292,7 +292,7 @@ pub fn bag_forward_with<I: Index>(
     out: &mut [f32],
     max_indices: &mut [i64],
 ) -> Result<(), EmbeddingError> {
-    in_pool(ValidIds::splits(par, ids), || {
+    in_pool(check_splits(par, ids), || {
         let ids = check_forward(par, table, dim, ids, bags, pooling, out, max_indices)?;
         forward_valid(par, table, dim, ids, bags, pooling, out, max_indices);
         Ok(())
@@ -312,7 +312,7 @@ pub fn bag_forward_with<I: Index>(
 /// empty (and `max_indices` holds nothing to read).
 // `forward_valid`'s arguments, the output a `Vec`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn forward_valid_fresh<I: Index>(
+pub(crate) fn forward_valid_fresh<I: RowId>(
     par: Parallelism,
     table: &[f32],
     dim: usize,
@@ -330,7 +330,7 @@ pub(crate) fn forward_valid_fresh<I: Index>(
 ///
 /// # Errors
 /// As [`forward_valid_fresh`].
-pub(crate) fn forward_fresh<I: Index>(
+pub(crate) fn forward_fresh<I: RowId>(
     par: Parallelism,
     table: TableRef<'_>,
     ids: CallIds<'_, I>,
@@ -362,7 +362,7 @@ pub(crate) fn check_backward_rows<'a, I: Index>(
     bags: &Bags,
     pooling: &Pooling<'_>,
     grad_bags: &[f32],
-) -> Result<ValidIds<'a, I>, EmbeddingError> {
+) -> Result<ValidIds<'a, I::Row>, EmbeddingError> {
     check_len(
         Operand::GradOutput,
         rows_len(bags.len(), dim)?,
@@ -441,7 +441,7 @@ pub fn table_bag_forward_with<I: Index>(
     out: &mut [f32],
     max_indices: &mut [i64],
 ) -> Result<(), EmbeddingError> {
-    in_pool(ValidIds::splits(par, ids), || {
+    in_pool(check_splits(par, ids), || {
         let (rows, dim) = (table.rows(), table.dim());
         let ids = check_forward_rows(par, rows, dim, ids, bags, pooling, out, max_indices)?;
         let op = forward::Forward {

@@ -3,7 +3,7 @@
 
 use super::forward::{Rows, Visit};
 use crate::bags::Bags;
-use crate::index::Index;
+use crate::index::RowId;
 use crate::kernels::blocks::{block_count, each_block, BlockBody, Cols};
 use crate::kernels::row_format::{Affine, RowFormat, RowSpan, Sink, Slot};
 use crate::simd::Lanes;
@@ -21,7 +21,7 @@ use core::ops::Range;
 /// (docs/benchmarks.md, "Blocks of 24 vectors"). A half or packed row of
 /// several blocks takes blocks of [`Lanes::DECODE_BLOCK`] ([`widest`]).
 #[inline(always)]
-pub(super) fn pool<V: Lanes, I: Index, T: RowFormat, S: Slot>(
+pub(super) fn pool<V: Lanes, I: RowId, T: RowFormat, S: Slot>(
     terms: Terms<'_, '_, I, T>,
     bag: Range<usize>,
     dst: &mut [S],
@@ -67,7 +67,7 @@ pub(super) fn one_block<V: Lanes, T: RowFormat>(dim: usize) -> bool {
 /// blocks keeps a bag at a time: its blocks read the row while it is in
 /// cache.
 #[inline(always)]
-pub(super) fn pool_each<V: Lanes, I: Index, T: RowFormat, S: Slot>(
+pub(super) fn pool_each<V: Lanes, I: RowId, T: RowFormat, S: Slot>(
     terms: Terms<'_, '_, I, T>,
     bags: &Bags,
     first_bag: usize,
@@ -83,14 +83,14 @@ pub(super) fn pool_each<V: Lanes, I: Index, T: RowFormat, S: Slot>(
 }
 
 /// The bags of [`pool_each`], and their rows of the output.
-struct EachBag<'r, 'i, I: Index, T, S> {
+struct EachBag<'r, 'i, I: RowId, T, S> {
     terms: Terms<'r, 'i, I, T>,
     bags: &'r Bags,
     first_bag: usize,
     out: &'r mut [S],
 }
 
-impl<I: Index, T: RowFormat, S: Slot> BlockBody for EachBag<'_, '_, I, T, S> {
+impl<I: RowId, T: RowFormat, S: Slot> BlockBody for EachBag<'_, '_, I, T, S> {
     const APART: bool = true;
 
     /// Each bag's sum, as [`pool`] writes it, through the one block `cols`.
@@ -113,7 +113,7 @@ impl<I: Index, T: RowFormat, S: Slot> BlockBody for EachBag<'_, '_, I, T, S> {
 
 /// What every bag of a call sums over: the rows, the weights, the mode, and
 /// the call's last position for the hints ([`Rows::blocks`]).
-pub(super) struct Terms<'r, 'i, I: Index, T> {
+pub(super) struct Terms<'r, 'i, I: RowId, T> {
     pub(super) rows: &'r Rows<'i, I, T>,
     pub(super) weights: Option<&'r [f32]>,
     /// Whether the sum is divided by the count of rows kept.
@@ -122,22 +122,22 @@ pub(super) struct Terms<'r, 'i, I: Index, T> {
 }
 
 // By hand: derived, they would ask `I` and `T` to be `Copy` too.
-impl<I: Index, T> Clone for Terms<'_, '_, I, T> {
+impl<I: RowId, T> Clone for Terms<'_, '_, I, T> {
     fn clone(&self) -> Self {
         *self
     }
 }
 
-impl<I: Index, T> Copy for Terms<'_, '_, I, T> {}
+impl<I: RowId, T> Copy for Terms<'_, '_, I, T> {}
 
 /// One bag's sum: what it sums over, its positions, and where it goes.
-struct Sum<'r, 'i, I: Index, T, S> {
+struct Sum<'r, 'i, I: RowId, T, S> {
     terms: Terms<'r, 'i, I, T>,
     bag: Range<usize>,
     dst: &'r mut [S],
 }
 
-impl<I: Index, T: RowFormat, S: Slot> BlockBody for Sum<'_, '_, I, T, S> {
+impl<I: RowId, T: RowFormat, S: Slot> BlockBody for Sum<'_, '_, I, T, S> {
     const APART: bool = true;
 
     /// Columns `cols` of the bag's sum into `dst`; returns how many rows

@@ -12,7 +12,7 @@
 use super::plan::{carve, plan, run, Space, Task, TaskBody};
 use super::{check_padding, sum_positions, Groups, PerPosition, Source};
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{Index, ValidIds};
+use crate::index::{Index, RowId, ValidIds};
 use crate::kernels::tuning::{
     prefetch_ahead, PARALLEL_MIN_BYTES, STREAM_MIN_BYTES, SWEEP_TASK_BYTES,
 };
@@ -88,7 +88,7 @@ pub fn dense_backward_with<I: Index>(
 /// the ids against its own row count (which a table of width 0 cannot
 /// tell), then calls this. Fails only when the allocator refuses its
 /// workspace, before any write.
-pub(crate) fn dense_backward_valid<I: Index>(
+pub(crate) fn dense_backward_valid<I: RowId>(
     par: Parallelism,
     grad_output: &[f32],
     dim: usize,
@@ -108,7 +108,7 @@ pub(crate) fn dense_backward_valid<I: Index>(
 /// the caches or swept (the module notes); the arguments are checked. Fails
 /// only for a workspace the allocator refuses, before `grad_table` is
 /// written.
-pub(crate) fn dense<I: Index, S: Source>(
+pub(crate) fn dense<I: RowId, S: Source>(
     par: Parallelism,
     ids: ValidIds<'_, I>,
     keep: impl Fn(usize, usize) -> bool,
@@ -162,7 +162,7 @@ pub(crate) fn dense<I: Index, S: Source>(
 /// to back instead of in row order. (On narrow, 262 144 ids into a 6 MiB
 /// table, the sweep took 17 ms on one thread, most of it waiting on gradient
 /// rows read out of order.)
-struct InCache<'a, 'i, I: Index, K, S> {
+struct InCache<'a, 'i, I: RowId, K, S> {
     ids: ValidIds<'i, I>,
     keep: K,
     source: &'a S,
@@ -171,7 +171,7 @@ struct InCache<'a, 'i, I: Index, K, S> {
     grad_table: &'a mut [f32],
 }
 
-impl<I: Index, K: Fn(usize, usize) -> bool, S: Source> Body for InCache<'_, '_, I, K, S> {
+impl<I: RowId, K: Fn(usize, usize) -> bool, S: Source> Body for InCache<'_, '_, I, K, S> {
     type Output = ();
 
     #[inline(always)]

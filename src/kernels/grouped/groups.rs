@@ -11,7 +11,7 @@
 use super::Source;
 use crate::buffer::{copied, with_capacity, zeroed};
 use crate::error::EmbeddingError;
-use crate::index::{Index, ValidIds};
+use crate::index::{RowId, ValidIds};
 use crate::kernels::spare;
 use crate::simd::prefetch::{self, L1};
 use crate::sparse_grad::SparseGrad;
@@ -40,7 +40,7 @@ impl Groups {
     ///
     /// The workspace (a few `usize`s per id) is allocated fallibly: a batch
     /// too large for it is [`EmbeddingError::AllocationFailed`].
-    pub(crate) fn new<I: Index>(
+    pub(crate) fn new<I: RowId>(
         ids: ValidIds<'_, I>,
         skip: Option<usize>,
     ) -> Result<Groups, EmbeddingError> {
@@ -48,7 +48,7 @@ impl Groups {
     }
 
     /// Groups the positions `p` (with row `r`) for which `keep(p, r)`.
-    pub(crate) fn new_kept<I: Index>(
+    pub(crate) fn new_kept<I: RowId>(
         ids: ValidIds<'_, I>,
         keep: impl Fn(usize, usize) -> bool,
     ) -> Result<Groups, EmbeddingError> {
@@ -62,7 +62,7 @@ impl Groups {
 
     /// [`Groups::new_kept`] for any row and position, `bits` the width of
     /// the largest row.
-    fn new_wide<I: Index>(
+    fn new_wide<I: RowId>(
         ids: ValidIds<'_, I>,
         keep: impl Fn(usize, usize) -> bool,
         bits: u32,
@@ -121,7 +121,7 @@ impl Groups {
     /// counts the digits of every pass. The vectors come from (and go back
     /// to) the thread's [`spare`] ones.
     #[cfg(target_pointer_width = "64")]
-    fn new_packed<I: Index>(
+    fn new_packed<I: RowId>(
         ids: ValidIds<'_, I>,
         keep: impl Fn(usize, usize) -> bool,
         bits: u32,

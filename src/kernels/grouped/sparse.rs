@@ -6,7 +6,7 @@ use super::plan::{carve, plan, run, Space, Task, TaskBody};
 use super::{check_padding, sum_positions, Groups, PerPosition, Source};
 use crate::buffer::copied;
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{Index, ValidIds};
+use crate::index::{Index, RowId, ValidIds};
 use crate::kernels::row_format::Slot;
 use crate::kernels::tuning::{prefetch_ahead, GROUP_TASK_BYTES, PARALLEL_MIN_BYTES};
 use crate::parallel::Parallelism;
@@ -72,7 +72,7 @@ pub fn sparse_backward_with<I: Index>(
 /// The coalesced gradient of any [`Source`]: the positions `p` (with row
 /// `r`) for which `keep(p, r)`, grouped by row, each group's rows summed in
 /// position order. The arguments are checked.
-pub(crate) fn coalesce<I: Index, S: Source>(
+pub(crate) fn coalesce<I: RowId, S: Source>(
     par: Parallelism,
     ids: ValidIds<'_, I>,
     keep: impl Fn(usize, usize) -> bool,
