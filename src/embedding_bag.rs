@@ -28,7 +28,7 @@
 use crate::bags::Bags;
 use crate::embedding::{Embedding, EmbeddingOptions, Gradient};
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{check_splits, Ids, Index, ValidIds};
+use crate::index::{check_splits, Index, UncheckedIds, ValidIds};
 use crate::kernels::{
     bag_backward_valid, bag_max_backward, bag_sparse_backward_with, bag_step, check_backward_rows,
     check_forward_rows, check_forward_shapes, check_forward_unallocated, forward_valid,
@@ -305,7 +305,7 @@ impl EmbeddingBag {
                 let len = check_forward_shapes(rows, dim, ids, bags, &pooling)?;
                 (
                     CallIds::InTasks {
-                        ids: Ids::of(ids),
+                        ids: UncheckedIds::of(ids),
                         num_embeddings: rows,
                     },
                     len,
@@ -313,14 +313,14 @@ impl EmbeddingBag {
             };
             let mut values = ids_first(
                 par,
-                Ids::of(ids),
+                UncheckedIds::of(ids),
                 rows,
                 crate::buffer::with_capacity(len, "output"),
             )?;
             let mut max_indices = if self.mode == Mode::Max {
                 ids_first(
                     par,
-                    Ids::of(ids),
+                    UncheckedIds::of(ids),
                     rows,
                     crate::buffer::zeroed(len, "max_indices"),
                 )?

@@ -46,9 +46,6 @@ mod sealed {
         /// The width in bits.
         const BITS: u32;
 
-        /// The value, zero-extended.
-        fn widen(self) -> u64;
-
         /// `bound` as this type, or `None` when it is past the type's
         /// largest value (then every value is below it).
         fn narrow(bound: u64) -> Option<Self>;
@@ -65,8 +62,9 @@ mod sealed {
 /// An integer type usable as an embedding id: `u32`, `i32`, `u64`, `i64` or
 /// `usize`.
 ///
-/// The trait is sealed; its methods are what the kernels need and nothing
-/// more.
+/// The trait is sealed. [`key`](Index::key) and
+/// [`to_i128`](Index::to_i128) are for callers (and the crate's reference
+/// loops); the kernels read ids through the crate's own row types.
 pub trait Index: Copy + Send + Sync + core::fmt::Debug + sealed::Sealed + 'static {
     /// The id as a `u64` key: the value itself when it is not negative, and
     /// `u64::MAX` (out of range for every table) when it is.
@@ -112,10 +110,6 @@ macro_rules! impl_row_id {
             const BITS: u32 = <$t>::BITS;
 
             #[inline(always)]
-            fn widen(self) -> u64 {
-                self as u64
-            }
-            #[inline(always)]
             fn narrow(bound: u64) -> Option<$t> {
                 <$t>::try_from(bound).ok()
             }
@@ -156,16 +150,16 @@ impl_row_id! {
 /// the row type `R`, and whether their type was signed (which the check
 /// and its error need).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Ids<'a, R: RowId> {
+pub(crate) struct UncheckedIds<'a, R: RowId> {
     ids: &'a [R],
     signed: bool,
 }
 
-impl<'a, R: RowId> Ids<'a, R> {
+impl<'a, R: RowId> UncheckedIds<'a, R> {
     /// `ids`, read as their row type.
     #[inline]
     pub(crate) fn of<I: Index<Row = R>>(ids: &'a [I]) -> Self {
-        Ids {
+        UncheckedIds {
             ids: I::as_rows(ids),
             signed: I::SIGNED,
         }
@@ -231,8 +225,9 @@ impl<'a, R: RowId> Ids<'a, R> {
 }
 
 /// Ids that have been checked against a row count: every one of them is a
-/// valid row. Only [`Ids::check`] (and [`ValidIds::new_with`],
-/// [`ValidIds::new`]) make one from unchecked ids, so a kernel that takes
+/// valid row. Only [`UncheckedIds::check`] (and [`ValidIds::new_with`],
+/// [`ValidIds::new`], which call it) and [`IdsWindow::check`] make one from
+/// unchecked ids, so a kernel that takes
 /// this type cannot be handed an unchecked id.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ValidIds<'a, R: RowId> {
@@ -268,7 +263,7 @@ const CHECK_PARALLEL_MIN_BYTES: usize = 1 << 20;
 /// (512 KiB of `i64`s).
 const CHECK_TASK_BLOCKS: usize = 64;
 
-/// Whether the check of `ids` ([`Ids::check`], [`ValidIds::new_with`]) is
+/// Whether the check of `ids` ([`UncheckedIds::check`], [`ValidIds::new_with`]) is
 /// split across the pool under `par`.
 pub(crate) fn check_splits<T>(par: Parallelism, ids: &[T]) -> bool {
     par.plan(core::mem::size_of_val(ids), CHECK_PARALLEL_MIN_BYTES)
@@ -295,11 +290,11 @@ fn first_bad_block<R: RowId>(par: Parallelism, ids: &[R], bound: R) -> Option<us
     .min()
 }
 
-/// The scan of [`Ids::check`]: the number of the first block of
+/// The scan of [`UncheckedIds::check`]: the number of the first block of
 /// [`CHECK_BLOCK`] ids that holds an id of `bound` or more. Compiled for
 /// the widest instruction set, like the kernels: the baseline x86-64
-/// target has no 64-bit compare, so there the scan is scalar and costs a
-/// third of a narrow bag sum.
+/// target has no 64-bit compare, so there the scan of 64-bit ids is scalar,
+/// and it cost a third of a narrow bag sum.
 struct FirstBadBlock<'a, R> {
     ids: &'a [R],
     bound: R,
@@ -324,26 +319,26 @@ impl<'a, R: RowId> ValidIds<'a, R> {
     /// this thread.
     ///
     /// # Errors
-    /// As [`Ids::check`].
+    /// As [`UncheckedIds::check`].
     pub(crate) fn new<I: Index<Row = R>>(
         ids: &'a [I],
         num_embeddings: usize,
     ) -> Result<Self, EmbeddingError> {
-        Ids::of(ids).check(Parallelism::Serial, num_embeddings)
+        UncheckedIds::of(ids).check(Parallelism::Serial, num_embeddings)
     }
 
     /// [`new`](Self::new), the scan split across the pool as
-    /// [`Ids::check`] says.
+    /// [`UncheckedIds::check`] says.
     ///
     /// # Errors
-    /// As [`Ids::check`].
+    /// As [`UncheckedIds::check`].
     #[inline]
     pub(crate) fn new_with<I: Index<Row = R>>(
         par: Parallelism,
         ids: &'a [I],
         num_embeddings: usize,
     ) -> Result<Self, EmbeddingError> {
-        Ids::of(ids).check(par, num_embeddings)
+        UncheckedIds::of(ids).check(par, num_embeddings)
     }
 
     /// How many ids there are.
@@ -409,7 +404,7 @@ impl<'a, R: RowId> IdsWindow<'a, R> {
     /// `None` if one of them is not a row, or `positions` does not lie in
     /// `ids`.
     pub(crate) fn check(
-        ids: Ids<'a, R>,
+        ids: UncheckedIds<'a, R>,
         positions: core::ops::Range<usize>,
         num_embeddings: usize,
     ) -> Option<Self> {
@@ -632,7 +627,7 @@ mod tests {
     fn window_check_agrees<I: Index>(ids: &[I], rows: usize) {
         for start in 0..ids.len() {
             for end in start..=ids.len() {
-                let got = IdsWindow::check(Ids::of(ids), start..end, rows);
+                let got = IdsWindow::check(UncheckedIds::of(ids), start..end, rows);
                 let want = ids[start..end].iter().all(|&id| {
                     let v = id.to_i128();
                     v >= 0 && v < rows as i128
@@ -645,7 +640,7 @@ mod tests {
                 }
             }
         }
-        assert!(IdsWindow::check(Ids::of(ids), 0..ids.len() + 1, rows).is_none());
+        assert!(IdsWindow::check(UncheckedIds::of(ids), 0..ids.len() + 1, rows).is_none());
     }
 
     #[test]

@@ -40,7 +40,7 @@ use crate::embedding::{check_shape, Embedded, Embedding};
 use crate::embedding_bag::{BagOutput, EmbeddingBag};
 use crate::error::{EmbeddingError, Operand};
 use crate::formats::{Format, OwnedTable};
-use crate::index::{check_splits, Ids, Index, ValidIds};
+use crate::index::{check_splits, Index, UncheckedIds, ValidIds};
 use crate::io::FileError;
 use crate::kernels::{
     check_forward_rows, check_forward_shapes, forward_fresh, ids_first, table_bag_forward_with,
@@ -188,12 +188,12 @@ impl QuantizedEmbeddingBag {
             let par = self.parallelism;
             let len = check_forward_shapes(rows, dim, ids, bags, &pooling)?;
             let values = crate::buffer::with_capacity(len, "output");
-            let mut values = ids_first(par, Ids::of(ids), rows, values)?;
+            let mut values = ids_first(par, UncheckedIds::of(ids), rows, values)?;
             let max = self.mode == Mode::Max;
             let mut max_indices = if max {
                 ids_first(
                     par,
-                    Ids::of(ids),
+                    UncheckedIds::of(ids),
                     rows,
                     crate::buffer::zeroed(len, "max_indices"),
                 )?
@@ -205,7 +205,7 @@ impl QuantizedEmbeddingBag {
                 par,
                 table,
                 CallIds::InTasks {
-                    ids: Ids::of(ids),
+                    ids: UncheckedIds::of(ids),
                     num_embeddings: rows,
                 },
                 bags,

@@ -51,9 +51,7 @@ impl<const N: usize> Cols<N> {
             S::put(dst, &values[..self.width]);
         }
     }
-}
 
-impl<const N: usize> Cols<N> {
     /// The last `width` (fewer than a vector of `V`'s) columns of a row,
     /// from `start`: a block of one vector, so only made with `N == 1`.
     #[inline(always)]
@@ -77,7 +75,8 @@ pub(crate) trait BlockBody {
     /// (a bag sum over one id type and format took 5.1 CPU-minutes to
     /// compile, 0.7 with its blocks apart: docs/benchmarks.md, "Blocks
     /// apart"). One call runs all of a row's blocks of its size, so a row
-    /// costs a call per size it holds (one to three), not one per block.
+    /// costs a call per block size it holds (at most five), not one per
+    /// block.
     const APART: bool = false;
 
     /// Works on columns `cols` with lanes `V`; returns a count the caller

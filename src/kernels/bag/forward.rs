@@ -5,7 +5,7 @@
 use super::{max, sum};
 use crate::bags::Bags;
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{Ids, IdsWindow, RowId, ValidIds};
+use crate::index::{IdsWindow, RowId, UncheckedIds, ValidIds};
 use crate::kernels::blocks::Cols;
 use crate::kernels::row_format::{F32Rows, OnRows, RowFormat, RowSpan, Slot};
 use crate::kernels::tuning::{
@@ -51,7 +51,7 @@ pub(crate) fn forward_valid<I: RowId>(
 /// tasks.
 #[derive(Clone, Copy)]
 pub(crate) enum CallIds<'i, I: RowId> {
-    /// Every id checked, by [`ValidIds::new_with`].
+    /// Every id checked, by [`UncheckedIds::check`].
     Checked(ValidIds<'i, I>),
     /// Not checked yet: each task checks the positions it reads (its bags'
     /// and the `ahead` after them) before it reads a row, and writes nothing
@@ -60,7 +60,7 @@ pub(crate) enum CallIds<'i, I: RowId> {
     /// ([`forward_fresh`]); the ids outside every bag, which no task reads,
     /// are the caller's to check ([`forward_fresh`] does).
     InTasks {
-        ids: Ids<'i, I>,
+        ids: UncheckedIds<'i, I>,
         num_embeddings: usize,
     },
 }

@@ -97,7 +97,7 @@ pub(crate) use forward::{forward_valid, CallIds};
 use crate::bags::Bags;
 use crate::error::{EmbeddingError, Operand};
 use crate::formats::TableRef;
-use crate::index::{check_splits, Ids, Index, RowId, ValidIds};
+use crate::index::{check_splits, Index, RowId, UncheckedIds, ValidIds};
 use crate::kernels::row_format::{dispatch, F32Rows};
 use crate::parallel::{in_pool, Parallelism};
 use crate::pooling::{Mode, Pooling};
@@ -212,7 +212,7 @@ pub(crate) fn check_forward_unallocated<'a, I: Index>(
 /// left to the tasks; a size that overflows still comes first).
 pub(crate) fn ids_first<T, R: RowId>(
     par: Parallelism,
-    ids: Ids<'_, R>,
+    ids: UncheckedIds<'_, R>,
     rows: usize,
     allocated: Result<T, EmbeddingError>,
 ) -> Result<T, EmbeddingError> {

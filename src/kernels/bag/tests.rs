@@ -31,7 +31,7 @@ fn forward_both<T: RowFormat>(
     assert!(forward_on(isa, par, table, checked, bags, pooling, out, at));
     let bits: Vec<Written> = out.iter().map(|v| Written(Some(v.to_bits()))).collect();
     let in_tasks = CallIds::InTasks {
-        ids: Ids::of(ids.as_slice()),
+        ids: UncheckedIds::of(ids.as_slice()),
         num_embeddings: ids.num_embeddings(),
     };
     for (how, call_ids) in [("checked", checked), ("in tasks", in_tasks)] {
@@ -545,7 +545,7 @@ impl InTasksCase {
                     let what = format!("{} {mode:?} {isa:?} {par:?}", core::any::type_name::<T>());
                     let fresh = |ids: &[i64], values: &mut Vec<f32>, at: &mut [i64]| {
                         let call_ids = CallIds::InTasks {
-                            ids: Ids::of(ids),
+                            ids: UncheckedIds::of(ids),
                             num_embeddings: rows,
                         };
                         pool.install(|| {
@@ -624,7 +624,7 @@ impl InTasksCase {
             }
         ];
         let call_ids = CallIds::InTasks {
-            ids: Ids::of(ids),
+            ids: UncheckedIds::of(ids),
             num_embeddings: self.rows,
         };
         let isa = Isa::detect();
