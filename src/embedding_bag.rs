@@ -295,6 +295,7 @@ impl EmbeddingBag {
             let dim = self.embedding_dim();
             let rows = self.table.num_embeddings();
             let par = self.table.parallelism();
+            let unchecked = UncheckedIds::of(ids);
             // Without `max_norm` the forward's tasks check the ids, each
             // those it reads; `max_norm` needs them checked to renormalise
             // the rows first.
@@ -305,22 +306,18 @@ impl EmbeddingBag {
                 let len = check_forward_shapes(rows, dim, ids, bags, &pooling)?;
                 (
                     CallIds::InTasks {
-                        ids: UncheckedIds::of(ids),
+                        ids: unchecked,
                         num_embeddings: rows,
                     },
                     len,
                 )
             };
-            let mut values = ids_first(
-                par,
-                UncheckedIds::of(ids),
-                rows,
-                crate::buffer::with_capacity(len, "output"),
-            )?;
+            let output = crate::buffer::with_capacity(len, "output");
+            let mut values = ids_first(par, unchecked, rows, output)?;
             let mut max_indices = if self.mode == Mode::Max {
                 ids_first(
                     par,
-                    UncheckedIds::of(ids),
+                    unchecked,
                     rows,
                     crate::buffer::zeroed(len, "max_indices"),
                 )?

@@ -187,13 +187,14 @@ impl QuantizedEmbeddingBag {
             // The forward's tasks check the ids, each those it reads.
             let par = self.parallelism;
             let len = check_forward_shapes(rows, dim, ids, bags, &pooling)?;
+            let unchecked = UncheckedIds::of(ids);
             let values = crate::buffer::with_capacity(len, "output");
-            let mut values = ids_first(par, UncheckedIds::of(ids), rows, values)?;
+            let mut values = ids_first(par, unchecked, rows, values)?;
             let max = self.mode == Mode::Max;
             let mut max_indices = if max {
                 ids_first(
                     par,
-                    UncheckedIds::of(ids),
+                    unchecked,
                     rows,
                     crate::buffer::zeroed(len, "max_indices"),
                 )?
@@ -205,7 +206,7 @@ impl QuantizedEmbeddingBag {
                 par,
                 table,
                 CallIds::InTasks {
-                    ids: UncheckedIds::of(ids),
+                    ids: unchecked,
                     num_embeddings: rows,
                 },
                 bags,

@@ -107,64 +107,62 @@ pub(crate) fn block_count<V: Lanes>(dim: usize, widest: usize) -> usize {
 /// Returns the count of the last block.
 #[inline(always)]
 pub(crate) fn each_block<V: Lanes, B: BlockBody>(dim: usize, widest: usize, body: &mut B) -> usize {
-    let mut c = 0;
-    let mut kept = 0;
+    let at = &mut Ladder {
+        dim,
+        next: 0,
+        kept: 0,
+    };
     if widest >= 24 {
-        kept = run::<V, B, 24>(body, dim, &mut c, kept);
+        run::<V, B, 24>(body, at);
     }
     if widest >= 16 {
-        kept = run::<V, B, 16>(body, dim, &mut c, kept);
+        run::<V, B, 16>(body, at);
     }
     if widest == 12 {
-        kept = run::<V, B, 12>(body, dim, &mut c, kept);
+        run::<V, B, 12>(body, at);
     }
     if widest >= 8 {
-        kept = run::<V, B, 8>(body, dim, &mut c, kept);
+        run::<V, B, 8>(body, at);
     }
-    kept = run::<V, B, 4>(body, dim, &mut c, kept);
+    run::<V, B, 4>(body, at);
     // Fewer than four vectors are left: at most one block of 2, then of 1,
     // then the last columns (with the blocks of 1).
-    kept = run::<V, B, 2>(body, dim, &mut c, kept);
-    run::<V, B, 1>(body, dim, &mut c, kept)
+    run::<V, B, 2>(body, at);
+    run::<V, B, 1>(body, at);
+    at.kept
+}
+
+/// Where [`each_block`] stands in a row: its width, the first column not
+/// yet run, and the count the last block returned.
+pub(crate) struct Ladder {
+    dim: usize,
+    next: usize,
+    kept: usize,
 }
 
 /// [`blocks_of`], inlined or apart as [`BlockBody::APART`] says; apart,
 /// called only when it has a block to run.
 #[inline(always)]
-fn run<V: Lanes, B: BlockBody, const N: usize>(
-    body: &mut B,
-    dim: usize,
-    c: &mut usize,
-    kept: usize,
-) -> usize {
+fn run<V: Lanes, B: BlockBody, const N: usize>(body: &mut B, at: &mut Ladder) {
     if !B::APART {
-        blocks_of::<V, B, N>(body, dim, c, kept)
-    } else if *c + N * V::WIDTH <= dim || (N == 1 && *c < dim) {
-        V::blocks_apart::<B, N>(body, dim, c, kept)
-    } else {
-        kept
+        blocks_of::<V, B, N>(body, at);
+    } else if at.next + N * V::WIDTH <= at.dim || (N == 1 && at.next < at.dim) {
+        V::blocks_apart::<B, N>(body, at);
     }
 }
 
-/// Whole blocks of `N` vectors from column `*c` while they fit in `dim`,
-/// then, for `N == 1`, the last `dim - *c` columns (fewer than a vector) as
-/// a block of their own; `*c` moved past them. Returns the last block's
-/// count, or `kept` when none ran.
+/// Whole blocks of `N` vectors from column `at.next` while they fit in the
+/// row, then, for `N == 1`, its last columns (fewer than a vector) as a
+/// block of their own; `at` moved past them, holding the last block's count.
 #[inline(always)]
-pub(crate) fn blocks_of<V: Lanes, B: BlockBody, const N: usize>(
-    body: &mut B,
-    dim: usize,
-    c: &mut usize,
-    mut kept: usize,
-) -> usize {
-    while *c + N * V::WIDTH <= dim {
-        kept = body.block::<V, N>(Cols::whole::<V>(*c));
-        *c += N * V::WIDTH;
+pub(crate) fn blocks_of<V: Lanes, B: BlockBody, const N: usize>(body: &mut B, at: &mut Ladder) {
+    while at.next + N * V::WIDTH <= at.dim {
+        at.kept = body.block::<V, N>(Cols::whole::<V>(at.next));
+        at.next += N * V::WIDTH;
     }
-    if N == 1 && *c < dim {
-        let tail = Cols::<N>::tail::<V>(*c, dim - *c);
-        kept = body.block::<V, N>(tail);
-        *c = dim;
+    if N == 1 && at.next < at.dim {
+        let tail = Cols::<N>::tail::<V>(at.next, at.dim - at.next);
+        at.kept = body.block::<V, N>(tail);
+        at.next = at.dim;
     }
-    kept
 }

@@ -27,7 +27,7 @@
 #![allow(unsafe_code)]
 
 use super::{first, Body, Lanes, EIGHT};
-use crate::kernels::blocks::{blocks_of, BlockBody};
+use crate::kernels::blocks::{blocks_of, BlockBody, Ladder};
 use crate::memory::LINE_BYTES;
 use core::arch::x86_64::{
     __m128i, __m256, __m256i, __m512, _mm256_add_ps, _mm256_and_si256, _mm256_blendv_ps,
@@ -153,25 +153,15 @@ fn run_avx512<B: Body>(body: B) -> B::Output {
 /// [`Lanes::blocks_apart`].
 #[target_feature(enable = "avx,avx2,fma,f16c")]
 #[inline(never)]
-fn blocks_avx2<B: BlockBody, const N: usize>(
-    body: &mut B,
-    dim: usize,
-    c: &mut usize,
-    kept: usize,
-) -> usize {
-    blocks_of::<Avx256, B, N>(body, dim, c, kept)
+fn blocks_avx2<B: BlockBody, const N: usize>(body: &mut B, at: &mut Ladder) {
+    blocks_of::<Avx256, B, N>(body, at);
 }
 
 /// [`blocks_avx2`] for [`run_avx512`]'s lanes and features.
 #[target_feature(enable = "avx,avx2,fma,f16c,avx512f,avx512vl")]
 #[inline(never)]
-fn blocks_avx512<B: BlockBody, const N: usize>(
-    body: &mut B,
-    dim: usize,
-    c: &mut usize,
-    kept: usize,
-) -> usize {
-    blocks_of::<Avx512, B, N>(body, dim, c, kept)
+fn blocks_avx512<B: BlockBody, const N: usize>(body: &mut B, at: &mut Ladder) {
+    blocks_of::<Avx512, B, N>(body, at);
 }
 
 /// One 256-bit register of eight `f32`s, on a CPU with the features of
@@ -319,14 +309,9 @@ impl Lanes for Avx256 {
     }
 
     #[inline(always)]
-    fn blocks_apart<B: BlockBody, const N: usize>(
-        body: &mut B,
-        dim: usize,
-        c: &mut usize,
-        kept: usize,
-    ) -> usize {
+    fn blocks_apart<B: BlockBody, const N: usize>(body: &mut B, at: &mut Ladder) {
         // SAFETY: see above the impl; the function needs the same features.
-        unsafe { blocks_avx2::<B, N>(body, dim, c, kept) }
+        unsafe { blocks_avx2::<B, N>(body, at) }
     }
 }
 
@@ -519,14 +504,9 @@ impl Lanes for Avx512 {
     }
 
     #[inline(always)]
-    fn blocks_apart<B: BlockBody, const N: usize>(
-        body: &mut B,
-        dim: usize,
-        c: &mut usize,
-        kept: usize,
-    ) -> usize {
+    fn blocks_apart<B: BlockBody, const N: usize>(body: &mut B, at: &mut Ladder) {
         // SAFETY: see above the impl; the function needs the same features.
-        unsafe { blocks_avx512::<B, N>(body, dim, c, kept) }
+        unsafe { blocks_avx512::<B, N>(body, at) }
     }
 }
 

@@ -40,7 +40,7 @@ pub(crate) mod prefetch;
 pub(crate) mod row;
 pub(crate) mod stream;
 
-use crate::kernels::blocks::BlockBody;
+use crate::kernels::blocks::{BlockBody, Ladder};
 
 /// The most lanes a vector of any lane type holds: buffers that take one
 /// vector of any type are this long.
@@ -136,12 +136,7 @@ pub(crate) trait Lanes: Copy + Send + Sync + 'static {
     /// instruction set: for the AVX types a function with the features of
     /// its level, called from the wrapper that made the lanes (see
     /// `avx.rs`), so it needs no proof of its own.
-    fn blocks_apart<B: BlockBody, const N: usize>(
-        body: &mut B,
-        dim: usize,
-        c: &mut usize,
-        kept: usize,
-    ) -> usize;
+    fn blocks_apart<B: BlockBody, const N: usize>(body: &mut B, at: &mut Ladder);
 }
 
 /// Lanes per vector of the eight-lane types.

@@ -1,7 +1,7 @@
 //! [`Lanes`] for `wide::f32x8`: the instruction set the build targets.
 
 use super::{first, Lanes, EIGHT};
-use crate::kernels::blocks::{blocks_of, BlockBody};
+use crate::kernels::blocks::{blocks_of, BlockBody, Ladder};
 use wide::f32x8;
 
 impl Lanes for f32x8 {
@@ -95,13 +95,8 @@ impl Lanes for f32x8 {
     }
 
     #[inline(never)]
-    fn blocks_apart<B: BlockBody, const N: usize>(
-        body: &mut B,
-        dim: usize,
-        c: &mut usize,
-        kept: usize,
-    ) -> usize {
-        blocks_of::<f32x8, B, N>(body, dim, c, kept)
+    fn blocks_apart<B: BlockBody, const N: usize>(body: &mut B, at: &mut Ladder) {
+        blocks_of::<f32x8, B, N>(body, at);
     }
 }
 
