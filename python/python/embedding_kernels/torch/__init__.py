@@ -36,7 +36,15 @@ from torch import Tensor, nn
 from torch.nn import init
 
 from .. import _native, collapse_huge_pages
-from ._arrays import _array, _check_ids, _check_table, _lookup, _needs_graph, empty_cache
+from ._arrays import (
+    _array,
+    _check_ids,
+    _check_table,
+    _lookup,
+    _needs_graph,
+    _weight_of,
+    empty_cache,
+)
 from ._autograd import (
     _Adagrad,
     _BagFunction,
@@ -312,8 +320,7 @@ class Embedding(_Table):
             self.reset_parameters()
 
     def forward(self, input: Tensor) -> Tensor:
-        # `self.weight` is an `nn.Module` attribute lookup (a Python call): read it once.
-        weight = self.weight
+        weight = _weight_of(self)
         if self.max_norm is None and not _needs_graph(weight):
             # The inference call, checked only if it fails (see `EmbeddingBag.forward`).
             try:
@@ -436,7 +443,7 @@ class EmbeddingBag(_Table):
         offsets: Optional[Tensor] = None,
         per_sample_weights: Optional[Tensor] = None,
     ) -> Tensor:
-        weight = self.weight  # one `nn.Module` attribute lookup (see `Embedding.forward`)
+        weight = _weight_of(self)
         options = (
             self.mode,
             self.include_last_offset,

@@ -56,6 +56,17 @@ def _array(tensor: Tensor):
     return tensor.numpy()
 
 
+def _weight_of(module) -> Tensor:
+    """``module.weight``: from ``module._parameters`` where it is, through the attribute
+    where something else holds it (a parametrization, a plain tensor).
+
+    ``module.weight`` reaches a parameter through ``nn.Module.__getattr__``, after
+    Python's own lookup has failed: 1.6 us a read on the Zen 3 host against 0.15 for the
+    dictionary (2026-11-30), a tenth of a small inference call there."""
+    weight = module._parameters.get("weight")
+    return module.weight if weight is None else weight
+
+
 def _fresh(shape) -> "np.ndarray":
     """A fresh float32 array that a kernel (a dense gradient) or a copy (a strided
     gradient) writes whole: ``np.empty``.
