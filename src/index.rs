@@ -129,10 +129,15 @@ macro_rules! impl_row_id {
     )*};
 }
 
+/// The row type `usize` ids are read as: the unsigned type of its size.
 #[cfg(target_pointer_width = "64")]
 type UsizeRow = u64;
 #[cfg(target_pointer_width = "32")]
 type UsizeRow = u32;
+#[cfg(not(any(target_pointer_width = "32", target_pointer_width = "64")))]
+compile_error!(
+    "embedding-kernels supports 32- and 64-bit targets only (usize ids are read as u32 or u64)"
+);
 
 impl_index! {
     u32 => u32, false;
