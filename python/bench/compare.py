@@ -47,13 +47,12 @@ pool both get ``--threads`` (2).
 
 The overhead rows (on tiny, autograd off) put the module's forward beside
 the NumPy function it calls, ``embedding_kernels.embedding(weight, ids)`` on
-the same arrays, which allocates and zeroes its output (the module, on an
-output this large, passes an unzeroed ``torch.empty`` as ``out`` instead),
-and beside ``embedding(weight, ids, out=out)``. The NumPy function with a
-preallocated ``out`` shows what allocating the (zeroed) output costs, and
-with a single id what the call itself costs (argument conversion, checks,
-releasing the GIL) around the kernel; the module on a single id, the same
-for the module.
+the same arrays, which allocates its output unzeroed as the module's call
+does, and beside ``embedding(weight, ids, out=out)``. The NumPy function with
+a preallocated ``out`` shows what allocating the output costs, and with a
+single id what the call itself costs (argument conversion, checks, releasing
+the GIL) around the kernel; the module on a single id, the same for the
+module.
 
 This script is not a test and asserts no speed; it checks once per row
 that both sides compute the same values, so that it times the same work.
