@@ -744,8 +744,8 @@ def test_a_parametrized_weight_is_read_as_pytorch_reads_it(kind, grad):
 
 @pytest.mark.parametrize("kind", ["Embedding", "EmbeddingBag"])
 def test_strided_tensors_are_served_in_inference(kind):
-    """The inference call tries the tensors as they stand; a strided weight or strided
-    ids, which the kernels refuse, are then copied and served, the weight unchanged."""
+    """A strided weight or strided ids, which the kernels do not read as they stand, are
+    copied before the inference call (``_array``) and served, the weight unchanged."""
     torch.manual_seed(9)
     wide = torch.randn(30, 16)
     theirs = getattr(torch.nn, kind).from_pretrained(wide[:, ::2].clone())
