@@ -32,7 +32,7 @@ use crate::index::{check_splits, Index, UncheckedIds, ValidIds};
 use crate::kernels::{
     bag_backward_valid, bag_max_backward, bag_sparse_backward_with, bag_step, check_backward_rows,
     check_forward_rows, check_forward_shapes, check_forward_unallocated, forward_valid,
-    forward_valid_fresh, ids_first, CallIds,
+    forward_valid_fresh, fresh_outputs, CallIds,
 };
 use crate::optim::SparseOptimizer;
 use crate::parallel::{in_pool, Parallelism};
@@ -312,18 +312,8 @@ impl EmbeddingBag {
                     len,
                 )
             };
-            let output = crate::buffer::with_capacity(len, "output");
-            let mut values = ids_first(par, unchecked, rows, output)?;
-            let mut max_indices = if self.mode == Mode::Max {
-                ids_first(
-                    par,
-                    unchecked,
-                    rows,
-                    crate::buffer::zeroed(len, "max_indices"),
-                )?
-            } else {
-                Vec::new()
-            };
+            let (mut values, mut max_indices) =
+                fresh_outputs(par, unchecked, rows, len, self.mode)?;
             if let CallIds::Checked(valid) = call_ids {
                 self.table.renorm_rows(valid)?;
             }

@@ -43,7 +43,7 @@ use crate::formats::{Format, OwnedTable};
 use crate::index::{check_splits, Index, UncheckedIds, ValidIds};
 use crate::io::FileError;
 use crate::kernels::{
-    check_forward_rows, check_forward_shapes, forward_fresh, ids_first, table_bag_forward_with,
+    check_forward_rows, check_forward_shapes, forward_fresh, fresh_outputs, table_bag_forward_with,
     table_gather_with, CallIds,
 };
 use crate::parallel::{in_pool, Parallelism};
@@ -188,19 +188,8 @@ impl QuantizedEmbeddingBag {
             let par = self.parallelism;
             let len = check_forward_shapes(rows, dim, ids, bags, &pooling)?;
             let unchecked = UncheckedIds::of(ids);
-            let values = crate::buffer::with_capacity(len, "output");
-            let mut values = ids_first(par, unchecked, rows, values)?;
-            let max = self.mode == Mode::Max;
-            let mut max_indices = if max {
-                ids_first(
-                    par,
-                    unchecked,
-                    rows,
-                    crate::buffer::zeroed(len, "max_indices"),
-                )?
-            } else {
-                Vec::new()
-            };
+            let (mut values, mut max_indices) =
+                fresh_outputs(par, unchecked, rows, len, self.mode)?;
             let (table, at) = (self.table.as_ref(), &mut max_indices[..]);
             forward_fresh(
                 par,
@@ -217,7 +206,7 @@ impl QuantizedEmbeddingBag {
             Ok(BagOutput {
                 values,
                 shape: [bags.len(), self.embedding_dim()],
-                max_indices: max.then_some(max_indices),
+                max_indices: (self.mode == Mode::Max).then_some(max_indices),
             })
         })
     }

@@ -140,13 +140,28 @@ pub(crate) struct Ladder {
     kept: usize,
 }
 
+impl Ladder {
+    /// Whether a whole block of `width` columns fits from `next`.
+    #[inline(always)]
+    fn fits(&self, width: usize) -> bool {
+        self.next + width <= self.dim
+    }
+
+    /// Whether any column is left (after the whole blocks of one vector:
+    /// the row's last few columns).
+    #[inline(always)]
+    fn has_columns_left(&self) -> bool {
+        self.next < self.dim
+    }
+}
+
 /// [`blocks_of`], inlined or apart as [`BlockBody::APART`] says; apart,
 /// called only when it has a block to run.
 #[inline(always)]
 fn run<V: Lanes, B: BlockBody, const N: usize>(body: &mut B, at: &mut Ladder) {
     if !B::APART {
         blocks_of::<V, B, N>(body, at);
-    } else if at.next + N * V::WIDTH <= at.dim || (N == 1 && at.next < at.dim) {
+    } else if at.fits(N * V::WIDTH) || (N == 1 && at.has_columns_left()) {
         V::blocks_apart::<B, N>(body, at);
     }
 }
@@ -156,11 +171,11 @@ fn run<V: Lanes, B: BlockBody, const N: usize>(body: &mut B, at: &mut Ladder) {
 /// block of their own; `at` moved past them, holding the last block's count.
 #[inline(always)]
 pub(crate) fn blocks_of<V: Lanes, B: BlockBody, const N: usize>(body: &mut B, at: &mut Ladder) {
-    while at.next + N * V::WIDTH <= at.dim {
+    while at.fits(N * V::WIDTH) {
         at.kept = body.block::<V, N>(Cols::whole::<V>(at.next));
         at.next += N * V::WIDTH;
     }
-    if N == 1 && at.next < at.dim {
+    if N == 1 && at.has_columns_left() {
         let tail = Cols::<N>::tail::<V>(at.next, at.dim - at.next);
         at.kept = body.block::<V, N>(tail);
         at.next = at.dim;

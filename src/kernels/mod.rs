@@ -42,7 +42,7 @@ pub use token_position::{
 
 pub(crate) use bag::{
     bag_backward_valid, bag_step, check_backward_rows, check_forward_rows, check_forward_shapes,
-    check_forward_unallocated, forward_fresh, forward_valid, forward_valid_fresh, ids_first,
+    check_forward_unallocated, forward_fresh, forward_valid, forward_valid_fresh, fresh_outputs,
     CallIds,
 };
 pub(crate) use gather::{check as check_gather, gather_fresh, gather_valid};

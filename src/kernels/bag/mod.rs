@@ -224,6 +224,25 @@ pub(crate) fn ids_first<T, R: RowId>(
     })
 }
 
+/// A fresh forward's outputs for `len` values: room for the values (the
+/// forward writes them all), and for [`Mode::Max`] the indices, zeroed;
+/// else no indices. Either allocation's error as [`ids_first`] orders it.
+pub(crate) fn fresh_outputs<R: RowId>(
+    par: Parallelism,
+    ids: UncheckedIds<'_, R>,
+    rows: usize,
+    len: usize,
+    mode: Mode,
+) -> Result<(Vec<f32>, Vec<i64>), EmbeddingError> {
+    let values = ids_first(par, ids, rows, crate::buffer::with_capacity(len, "output"))?;
+    let max_indices = if mode == Mode::Max {
+        ids_first(par, ids, rows, crate::buffer::zeroed(len, "max_indices"))?
+    } else {
+        Vec::new()
+    };
+    Ok((values, max_indices))
+}
+
 /// [`check_forward_unallocated`] less the ids, for a forward into a fresh
 /// output whose tasks check them ([`CallIds::InTasks`]): the output length.
 pub(crate) fn check_forward_shapes<I: Index>(
