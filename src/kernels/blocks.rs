@@ -105,20 +105,32 @@ pub(crate) fn block_count<V: Lanes>(dim: usize, widest: usize) -> usize {
 /// `widest` vectors (24, 16, 12 or 8), then the smaller sizes that fit (16,
 /// 8, 4, 2, 1; 12 only as the widest), then the last `dim % V::WIDTH` columns.
 /// Returns the count of the last block.
+///
+/// `widest` is one of `V`'s block sizes ([`Lanes::REGISTERS`] or half of
+/// it, [`Lanes::SUM_BLOCK`], [`Lanes::DECODE_BLOCK`]). The sizes no lane
+/// type reaches (24 without AVX-512, 16 and 12 without AVX) are left out
+/// by constant tests, so they are never compiled for it: a quarter of the
+/// bag kernels' copies. A size left out would only cost speed (the smaller
+/// ones cover the row).
 #[inline(always)]
 pub(crate) fn each_block<V: Lanes, B: BlockBody>(dim: usize, widest: usize, body: &mut B) -> usize {
+    debug_assert!(widest <= V::REGISTERS.max(V::SUM_BLOCK));
+    debug_assert!(widest != 12 || V::DECODE_BLOCK == 12);
     let at = &mut Ladder {
         dim,
         next: 0,
         kept: 0,
     };
-    if widest >= 24 {
+    // The tests on `V`'s constants stand alone in each condition: the
+    // compiler leaves out a call under a false one only when it sees the
+    // constants there (not through a local).
+    if (V::REGISTERS >= 24 || V::SUM_BLOCK >= 24) && widest >= 24 {
         run::<V, B, 24>(body, at);
     }
-    if widest >= 16 {
+    if (V::REGISTERS >= 16 || V::SUM_BLOCK >= 16) && widest >= 16 {
         run::<V, B, 16>(body, at);
     }
-    if widest == 12 {
+    if V::DECODE_BLOCK == 12 && widest == 12 {
         run::<V, B, 12>(body, at);
     }
     if widest >= 8 {

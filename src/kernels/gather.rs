@@ -54,7 +54,7 @@ use super::tuning::{
     PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES,
 };
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{check_splits, Index, RowId, ValidIds};
+use crate::index::{check_splits, each_row_type, ByRow, Index, RowId, ValidIds};
 use crate::parallel::{for_each_chunk, in_pool, Parallelism};
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::prefetch::{self, Level, L1, L2};
@@ -100,12 +100,28 @@ pub fn gather_with<I: Index>(
 ) -> Result<(), EmbeddingError> {
     in_pool(check_splits(par, ids), || {
         let ids = check(par, table, dim, ids, out)?;
-        if streams(par, core::mem::size_of_val(out), dim) {
-            drive(par, table, dim, ids, out, StreamRow);
-        } else {
-            copy_rows(par, table, dim, ids, out);
-        }
+        gather_checked(par, table, dim, ids.by_row(), None, out);
         Ok(())
+    })
+}
+
+/// The lookup of [`gather_with`] (no `scale`) or [`gather_scaled_with`]
+/// after its checks. Not generic, like each entry point of the lookup: its
+/// kernels are compiled here, for both row types.
+fn gather_checked(
+    par: Parallelism,
+    table: &[f32],
+    dim: usize,
+    ids: ByRow<ValidIds<'_, u32>, ValidIds<'_, u64>>,
+    scale: Option<f32>,
+    out: &mut [f32],
+) {
+    each_row_type!(ids, |ids| match scale {
+        Some(scale) => drive(par, table, dim, ids, out, ScaleRow(scale)),
+        None if streams(par, core::mem::size_of_val(out), dim) => {
+            drive(par, table, dim, ids, out, StreamRow)
+        }
+        None => copy_rows(par, table, dim, ids, out),
     })
 }
 
@@ -158,21 +174,21 @@ pub fn gather_scaled_with<I: Index>(
 ) -> Result<(), EmbeddingError> {
     in_pool(check_splits(par, ids), || {
         let ids = check(par, table, dim, ids, out)?;
-        drive(par, table, dim, ids, out, ScaleRow(scale));
+        gather_checked(par, table, dim, ids.by_row(), Some(scale), out);
         Ok(())
     })
 }
 
 /// [`gather_with`] on ids already checked against `table` (the layer checks
 /// them once, renormalises, then looks up).
-pub(crate) fn gather_valid<I: RowId>(
+pub(crate) fn gather_valid(
     par: Parallelism,
     table: &[f32],
     dim: usize,
-    ids: ValidIds<'_, I>,
+    ids: ByRow<ValidIds<'_, u32>, ValidIds<'_, u64>>,
     out: &mut [f32],
 ) {
-    copy_rows(par, table, dim, ids, out);
+    each_row_type!(ids, |ids| copy_rows(par, table, dim, ids, out));
 }
 
 /// The front door: every check, in the crate's order, before any write
@@ -327,18 +343,19 @@ impl RowOp for FillRow {
 /// [`EmbeddingError::SizeOverflow`] or
 /// [`EmbeddingError::AllocationFailed`] for the output; then `values` is
 /// empty.
-pub(crate) fn gather_fresh<I: RowId>(
+pub(crate) fn gather_fresh(
     par: Parallelism,
     table: &[f32],
     dim: usize,
-    ids: ValidIds<'_, I>,
+    ids: ByRow<ValidIds<'_, u32>, ValidIds<'_, u64>>,
     values: &mut Vec<f32>,
 ) -> Result<(), EmbeddingError> {
-    let fresh = crate::memory::fresh_floats(values, ids.len(), dim, "output")?;
+    let count = each_row_type!(ids, |ids| ids.len());
+    let fresh = crate::memory::fresh_floats(values, count, dim, "output")?;
     let len = fresh.len();
-    drive(par, table, dim, ids, fresh, FillRow);
+    each_row_type!(ids, |ids| drive(par, table, dim, ids, fresh, FillRow));
     // SAFETY: `drive` wrote all of `spare_capacity_mut()[..len]`: each of
-    // the `ids.len()` rows of `dim` values, split among tasks or not, went
+    // the `count` rows of `dim` values, split among tasks or not, went
     // through `FillRow::write`, whose `Slot::put` writes all of its row
     // when the source row is as long, as it is in every loop of
     // `GatherBlock` (the narrow one too: both are `dim` values), and `drive`

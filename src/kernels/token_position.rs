@@ -73,9 +73,9 @@
 //!    call still asks for `seq_len` positions.
 
 use super::gather::{self, RowOp};
-use super::scatter::{self, Scaled, Unscaled};
+use super::scatter;
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{Index, ValidIds};
+use crate::index::{each_row_type, ByRow, Index, ValidIds};
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::{row, Lanes};
@@ -172,7 +172,26 @@ pub fn embed_positions_with<I: Index>(
     let ids = ValidIds::new(ids, rows)?;
     // Only the first `seq_len` rows are ever read.
     let position_table = &position_table[..seq_len * dim];
-    match scale {
+    let ids = ids.by_row();
+    embed_valid(par, table, position_table, dim, ids, seq_len, scale, out);
+    Ok(())
+}
+
+/// [`embed_positions_with`] after its checks. Not generic, like each entry
+/// point of the lookup: its kernels are compiled here, for both row types.
+// `embed_positions_with`'s arguments, the ids checked.
+#[allow(clippy::too_many_arguments)]
+fn embed_valid(
+    par: Parallelism,
+    table: &[f32],
+    position_table: &[f32],
+    dim: usize,
+    ids: ByRow<ValidIds<'_, u32>, ValidIds<'_, u64>>,
+    seq_len: usize,
+    scale: Option<f32>,
+    out: &mut [f32],
+) {
+    each_row_type!(ids, |ids| match scale {
         None => {
             let op = AddPosition::<false>::new(position_table, dim, seq_len, 1.0);
             gather::drive(par, table, dim, ids, out, op);
@@ -181,8 +200,7 @@ pub fn embed_positions_with<I: Index>(
             let op = AddPosition::<true>::new(position_table, dim, seq_len, s);
             gather::drive(par, table, dim, ids, out, op);
         }
-    }
-    Ok(())
+    })
 }
 
 /// The backward of [`embed_positions`], accumulated into both tables'
@@ -284,28 +302,10 @@ pub fn embed_positions_backward_with<I: Index>(
         rows_len(ids.len(), dim)?,
         grad_output.len(),
     )?;
-    let ids = ValidIds::new(ids, rows)?;
+    let ids = ValidIds::new(ids, rows)?.by_row();
     let grad_position_table = Some((&mut grad_position_table[..seq_len * dim], seq_len));
-    match scale {
-        None => scatter::drive(
-            par,
-            grad_output,
-            dim,
-            ids,
-            grad_table,
-            Unscaled,
-            grad_position_table,
-        ),
-        Some(s) => scatter::drive(
-            par,
-            grad_output,
-            dim,
-            ids,
-            grad_table,
-            Scaled(s),
-            grad_position_table,
-        ),
-    }
+    let positions = grad_position_table;
+    scatter::scatter_valid(par, grad_output, dim, ids, scale, grad_table, positions);
     Ok(())
 }
 
