@@ -65,8 +65,9 @@ mod sealed {
     /// for `u64`: ids of either type as one type. The crate's kernel entry
     /// points take their ids so, and are not generic: each kernel is
     /// compiled in this crate, for both row types, rather than again in
-    /// every crate that calls it (`each_row_type!` runs a
-    /// body on either).
+    /// every crate that calls it (`each_row_type!` runs a body on either;
+    /// docs/design.md, "The shape of a kernel", item 5). Declared here
+    /// because [`RowId::by_row`], a method of a public trait, returns one.
     #[derive(Clone, Copy, Debug)]
     pub enum ByRow<A, B> {
         U32(A),
@@ -74,9 +75,13 @@ mod sealed {
     }
 }
 
+/// Checked ids of either row type: what the kernels' entry points take.
+pub(crate) type AnyValidIds<'a> = ByRow<ValidIds<'a, u32>, ValidIds<'a, u64>>;
+
 impl<A, B> ByRow<A, B> {
-    /// The value made by `u32`'s function or by `u64`'s: the same function
-    /// of two types, as with a variant's constructor.
+    /// `u32s` applied to a `U32`, `u64s` to a `U64` (two closures, since
+    /// one closure cannot take both types; a variant's constructor, such as
+    /// `CallIds::Checked`, serves as both).
     #[inline]
     pub(crate) fn map<C, D>(
         self,
@@ -91,7 +96,9 @@ impl<A, B> ByRow<A, B> {
 }
 
 /// `$body` with `$x` bound to the value of the [`ByRow`] `$value`, whichever
-/// row type it was made for: the body is compiled for both.
+/// row type it was made for: the body is pasted into both arms of a
+/// `match`, so it is compiled for both, and a `?` or `return` in it acts on
+/// the enclosing function.
 macro_rules! each_row_type {
     ($value:expr, |$x:ident| $body:expr) => {
         match $value {

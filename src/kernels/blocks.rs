@@ -121,16 +121,17 @@ pub(crate) fn each_block<V: Lanes, B: BlockBody>(dim: usize, widest: usize, body
         next: 0,
         kept: 0,
     };
-    // The tests on `V`'s constants stand alone in each condition: the
-    // compiler leaves out a call under a false one only when it sees the
-    // constants there (not through a local).
-    if (V::REGISTERS >= 24 || V::SUM_BLOCK >= 24) && widest >= 24 {
+    // The tests on `V`'s constants are `const` blocks: a branch under a
+    // false one is dropped before its calls are collected, so their copies
+    // are never made (a plain `V::REGISTERS >= 24` is folded only by LLVM,
+    // after it has compiled them).
+    if const { V::REGISTERS >= 24 || V::SUM_BLOCK >= 24 } && widest >= 24 {
         run::<V, B, 24>(body, at);
     }
-    if (V::REGISTERS >= 16 || V::SUM_BLOCK >= 16) && widest >= 16 {
+    if const { V::REGISTERS >= 16 || V::SUM_BLOCK >= 16 } && widest >= 16 {
         run::<V, B, 16>(body, at);
     }
-    if V::DECODE_BLOCK == 12 && widest == 12 {
+    if const { V::DECODE_BLOCK == 12 } && widest == 12 {
         run::<V, B, 12>(body, at);
     }
     if widest >= 8 {

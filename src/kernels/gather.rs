@@ -54,7 +54,7 @@ use super::tuning::{
     PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES,
 };
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{check_splits, each_row_type, ByRow, Index, RowId, ValidIds};
+use crate::index::{check_splits, each_row_type, AnyValidIds, Index, RowId, ValidIds};
 use crate::parallel::{for_each_chunk, in_pool, Parallelism};
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::prefetch::{self, Level, L1, L2};
@@ -106,13 +106,12 @@ pub fn gather_with<I: Index>(
 }
 
 /// The lookup of [`gather_with`] (no `scale`) or [`gather_scaled_with`]
-/// after its checks. Not generic, like each entry point of the lookup: its
-/// kernels are compiled here, for both row types.
+/// after its checks. Not generic ([`ByRow`](crate::index::ByRow)): compiled here, once.
 fn gather_checked(
     par: Parallelism,
     table: &[f32],
     dim: usize,
-    ids: ByRow<ValidIds<'_, u32>, ValidIds<'_, u64>>,
+    ids: AnyValidIds<'_>,
     scale: Option<f32>,
     out: &mut [f32],
 ) {
@@ -185,7 +184,7 @@ pub(crate) fn gather_valid(
     par: Parallelism,
     table: &[f32],
     dim: usize,
-    ids: ByRow<ValidIds<'_, u32>, ValidIds<'_, u64>>,
+    ids: AnyValidIds<'_>,
     out: &mut [f32],
 ) {
     each_row_type!(ids, |ids| copy_rows(par, table, dim, ids, out));
@@ -336,7 +335,7 @@ impl RowOp for FillRow {
 /// [`gather_valid`] into `values`, replacing what it held: the output of
 /// an allocating lookup, each value written once (not zeroed, then
 /// written). A caller that allocates `values` beforehand (with room for
-/// `ids.len() × dim` values) has it used as it is; otherwise it grows here.
+/// `ids × dim` values) has it used as it is; otherwise it grows here.
 /// Large outputs are advised into huge pages before their first touch.
 ///
 /// # Errors
@@ -347,25 +346,26 @@ pub(crate) fn gather_fresh(
     par: Parallelism,
     table: &[f32],
     dim: usize,
-    ids: ByRow<ValidIds<'_, u32>, ValidIds<'_, u64>>,
+    ids: AnyValidIds<'_>,
     values: &mut Vec<f32>,
 ) -> Result<(), EmbeddingError> {
-    let count = each_row_type!(ids, |ids| ids.len());
-    let fresh = crate::memory::fresh_floats(values, count, dim, "output")?;
-    let len = fresh.len();
-    each_row_type!(ids, |ids| drive(par, table, dim, ids, fresh, FillRow));
-    // SAFETY: `drive` wrote all of `spare_capacity_mut()[..len]`: each of
-    // the `count` rows of `dim` values, split among tasks or not, went
-    // through `FillRow::write`, whose `Slot::put` writes all of its row
-    // when the source row is as long, as it is in every loop of
-    // `GatherBlock` (the narrow one too: both are `dim` values), and `drive`
-    // returns only after every task.
-    // With `dim == 0` or no ids, `len` is 0. The capacity is `len` or more
-    // (`memory::fresh_floats` reserved `ids.len() × dim`, `len`, values).
-    #[allow(unsafe_code)]
-    unsafe {
-        values.set_len(len)
-    };
+    each_row_type!(ids, |ids| {
+        let fresh = crate::memory::fresh_floats(values, ids.len(), dim, "output")?;
+        let len = fresh.len();
+        drive(par, table, dim, ids, fresh, FillRow);
+        // SAFETY: `drive` wrote all of `spare_capacity_mut()[..len]`: each
+        // of the `ids.len()` rows of `dim` values, split among tasks or
+        // not, went through `FillRow::write`, whose `Slot::put` writes all
+        // of its row when the source row is as long, as it is in every loop
+        // of `GatherBlock` (the narrow one too: both are `dim` values), and
+        // `drive` returns only after every task. With `dim == 0` or no ids,
+        // `len` is 0. The capacity is `len` or more (`memory::fresh_floats`
+        // reserved `ids.len() × dim`, `len`, values).
+        #[allow(unsafe_code)]
+        unsafe {
+            values.set_len(len)
+        };
+    });
     Ok(())
 }
 

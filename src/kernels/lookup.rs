@@ -23,7 +23,7 @@ use super::row_format::{dispatch, value, Affine, OnRows, RowFormat, RowSpan, Sin
 use super::tuning::{prefetch_ahead, PREFETCH_MIN_TABLE_BYTES};
 use crate::error::{EmbeddingError, Operand};
 use crate::formats::{Data, TableRef};
-use crate::index::{check_splits, each_row_type, ByRow, Index, RowId, ValidIds};
+use crate::index::{check_splits, each_row_type, AnyValidIds, Index, RowId, ValidIds};
 use crate::parallel::{in_pool, Parallelism};
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::prefetch::{self, L2};
@@ -74,20 +74,13 @@ pub fn table_gather_with<I: Index>(
         let dim = table.dim();
         check_len(Operand::Output, rows_len(ids.len(), dim)?, out.len())?;
         let ids = ValidIds::new_with(par, ids, table.rows())?;
-        lookup_valid(par, &table, ids.by_row(), out);
+        lookup_checked(par, &table, ids.by_row(), out);
         Ok(())
     })
 }
 
-/// The lookup of [`table_gather_with`] after its checks. Not generic, like
-/// each entry point of the lookup: its kernels are compiled here, for both
-/// row types.
-fn lookup_valid(
-    par: Parallelism,
-    table: &TableRef<'_>,
-    ids: ByRow<ValidIds<'_, u32>, ValidIds<'_, u64>>,
-    out: &mut [f32],
-) {
+/// The lookup of [`table_gather_with`] after its checks. Not generic ([`ByRow`](crate::index::ByRow)): compiled here, once.
+fn lookup_checked(par: Parallelism, table: &TableRef<'_>, ids: AnyValidIds<'_>, out: &mut [f32]) {
     if let Data::F32(values) = table.data() {
         gather_valid(par, values, table.dim(), ids, out);
         return;

@@ -57,7 +57,7 @@
 
 use super::tuning::{prefetch_ahead, LINE_FLOATS, SCATTER_PARALLEL_MIN_BYTES};
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{each_row_type, ByRow, Index, RowId, ValidIds};
+use crate::index::{each_row_type, AnyValidIds, Index, RowId, ValidIds};
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::prefetch::{RowLines, L1};
@@ -174,7 +174,7 @@ pub(crate) fn scatter_valid(
     par: Parallelism,
     grad_output: &[f32],
     dim: usize,
-    ids: ByRow<ValidIds<'_, u32>, ValidIds<'_, u64>>,
+    ids: AnyValidIds<'_>,
     scale: Option<f32>,
     grad_table: &mut [f32],
     grad_position_table: Option<(&mut [f32], usize)>,

@@ -75,7 +75,7 @@
 use super::gather::{self, RowOp};
 use super::scatter;
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{each_row_type, ByRow, Index, ValidIds};
+use crate::index::{each_row_type, AnyValidIds, Index, ValidIds};
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::{row, Lanes};
@@ -173,20 +173,19 @@ pub fn embed_positions_with<I: Index>(
     // Only the first `seq_len` rows are ever read.
     let position_table = &position_table[..seq_len * dim];
     let ids = ids.by_row();
-    embed_valid(par, table, position_table, dim, ids, seq_len, scale, out);
+    embed_checked(par, table, position_table, dim, ids, seq_len, scale, out);
     Ok(())
 }
 
-/// [`embed_positions_with`] after its checks. Not generic, like each entry
-/// point of the lookup: its kernels are compiled here, for both row types.
+/// [`embed_positions_with`] after its checks. Not generic ([`ByRow`](crate::index::ByRow)): compiled here, once.
 // `embed_positions_with`'s arguments, the ids checked.
 #[allow(clippy::too_many_arguments)]
-fn embed_valid(
+fn embed_checked(
     par: Parallelism,
     table: &[f32],
     position_table: &[f32],
     dim: usize,
-    ids: ByRow<ValidIds<'_, u32>, ValidIds<'_, u64>>,
+    ids: AnyValidIds<'_>,
     seq_len: usize,
     scale: Option<f32>,
     out: &mut [f32],

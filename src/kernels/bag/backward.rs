@@ -6,7 +6,7 @@
 use super::{check_backward_rows, Bags};
 use crate::buffer::{copied, zeroed};
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{each_row_type, ByRow, Index, RowId, ValidIds};
+use crate::index::{each_row_type, AnyValidIds, Index, RowId, ValidIds};
 use crate::kernels::grouped::{self, Groups, RowRule, Source, Target};
 use crate::kernels::spare;
 use crate::optim::SparseOptimizer;
@@ -163,13 +163,12 @@ pub fn bag_backward_with<I: Index>(
 /// checked (sum or mean; `grad_table` whole rows of `dim` for the ids).
 ///
 /// Fails only when the allocator refuses its workspace, before any write.
-/// Not generic, like each entry point of the backward: its kernels are
-/// compiled here, for both row types.
+/// Not generic ([`ByRow`](crate::index::ByRow)): compiled here, once.
 pub(crate) fn bag_backward_valid(
     par: Parallelism,
     grad_bags: &[f32],
     dim: usize,
-    ids: ByRow<ValidIds<'_, u32>, ValidIds<'_, u64>>,
+    ids: AnyValidIds<'_>,
     bags: &Bags,
     pooling: &Pooling<'_>,
     grad_table: &mut [f32],
@@ -229,14 +228,12 @@ pub fn bag_sparse_backward_with<I: Index>(
     bag_sparse_valid(par, grad_bags, dim, ids.by_row(), bags, pooling)
 }
 
-/// [`bag_sparse_backward_with`] after its checks. Not generic, like each
-/// entry point of the backward: its kernels are compiled here, for both row
-/// types.
+/// [`bag_sparse_backward_with`] after its checks. Not generic ([`ByRow`](crate::index::ByRow)): compiled here, once.
 fn bag_sparse_valid(
     par: Parallelism,
     grad_bags: &[f32],
     dim: usize,
-    ids: ByRow<ValidIds<'_, u32>, ValidIds<'_, u64>>,
+    ids: AnyValidIds<'_>,
     bags: &Bags,
     pooling: &Pooling<'_>,
 ) -> Result<SparseGrad, EmbeddingError> {

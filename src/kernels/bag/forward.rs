@@ -6,7 +6,7 @@ use super::{max, sum};
 use crate::bags::Bags;
 use crate::error::{EmbeddingError, Operand};
 use crate::formats::TableRef;
-use crate::index::{each_row_type, ByRow, IdsWindow, RowId, UncheckedIds, ValidIds};
+use crate::index::{each_row_type, AnyValidIds, ByRow, IdsWindow, RowId, UncheckedIds, ValidIds};
 use crate::kernels::blocks::Cols;
 use crate::kernels::row_format::{dispatch, F32Rows, OnRows, RowFormat, RowSpan, Slot};
 use crate::kernels::tuning::{
@@ -21,15 +21,14 @@ use core::ops::Range;
 use core::sync::atomic::{AtomicBool, Ordering};
 
 /// The forward after [`check_forward`](super::check_forward), on an `f32`
-/// table: it cannot fail. Not generic, like each entry point of the bag
-/// forward: its kernels are compiled here, for both row types.
+/// table: it cannot fail. Not generic ([`ByRow`](crate::index::ByRow)): compiled here, once.
 // `bag_forward_with`'s arguments, with the ids checked.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward_valid(
     par: Parallelism,
     table: &[f32],
     dim: usize,
-    ids: ByRow<ValidIds<'_, u32>, ValidIds<'_, u64>>,
+    ids: AnyValidIds<'_>,
     bags: &Bags,
     pooling: &Pooling<'_>,
     out: &mut [f32],
@@ -47,7 +46,7 @@ pub(crate) fn forward_valid(
 pub(crate) fn forward_table(
     par: Parallelism,
     table: &TableRef<'_>,
-    ids: ByRow<ValidIds<'_, u32>, ValidIds<'_, u64>>,
+    ids: AnyValidIds<'_>,
     bags: &Bags,
     pooling: &Pooling<'_>,
     out: &mut [f32],
@@ -86,10 +85,13 @@ pub(crate) enum CallIds<'i, I: RowId> {
     },
 }
 
+/// The ids of a bag forward, of either row type.
+pub(crate) type AnyCallIds<'i> = ByRow<CallIds<'i, u32>, CallIds<'i, u64>>;
+
 impl<'i, I: RowId> CallIds<'i, I> {
     /// These ids as their row type, as one type ([`ByRow`]).
     #[inline]
-    pub(crate) fn by_row(self) -> ByRow<CallIds<'i, u32>, CallIds<'i, u64>> {
+    pub(crate) fn by_row(self) -> AnyCallIds<'i> {
         match self {
             CallIds::Checked(ids) => ids.by_row().map(CallIds::Checked, CallIds::Checked),
             CallIds::InTasks {

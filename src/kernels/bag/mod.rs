@@ -87,13 +87,13 @@ mod sum;
 mod tests;
 
 use crate::index::each_row_type;
-use crate::index::ByRow;
 pub(crate) use backward::bag_backward_valid;
 pub(crate) use backward::bag_step;
 pub use backward::{
     bag_backward, bag_backward_with, bag_max_backward, bag_max_backward_with, bag_sparse_backward,
     bag_sparse_backward_with, bag_sparse_step, bag_sparse_step_with,
 };
+use forward::AnyCallIds;
 pub(crate) use forward::{forward_valid, CallIds};
 
 use crate::bags::Bags;
@@ -346,7 +346,7 @@ pub(crate) fn forward_valid_fresh(
     par: Parallelism,
     table: &[f32],
     dim: usize,
-    ids: ByRow<CallIds<'_, u32>, CallIds<'_, u64>>,
+    ids: AnyCallIds<'_>,
     bags: &Bags,
     pooling: &Pooling<'_>,
     values: &mut Vec<f32>,
@@ -365,7 +365,7 @@ pub(crate) fn forward_valid_fresh(
 pub(crate) fn forward_fresh(
     par: Parallelism,
     table: TableRef<'_>,
-    ids: ByRow<CallIds<'_, u32>, CallIds<'_, u64>>,
+    ids: AnyCallIds<'_>,
     bags: &Bags,
     pooling: &Pooling<'_>,
     values: &mut Vec<f32>,

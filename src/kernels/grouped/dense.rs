@@ -12,7 +12,7 @@
 use super::plan::{carve, plan, run, Space, Task, TaskBody};
 use super::{check_padding, sum_positions, Groups, PerPosition, Source};
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{each_row_type, ByRow, Index, RowId, ValidIds};
+use crate::index::{each_row_type, AnyValidIds, Index, RowId, ValidIds};
 use crate::kernels::tuning::{
     prefetch_ahead, PARALLEL_MIN_BYTES, STREAM_MIN_BYTES, SWEEP_TASK_BYTES,
 };
@@ -87,13 +87,12 @@ pub fn dense_backward_with<I: Index>(
 /// [`dense_backward_with`] once every argument is checked: a layer checks
 /// the ids against its own row count (which a table of width 0 cannot
 /// tell), then calls this. Fails only when the allocator refuses its
-/// workspace, before any write. Not generic, like each entry point of the
-/// backward: its kernels are compiled here, for both row types.
+/// workspace, before any write. Not generic ([`ByRow`](crate::index::ByRow)): compiled here, once.
 pub(crate) fn dense_backward_valid(
     par: Parallelism,
     grad_output: &[f32],
     dim: usize,
-    ids: ByRow<ValidIds<'_, u32>, ValidIds<'_, u64>>,
+    ids: AnyValidIds<'_>,
     padding_idx: Option<usize>,
     scale_grad_by_freq: bool,
     grad_table: &mut [f32],

@@ -6,7 +6,7 @@ use super::plan::{carve, plan, run, Space, Task, TaskBody};
 use super::{check_padding, sum_positions, Groups, PerPosition, Source};
 use crate::buffer::copied;
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{each_row_type, ByRow, Index, RowId, ValidIds};
+use crate::index::{each_row_type, AnyValidIds, Index, RowId, ValidIds};
 use crate::kernels::row_format::Slot;
 use crate::kernels::tuning::{prefetch_ahead, GROUP_TASK_BYTES, PARALLEL_MIN_BYTES};
 use crate::parallel::Parallelism;
@@ -74,14 +74,12 @@ pub fn sparse_backward_with<I: Index>(
     )
 }
 
-/// [`sparse_backward_with`] after its checks. Not generic, like each entry
-/// point of the backward: its kernels are compiled here, for both row
-/// types.
+/// [`sparse_backward_with`] after its checks. Not generic ([`ByRow`](crate::index::ByRow)): compiled here, once.
 fn sparse_valid(
     par: Parallelism,
     grad_output: &[f32],
     dim: usize,
-    ids: ByRow<ValidIds<'_, u32>, ValidIds<'_, u64>>,
+    ids: AnyValidIds<'_>,
     padding_idx: Option<usize>,
     scale_grad_by_freq: bool,
 ) -> Result<SparseGrad, EmbeddingError> {
