@@ -319,8 +319,7 @@ impl EmbeddingBag {
             }
             let weight = self.table.weight();
             let at = &mut max_indices[..];
-            let ids = call_ids.by_row();
-            forward_valid_fresh(par, weight, dim, ids, bags, &pooling, &mut values, at)?;
+            forward_valid_fresh(par, weight, dim, call_ids, bags, &pooling, &mut values, at)?;
             Ok(BagOutput {
                 values,
                 shape: [bags.len(), self.embedding_dim()],
@@ -354,16 +353,7 @@ impl EmbeddingBag {
             let valid = check_forward_rows(par, rows, dim, ids, bags, &pooling, out, max_indices)?;
             self.table.renorm_rows(valid)?;
             let weight = self.table.weight();
-            forward_valid(
-                par,
-                weight,
-                dim,
-                valid.by_row(),
-                bags,
-                &pooling,
-                out,
-                max_indices,
-            );
+            forward_valid(par, weight, dim, valid, bags, &pooling, out, max_indices);
             Ok(())
         })
     }
@@ -435,15 +425,7 @@ impl EmbeddingBag {
             _ => {
                 let pooling = self.pooling(per_sample_weights);
                 let par = self.table.parallelism();
-                bag_backward_valid(
-                    par,
-                    grad_output,
-                    dim,
-                    valid.by_row(),
-                    bags,
-                    &pooling,
-                    grad_weight,
-                )
+                bag_backward_valid(par, grad_output, dim, valid, bags, &pooling, grad_weight)
             }
         }
     }

@@ -197,8 +197,7 @@ impl QuantizedEmbeddingBag {
                 CallIds::InTasks {
                     ids: unchecked,
                     num_embeddings: rows,
-                }
-                .by_row(),
+                },
                 bags,
                 &pooling,
                 &mut values,

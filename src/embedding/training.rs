@@ -77,7 +77,7 @@ impl Embedding {
             self.parallelism,
             grad_output,
             self.embedding_dim,
-            valid.by_row(),
+            valid,
             self.padding_idx,
             self.scale_grad_by_freq,
             grad_weight,

@@ -107,11 +107,11 @@ pub(crate) fn block_count<V: Lanes>(dim: usize, widest: usize) -> usize {
 /// Returns the count of the last block.
 ///
 /// `widest` is one of `V`'s block sizes ([`Lanes::REGISTERS`] or half of
-/// it, [`Lanes::SUM_BLOCK`], [`Lanes::DECODE_BLOCK`]). The sizes no lane
-/// type reaches (24 without AVX-512, 16 and 12 without AVX) are left out
-/// by constant tests, so they are never compiled for it: a quarter of the
-/// bag kernels' copies. A size left out would only cost speed (the smaller
-/// ones cover the row).
+/// it, [`Lanes::SUM_BLOCK`], [`Lanes::DECODE_BLOCK`]). The sizes a lane
+/// type never reaches (24 without AVX-512, 16 and 12 without AVX, 12 with
+/// AVX-512) are left out by constant tests, so they are never compiled for
+/// it: a quarter of the bag kernels' copies. A size left out would only
+/// cost speed (the smaller ones cover the row).
 #[inline(always)]
 pub(crate) fn each_block<V: Lanes, B: BlockBody>(dim: usize, widest: usize, body: &mut B) -> usize {
     debug_assert!(widest <= V::REGISTERS.max(V::SUM_BLOCK));

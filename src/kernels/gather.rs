@@ -54,7 +54,7 @@ use super::tuning::{
     PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES,
 };
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{check_splits, each_row_type, AnyValidIds, Index, RowId, ValidIds};
+use crate::index::{check_splits, Index, RowId, ValidIds};
 use crate::parallel::{for_each_chunk, in_pool, Parallelism};
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::prefetch::{self, Level, L1, L2};
@@ -100,27 +100,12 @@ pub fn gather_with<I: Index>(
 ) -> Result<(), EmbeddingError> {
     in_pool(check_splits(par, ids), || {
         let ids = check(par, table, dim, ids, out)?;
-        gather_checked(par, table, dim, ids.by_row(), None, out);
-        Ok(())
-    })
-}
-
-/// The lookup of [`gather_with`] (no `scale`) or [`gather_scaled_with`]
-/// after its checks. Not generic ([`ByRow`](crate::index::ByRow)): compiled here, once.
-fn gather_checked(
-    par: Parallelism,
-    table: &[f32],
-    dim: usize,
-    ids: AnyValidIds<'_>,
-    scale: Option<f32>,
-    out: &mut [f32],
-) {
-    each_row_type!(ids, |ids| match scale {
-        Some(scale) => drive(par, table, dim, ids, out, ScaleRow(scale)),
-        None if streams(par, core::mem::size_of_val(out), dim) => {
-            drive(par, table, dim, ids, out, StreamRow)
+        if streams(par, core::mem::size_of_val(out), dim) {
+            drive(par, table, dim, ids, out, StreamRow);
+        } else {
+            copy_rows(par, table, dim, ids, out);
         }
-        None => copy_rows(par, table, dim, ids, out),
+        Ok(())
     })
 }
 
@@ -173,21 +158,21 @@ pub fn gather_scaled_with<I: Index>(
 ) -> Result<(), EmbeddingError> {
     in_pool(check_splits(par, ids), || {
         let ids = check(par, table, dim, ids, out)?;
-        gather_checked(par, table, dim, ids.by_row(), Some(scale), out);
+        drive(par, table, dim, ids, out, ScaleRow(scale));
         Ok(())
     })
 }
 
 /// [`gather_with`] on ids already checked against `table` (the layer checks
 /// them once, renormalises, then looks up).
-pub(crate) fn gather_valid(
+pub(crate) fn gather_valid<I: RowId>(
     par: Parallelism,
     table: &[f32],
     dim: usize,
-    ids: AnyValidIds<'_>,
+    ids: ValidIds<'_, I>,
     out: &mut [f32],
 ) {
-    each_row_type!(ids, |ids| copy_rows(par, table, dim, ids, out));
+    copy_rows(par, table, dim, ids, out);
 }
 
 /// The front door: every check, in the crate's order, before any write
@@ -335,37 +320,35 @@ impl RowOp for FillRow {
 /// [`gather_valid`] into `values`, replacing what it held: the output of
 /// an allocating lookup, each value written once (not zeroed, then
 /// written). A caller that allocates `values` beforehand (with room for
-/// `ids × dim` values) has it used as it is; otherwise it grows here.
+/// `ids.len() × dim` values) has it used as it is; otherwise it grows here.
 /// Large outputs are advised into huge pages before their first touch.
 ///
 /// # Errors
 /// [`EmbeddingError::SizeOverflow`] or
 /// [`EmbeddingError::AllocationFailed`] for the output; then `values` is
 /// empty.
-pub(crate) fn gather_fresh(
+pub(crate) fn gather_fresh<I: RowId>(
     par: Parallelism,
     table: &[f32],
     dim: usize,
-    ids: AnyValidIds<'_>,
+    ids: ValidIds<'_, I>,
     values: &mut Vec<f32>,
 ) -> Result<(), EmbeddingError> {
-    each_row_type!(ids, |ids| {
-        let fresh = crate::memory::fresh_floats(values, ids.len(), dim, "output")?;
-        let len = fresh.len();
-        drive(par, table, dim, ids, fresh, FillRow);
-        // SAFETY: `drive` wrote all of `spare_capacity_mut()[..len]`: each
-        // of the `ids.len()` rows of `dim` values, split among tasks or
-        // not, went through `FillRow::write`, whose `Slot::put` writes all
-        // of its row when the source row is as long, as it is in every loop
-        // of `GatherBlock` (the narrow one too: both are `dim` values), and
-        // `drive` returns only after every task. With `dim == 0` or no ids,
-        // `len` is 0. The capacity is `len` or more (`memory::fresh_floats`
-        // reserved `ids.len() × dim`, `len`, values).
-        #[allow(unsafe_code)]
-        unsafe {
-            values.set_len(len)
-        };
-    });
+    let fresh = crate::memory::fresh_floats(values, ids.len(), dim, "output")?;
+    let len = fresh.len();
+    drive(par, table, dim, ids, fresh, FillRow);
+    // SAFETY: `drive` wrote all of `spare_capacity_mut()[..len]`: each of
+    // the `ids.len()` rows of `dim` values, split among tasks or not, went
+    // through `FillRow::write`, whose `Slot::put` writes all of its row
+    // when the source row is as long, as it is in every loop of
+    // `GatherBlock` (the narrow one too: both are `dim` values), and `drive`
+    // returns only after every task.
+    // With `dim == 0` or no ids, `len` is 0. The capacity is `len` or more
+    // (`memory::fresh_floats` reserved `ids.len() × dim`, `len`, values).
+    #[allow(unsafe_code)]
+    unsafe {
+        values.set_len(len)
+    };
     Ok(())
 }
 

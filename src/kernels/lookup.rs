@@ -23,7 +23,7 @@ use super::row_format::{dispatch, value, Affine, OnRows, RowFormat, RowSpan, Sin
 use super::tuning::{prefetch_ahead, PREFETCH_MIN_TABLE_BYTES};
 use crate::error::{EmbeddingError, Operand};
 use crate::formats::{Data, TableRef};
-use crate::index::{check_splits, each_row_type, AnyValidIds, Index, RowId, ValidIds};
+use crate::index::{check_splits, Index, RowId, ValidIds};
 use crate::parallel::{in_pool, Parallelism};
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::prefetch::{self, L2};
@@ -74,18 +74,13 @@ pub fn table_gather_with<I: Index>(
         let dim = table.dim();
         check_len(Operand::Output, rows_len(ids.len(), dim)?, out.len())?;
         let ids = ValidIds::new_with(par, ids, table.rows())?;
-        lookup_checked(par, &table, ids.by_row(), out);
+        if let Data::F32(values) = table.data() {
+            gather_valid(par, values, dim, ids, out);
+            return Ok(());
+        }
+        dispatch(&table, Lookup { par, ids, out });
         Ok(())
     })
-}
-
-/// The lookup of [`table_gather_with`] after its checks. Not generic ([`ByRow`](crate::index::ByRow)): compiled here, once.
-fn lookup_checked(par: Parallelism, table: &TableRef<'_>, ids: AnyValidIds<'_>, out: &mut [f32]) {
-    if let Data::F32(values) = table.data() {
-        gather_valid(par, values, table.dim(), ids, out);
-        return;
-    }
-    each_row_type!(ids, |ids| dispatch(table, Lookup { par, ids, out }))
 }
 
 /// The lookup of a decoded format, as an operation over any [`RowFormat`].

@@ -73,9 +73,9 @@
 //!    call still asks for `seq_len` positions.
 
 use super::gather::{self, RowOp};
-use super::scatter;
+use super::scatter::{self, Scaled, Unscaled};
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{each_row_type, AnyValidIds, Index, ValidIds};
+use crate::index::{Index, ValidIds};
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::{row, Lanes};
@@ -172,25 +172,7 @@ pub fn embed_positions_with<I: Index>(
     let ids = ValidIds::new(ids, rows)?;
     // Only the first `seq_len` rows are ever read.
     let position_table = &position_table[..seq_len * dim];
-    let ids = ids.by_row();
-    embed_checked(par, table, position_table, dim, ids, seq_len, scale, out);
-    Ok(())
-}
-
-/// [`embed_positions_with`] after its checks. Not generic ([`ByRow`](crate::index::ByRow)): compiled here, once.
-// `embed_positions_with`'s arguments, the ids checked.
-#[allow(clippy::too_many_arguments)]
-fn embed_checked(
-    par: Parallelism,
-    table: &[f32],
-    position_table: &[f32],
-    dim: usize,
-    ids: AnyValidIds<'_>,
-    seq_len: usize,
-    scale: Option<f32>,
-    out: &mut [f32],
-) {
-    each_row_type!(ids, |ids| match scale {
+    match scale {
         None => {
             let op = AddPosition::<false>::new(position_table, dim, seq_len, 1.0);
             gather::drive(par, table, dim, ids, out, op);
@@ -199,7 +181,8 @@ fn embed_checked(
             let op = AddPosition::<true>::new(position_table, dim, seq_len, s);
             gather::drive(par, table, dim, ids, out, op);
         }
-    })
+    }
+    Ok(())
 }
 
 /// The backward of [`embed_positions`], accumulated into both tables'
@@ -301,10 +284,28 @@ pub fn embed_positions_backward_with<I: Index>(
         rows_len(ids.len(), dim)?,
         grad_output.len(),
     )?;
-    let ids = ValidIds::new(ids, rows)?.by_row();
+    let ids = ValidIds::new(ids, rows)?;
     let grad_position_table = Some((&mut grad_position_table[..seq_len * dim], seq_len));
-    let positions = grad_position_table;
-    scatter::scatter_valid(par, grad_output, dim, ids, scale, grad_table, positions);
+    match scale {
+        None => scatter::drive(
+            par,
+            grad_output,
+            dim,
+            ids,
+            grad_table,
+            Unscaled,
+            grad_position_table,
+        ),
+        Some(s) => scatter::drive(
+            par,
+            grad_output,
+            dim,
+            ids,
+            grad_table,
+            Scaled(s),
+            grad_position_table,
+        ),
+    }
     Ok(())
 }
 

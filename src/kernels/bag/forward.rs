@@ -5,10 +5,9 @@
 use super::{max, sum};
 use crate::bags::Bags;
 use crate::error::{EmbeddingError, Operand};
-use crate::formats::TableRef;
-use crate::index::{each_row_type, AnyValidIds, ByRow, IdsWindow, RowId, UncheckedIds, ValidIds};
+use crate::index::{IdsWindow, RowId, UncheckedIds, ValidIds};
 use crate::kernels::blocks::Cols;
-use crate::kernels::row_format::{dispatch, F32Rows, OnRows, RowFormat, RowSpan, Slot};
+use crate::kernels::row_format::{F32Rows, OnRows, RowFormat, RowSpan, Slot};
 use crate::kernels::tuning::{
     bag_ahead, bags_per_task, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES,
     WHOLE_ROW_HINT_MAX_BYTES,
@@ -20,15 +19,15 @@ use crate::simd::{Body, Isa, Lanes};
 use core::ops::Range;
 use core::sync::atomic::{AtomicBool, Ordering};
 
-/// The forward after [`check_forward`](super::check_forward), on an `f32`
-/// table: it cannot fail. Not generic ([`ByRow`](crate::index::ByRow)): compiled here, once.
+/// The forward after [`check_forward`](super::check_forward): it cannot
+/// fail.
 // `bag_forward_with`'s arguments, with the ids checked.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn forward_valid(
+pub(crate) fn forward_valid<I: RowId>(
     par: Parallelism,
     table: &[f32],
     dim: usize,
-    ids: AnyValidIds<'_>,
+    ids: ValidIds<'_, I>,
     bags: &Bags,
     pooling: &Pooling<'_>,
     out: &mut [f32],
@@ -36,35 +35,16 @@ pub(crate) fn forward_valid(
 ) {
     let isa = Isa::detect();
     let table = F32Rows { table, dim };
-    each_row_type!(ids, |ids| {
-        let ids = CallIds::Checked(ids);
-        forward_on(isa, par, table, ids, bags, pooling, out, max_indices);
-    })
-}
-
-/// [`forward_valid`] on a table of any format.
-pub(crate) fn forward_table(
-    par: Parallelism,
-    table: &TableRef<'_>,
-    ids: AnyValidIds<'_>,
-    bags: &Bags,
-    pooling: &Pooling<'_>,
-    out: &mut [f32],
-    max_indices: &mut [i64],
-) {
-    let isa = Isa::detect();
-    each_row_type!(ids, |ids| {
-        let op = Forward {
-            isa,
-            par,
-            ids,
-            bags,
-            pooling,
-            out,
-            max_indices,
-        };
-        dispatch(table, op)
-    })
+    forward_on(
+        isa,
+        par,
+        table,
+        CallIds::Checked(ids),
+        bags,
+        pooling,
+        out,
+        max_indices,
+    );
 }
 
 /// The ids of a bag forward: checked before the call, or checked by its
@@ -83,32 +63,6 @@ pub(crate) enum CallIds<'i, I: RowId> {
         ids: UncheckedIds<'i, I>,
         num_embeddings: usize,
     },
-}
-
-/// The ids of a bag forward, of either row type.
-pub(crate) type AnyCallIds<'i> = ByRow<CallIds<'i, u32>, CallIds<'i, u64>>;
-
-impl<'i, I: RowId> CallIds<'i, I> {
-    /// These ids as their row type, as one type ([`ByRow`]).
-    #[inline]
-    pub(crate) fn by_row(self) -> AnyCallIds<'i> {
-        match self {
-            CallIds::Checked(ids) => ids.by_row().map(CallIds::Checked, CallIds::Checked),
-            CallIds::InTasks {
-                ids,
-                num_embeddings,
-            } => ids.by_row().map(
-                |ids| CallIds::InTasks {
-                    ids,
-                    num_embeddings,
-                },
-                |ids| CallIds::InTasks {
-                    ids,
-                    num_embeddings,
-                },
-            ),
-        }
-    }
 }
 
 /// [`forward_valid`] into a fresh output: `values` (emptied, and reserved

@@ -86,14 +86,12 @@ mod sum;
 #[cfg(test)]
 mod tests;
 
-use crate::index::each_row_type;
 pub(crate) use backward::bag_backward_valid;
 pub(crate) use backward::bag_step;
 pub use backward::{
     bag_backward, bag_backward_with, bag_max_backward, bag_max_backward_with, bag_sparse_backward,
     bag_sparse_backward_with, bag_sparse_step, bag_sparse_step_with,
 };
-use forward::AnyCallIds;
 pub(crate) use forward::{forward_valid, CallIds};
 
 use crate::bags::Bags;
@@ -315,16 +313,7 @@ pub fn bag_forward_with<I: Index>(
 ) -> Result<(), EmbeddingError> {
     in_pool(check_splits(par, ids), || {
         let ids = check_forward(par, table, dim, ids, bags, pooling, out, max_indices)?;
-        forward_valid(
-            par,
-            table,
-            dim,
-            ids.by_row(),
-            bags,
-            pooling,
-            out,
-            max_indices,
-        );
+        forward_valid(par, table, dim, ids, bags, pooling, out, max_indices);
         Ok(())
     })
 }
@@ -342,48 +331,43 @@ pub fn bag_forward_with<I: Index>(
 /// empty (and `max_indices` holds nothing to read).
 // `forward_valid`'s arguments, the output a `Vec`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn forward_valid_fresh(
+pub(crate) fn forward_valid_fresh<I: RowId>(
     par: Parallelism,
     table: &[f32],
     dim: usize,
-    ids: AnyCallIds<'_>,
+    ids: CallIds<'_, I>,
     bags: &Bags,
     pooling: &Pooling<'_>,
     values: &mut Vec<f32>,
     max_indices: &mut [i64],
 ) -> Result<(), EmbeddingError> {
     let (isa, table) = (Isa::detect(), F32Rows { table, dim });
-    each_row_type!(ids, |ids| {
-        forward::forward_fresh(isa, par, table, ids, bags, pooling, values, max_indices)
-    })
+    forward::forward_fresh(isa, par, table, ids, bags, pooling, values, max_indices)
 }
 
 /// [`forward_valid_fresh`] over a table of any format.
 ///
 /// # Errors
 /// As [`forward_valid_fresh`].
-pub(crate) fn forward_fresh(
+pub(crate) fn forward_fresh<I: RowId>(
     par: Parallelism,
     table: TableRef<'_>,
-    ids: AnyCallIds<'_>,
+    ids: CallIds<'_, I>,
     bags: &Bags,
     pooling: &Pooling<'_>,
     values: &mut Vec<f32>,
     max_indices: &mut [i64],
 ) -> Result<(), EmbeddingError> {
-    let isa = Isa::detect();
-    each_row_type!(ids, |ids| {
-        let op = forward::FreshForward {
-            isa,
-            par,
-            ids,
-            bags,
-            pooling,
-            values,
-            max_indices,
-        };
-        dispatch(&table, op)
-    })
+    let op = forward::FreshForward {
+        isa: Isa::detect(),
+        par,
+        ids,
+        bags,
+        pooling,
+        values,
+        max_indices,
+    };
+    dispatch(&table, op)
 }
 
 /// Every check of a backward call into a table of `rows` rows, in order:
@@ -479,7 +463,16 @@ pub fn table_bag_forward_with<I: Index>(
     in_pool(check_splits(par, ids), || {
         let (rows, dim) = (table.rows(), table.dim());
         let ids = check_forward_rows(par, rows, dim, ids, bags, pooling, out, max_indices)?;
-        forward::forward_table(par, &table, ids.by_row(), bags, pooling, out, max_indices);
+        let op = forward::Forward {
+            isa: Isa::detect(),
+            par,
+            ids,
+            bags,
+            pooling,
+            out,
+            max_indices,
+        };
+        dispatch(&table, op);
         Ok(())
     })
 }

@@ -12,7 +12,7 @@
 use super::plan::{carve, plan, run, Space, Task, TaskBody};
 use super::{check_padding, sum_positions, Groups, PerPosition, Source};
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{each_row_type, AnyValidIds, Index, RowId, ValidIds};
+use crate::index::{Index, RowId, ValidIds};
 use crate::kernels::tuning::{
     prefetch_ahead, PARALLEL_MIN_BYTES, STREAM_MIN_BYTES, SWEEP_TASK_BYTES,
 };
@@ -77,7 +77,7 @@ pub fn dense_backward_with<I: Index>(
         par,
         grad_output,
         dim,
-        ids.by_row(),
+        ids,
         padding_idx,
         scale_grad_by_freq,
         grad_table,
@@ -87,22 +87,19 @@ pub fn dense_backward_with<I: Index>(
 /// [`dense_backward_with`] once every argument is checked: a layer checks
 /// the ids against its own row count (which a table of width 0 cannot
 /// tell), then calls this. Fails only when the allocator refuses its
-/// workspace, before any write. Not generic ([`ByRow`](crate::index::ByRow)): compiled here, once.
-pub(crate) fn dense_backward_valid(
+/// workspace, before any write.
+pub(crate) fn dense_backward_valid<I: RowId>(
     par: Parallelism,
     grad_output: &[f32],
     dim: usize,
-    ids: AnyValidIds<'_>,
+    ids: ValidIds<'_, I>,
     padding_idx: Option<usize>,
     scale_grad_by_freq: bool,
     grad_table: &mut [f32],
 ) -> Result<(), EmbeddingError> {
     let source = PerPosition { grad_output, dim };
     let keep = |_, r| Some(r) != padding_idx;
-    let divide = scale_grad_by_freq;
-    each_row_type!(ids, |ids| dense(
-        par, ids, keep, &source, dim, divide, grad_table
-    ))
+    dense(par, ids, keep, &source, dim, scale_grad_by_freq, grad_table)
 }
 
 /// The dense gradient of any [`Source`], **overwriting** `grad_table` (whole

@@ -6,7 +6,7 @@ use super::plan::{carve, plan, run, Space, Task, TaskBody};
 use super::{check_padding, sum_positions, Groups, PerPosition, Source};
 use crate::buffer::copied;
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{each_row_type, AnyValidIds, Index, RowId, ValidIds};
+use crate::index::{Index, RowId, ValidIds};
 use crate::kernels::row_format::Slot;
 use crate::kernels::tuning::{prefetch_ahead, GROUP_TASK_BYTES, PARALLEL_MIN_BYTES};
 use crate::parallel::Parallelism;
@@ -64,29 +64,9 @@ pub fn sparse_backward_with<I: Index>(
     )?;
     check_padding(padding_idx, num_embeddings)?;
     let ids = ValidIds::new_with(par, ids, num_embeddings)?;
-    sparse_valid(
-        par,
-        grad_output,
-        dim,
-        ids.by_row(),
-        padding_idx,
-        scale_grad_by_freq,
-    )
-}
-
-/// [`sparse_backward_with`] after its checks. Not generic ([`ByRow`](crate::index::ByRow)): compiled here, once.
-fn sparse_valid(
-    par: Parallelism,
-    grad_output: &[f32],
-    dim: usize,
-    ids: AnyValidIds<'_>,
-    padding_idx: Option<usize>,
-    scale_grad_by_freq: bool,
-) -> Result<SparseGrad, EmbeddingError> {
     let source = PerPosition { grad_output, dim };
     let keep = |_, r| Some(r) != padding_idx;
-    let divide = scale_grad_by_freq;
-    each_row_type!(ids, |ids| coalesce(par, ids, keep, &source, dim, divide))
+    coalesce(par, ids, keep, &source, dim, scale_grad_by_freq)
 }
 
 /// The coalesced gradient of any [`Source`]: the positions `p` (with row
