@@ -31,10 +31,11 @@
 //! ```
 //!
 //! 1. **One pass, the bits of the composition.** The forward is
-//!    [`embed_positions_with`]: each value is `w * scale + p`, a rounded
-//!    product then a rounded sum (no fused multiply-add), so it equals
-//!    [`Embedding::forward`], then `* scale`, then `+ positions[t]`, bit for
-//!    bit, on any thread count. `scale: None` adds without multiplying.
+//!    [`embed_positions_with`](crate::embed_positions_with): each value is
+//!    `w * scale + p`, a rounded product then a rounded sum (no fused
+//!    multiply-add), so it equals [`Embedding::forward`], then `* scale`,
+//!    then `+ positions[t]`, bit for bit, on any thread count. `scale: None`
+//!    adds without multiplying.
 //! 2. **The token gradient is `Embedding::backward_dense(grad_output * scale)`,
 //!    bit for bit.** The fused backward adds each `g * scale` (rounded) into a
 //!    zeroed table in position order, which is what the grouped dense
@@ -86,7 +87,7 @@ use crate::embedding::{check_shape, Embedded, Embedding, EmbeddingOptions};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, RowId, ValidIds};
 use crate::kernels::{
-    embed_positions_backward_with, embed_positions_with, scatter_add_scaled_with, scatter_add_with,
+    embed_positions_backward_with, embed_positions_valid, scatter_add_scaled_with, scatter_add_with,
 };
 use crate::optim::Sgd;
 use crate::parallel::Parallelism;
@@ -349,7 +350,7 @@ impl InputEmbedding {
         let len = rows_len(ids.len(), dim)?;
         let valid = ValidIds::new(ids, self.tokens.num_embeddings())?;
         let mut values = crate::memory::zeroed_floats(len, "output")?;
-        self.embed_valid(ids, valid, seq_len, &mut values)?;
+        self.embed_valid(valid, seq_len, &mut values)?;
         Ok(Embedded {
             values,
             shape: vec![batch, seq_len, dim],
@@ -375,15 +376,14 @@ impl InputEmbedding {
         let dim = self.embedding_dim();
         check_len(Operand::Output, rows_len(ids.len(), dim)?, out.len())?;
         let valid = ValidIds::new(ids, self.tokens.num_embeddings())?;
-        self.embed_valid(ids, valid, seq_len, out)
+        self.embed_valid(valid, seq_len, out)
     }
 
     /// The renormalisations and the fused lookup of checked ids into an
     /// output of the right length; fails only before anything is written.
-    fn embed_valid<I: Index>(
+    fn embed_valid<R: RowId>(
         &mut self,
-        ids: &[I],
-        valid: ValidIds<'_, I::Row>,
+        valid: ValidIds<'_, R>,
         seq_len: usize,
         out: &mut [f32],
     ) -> Result<(), EmbeddingError> {
@@ -403,17 +403,18 @@ impl InputEmbedding {
         if let Positions::Learned(table) = &mut self.positions {
             table.renorm(positions_plan);
         }
-        let dim = self.embedding_dim();
-        embed_positions_with(
+        // The shapes were checked by the caller, the ids into `valid`.
+        embed_positions_valid(
             self.parallelism,
             self.tokens.weight(),
             self.positions.weight(),
-            dim,
-            ids,
+            self.embedding_dim(),
+            valid,
             seq_len,
             self.scale,
             out,
-        )
+        );
+        Ok(())
     }
 
     /// The gradients of both tables for `grad_output` (`[batch, seq_len,

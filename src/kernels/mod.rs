@@ -50,4 +50,5 @@ pub(crate) use grouped::{
     apply_sparse, dense_backward_valid, for_each_row, fused_update, sparse_groups, Groups, RowRule,
     Target,
 };
+pub(crate) use token_position::embed_positions_valid;
 pub(crate) use tuning::PARALLEL_MIN_BYTES;

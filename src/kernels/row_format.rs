@@ -175,7 +175,10 @@ pub(crate) fn value<V: Lanes>(lanes: V, affine: Option<Affine<V>>) -> V {
 
 /// A value of an output that a kernel writes once: an `f32` of a caller's
 /// buffer, or a `MaybeUninit<f32>` of fresh memory, which is then written
-/// once instead of zeroed first and written again.
+/// once instead of zeroed first and written again. The bag forward writes
+/// a caller's buffer as `MaybeUninit<f32>`s too (`forward_into`), so that
+/// its loops are compiled for one slot type; the methods write only
+/// initialised values, which is what makes that view sound.
 pub(crate) trait Slot: Send + Sized {
     /// `dst[i] = src[i]` for every `i`; the lengths are equal.
     fn put(dst: &mut [Self], src: &[f32]);

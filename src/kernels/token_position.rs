@@ -75,7 +75,7 @@
 use super::gather::{self, RowOp};
 use super::scatter::{self, Scaled, Unscaled};
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{Index, ValidIds};
+use crate::index::{Index, RowId, ValidIds};
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::{row, Lanes};
@@ -170,6 +170,26 @@ pub fn embed_positions_with<I: Index>(
     )?;
     check_len(Operand::Output, rows_len(ids.len(), dim)?, out.len())?;
     let ids = ValidIds::new(ids, rows)?;
+    embed_positions_valid(par, table, position_table, dim, ids, seq_len, scale, out);
+    Ok(())
+}
+
+/// [`embed_positions_with`] after its checks, for a caller that made them:
+/// `table` and `out` hold whole rows of `dim`, `out` one for each id, the
+/// ids are `seq_len`-long sequences and `position_table` holds `seq_len`
+/// rows or more.
+// `embed_positions_with`'s arguments, the ids checked.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn embed_positions_valid<R: RowId>(
+    par: Parallelism,
+    table: &[f32],
+    position_table: &[f32],
+    dim: usize,
+    ids: ValidIds<'_, R>,
+    seq_len: usize,
+    scale: Option<f32>,
+    out: &mut [f32],
+) {
     // Only the first `seq_len` rows are ever read.
     let position_table = &position_table[..seq_len * dim];
     match scale {
@@ -182,7 +202,6 @@ pub fn embed_positions_with<I: Index>(
             gather::drive(par, table, dim, ids, out, op);
         }
     }
-    Ok(())
 }
 
 /// The backward of [`embed_positions`], accumulated into both tables'

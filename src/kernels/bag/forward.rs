@@ -16,6 +16,7 @@ use crate::parallel::{for_each_chunk, for_each_chunk_pair, Parallelism};
 use crate::pooling::{Mode, Pooling};
 use crate::simd::prefetch::BagHints;
 use crate::simd::{Body, Isa, Lanes};
+use core::mem::MaybeUninit;
 use core::ops::Range;
 use core::sync::atomic::{AtomicBool, Ordering};
 
@@ -35,16 +36,8 @@ pub(crate) fn forward_valid<I: RowId>(
 ) {
     let isa = Isa::detect();
     let table = F32Rows { table, dim };
-    forward_on(
-        isa,
-        par,
-        table,
-        CallIds::Checked(ids),
-        bags,
-        pooling,
-        out,
-        max_indices,
-    );
+    let ids = CallIds::Checked(ids);
+    forward_into(isa, par, table, ids, bags, pooling, out, max_indices);
 }
 
 /// The ids of a bag forward: checked before the call, or checked by its
@@ -160,15 +153,15 @@ pub(crate) fn forward_fresh<I: RowId, T: RowFormat>(
     forward_fresh(isa, par, table, ids, bags, pooling, values, max_indices)
 }
 
-/// [`forward_on`]'s arguments but the table: the bag forward as an
+/// [`forward_into`]'s arguments but the table: the bag forward as an
 /// operation over any [`RowFormat`].
-pub(super) struct Forward<'a, 'i, I: RowId, S = f32> {
+pub(super) struct Forward<'a, 'i, I: RowId> {
     pub(super) isa: Isa,
     pub(super) par: Parallelism,
     pub(super) ids: ValidIds<'i, I>,
     pub(super) bags: &'a Bags,
     pub(super) pooling: &'a Pooling<'a>,
-    pub(super) out: &'a mut [S],
+    pub(super) out: &'a mut [f32],
     pub(super) max_indices: &'a mut [i64],
 }
 
@@ -200,7 +193,7 @@ impl<I: RowId> OnRows for FreshForward<'_, '_, I> {
     }
 }
 
-impl<I: RowId, S: Slot> OnRows for Forward<'_, '_, I, S> {
+impl<I: RowId> OnRows for Forward<'_, '_, I> {
     type Output = ();
 
     fn on<T: RowFormat>(self, table: T) {
@@ -214,8 +207,41 @@ impl<I: RowId, S: Slot> OnRows for Forward<'_, '_, I, S> {
             max_indices,
         } = self;
         let ids = CallIds::Checked(ids);
-        forward_on(isa, par, table, ids, bags, pooling, out, max_indices);
+        forward_into(isa, par, table, ids, bags, pooling, out, max_indices);
     }
+}
+
+/// [`forward_on`] into a caller's `out`, through the same slots as a fresh
+/// output (`MaybeUninit<f32>`), so that each bag loop is compiled once for
+/// both kinds of output rather than once for each: a crate that called the
+/// layers and the kernels compiled them twice, and unoptimised builds now
+/// reuse the library's copies (the integration tests' binary built in 27 s
+/// instead of 213; docs/design.md, "The shape of a kernel").
+// `forward_on`'s arguments.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn forward_into<I: RowId, T: RowFormat>(
+    isa: Isa,
+    par: Parallelism,
+    table: T,
+    ids: CallIds<'_, I>,
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    out: &mut [f32],
+    max_indices: &mut [i64],
+) -> bool {
+    let len = out.len();
+    // SAFETY: `MaybeUninit<f32>` has the size, alignment and validity
+    // rules of `f32` or looser, so the view covers exactly `out`'s values.
+    // The one hazard of such a view, an uninitialised value written
+    // through it, cannot happen: `forward_on` writes its output only
+    // through `Slot::put` and `Slot::zero` (directly or in `Cols::store`),
+    // which write `MaybeUninit::new` of an `f32`, and it never hands the
+    // view out. Values it does not write keep the caller's.
+    #[allow(unsafe_code)]
+    let slots = unsafe {
+        core::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<MaybeUninit<f32>>(), len)
+    };
+    forward_on(isa, par, table, ids, bags, pooling, slots, max_indices)
 }
 
 /// [`forward_valid`] on a chosen instruction set and table format; the
@@ -225,7 +251,7 @@ impl<I: RowId, S: Slot> OnRows for Forward<'_, '_, I, S> {
 /// written theirs). With [`CallIds::InTasks`] the ids outside every bag are
 /// not checked here.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn forward_on<I: RowId, T: RowFormat, S: Slot>(
+fn forward_on<I: RowId, T: RowFormat, S: Slot>(
     isa: Isa,
     par: Parallelism,
     table: T,

@@ -1,9 +1,8 @@
 //! The bag forward on every instruction set against the reference.
 
-use super::forward::{forward_on, CallIds};
+use super::forward::{forward_into, CallIds};
 use super::*;
 use crate::kernels::row_format::{F32Rows, RowFormat};
-use crate::kernels::written::Written;
 use crate::simd::Isa;
 
 fn mix(state: &mut u64) -> u64 {
@@ -12,10 +11,22 @@ fn mix(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// [`forward_on`] into `out` and `at` (prefilled by the caller), and again
-/// into outputs of [`Written`]s, once with the ids checked and once with
-/// the tasks checking them ([`CallIds::InTasks`]): every value of those
-/// must be written, and hold the bits of `out`.
+/// A value no bag of these tests computes (a NaN with a payload of its own;
+/// the tables' NaNs are `f32::NAN`, which a max passes on as it is): an
+/// output prefilled with it shows which values a forward left unwritten.
+const UNWRITTEN: u32 = 0x7fa5_5a5a;
+
+/// An output of `len` values, each [`UNWRITTEN`].
+fn unwritten(len: usize) -> Vec<f32> {
+    vec![f32::from_bits(UNWRITTEN); len]
+}
+
+/// [`forward_into`] `out` and `at` (prefilled by the caller), and again
+/// into outputs prefilled with [`UNWRITTEN`], once with the ids checked and
+/// once with the tasks checking them ([`CallIds::InTasks`]): every value of
+/// those must be written, and hold the bits of `out`. The fresh outputs of
+/// the layers take the same loops (`MaybeUninit<f32>` slots), so this is
+/// what they need of the kernel.
 #[allow(clippy::too_many_arguments)]
 fn forward_both<T: RowFormat>(
     isa: Isa,
@@ -28,27 +39,32 @@ fn forward_both<T: RowFormat>(
     at: &mut [i64],
 ) {
     let checked = CallIds::Checked(ids);
-    assert!(forward_on(isa, par, table, checked, bags, pooling, out, at));
-    let bits: Vec<Written> = out.iter().map(|v| Written(Some(v.to_bits()))).collect();
+    let all = forward_into(isa, par, table, checked, bags, pooling, out, at);
+    assert!(all, "a task stopped on checked ids ({isa:?} {par:?})");
+    let bits: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+    assert!(
+        !bits.contains(&UNWRITTEN),
+        "an output value holds the marker of unwritten ones"
+    );
     let in_tasks = CallIds::InTasks {
         ids: UncheckedIds::of(ids.as_slice()),
         num_embeddings: ids.num_embeddings(),
     };
     for (how, call_ids) in [("checked", checked), ("in tasks", in_tasks)] {
-        let mut fresh = vec![Written(None); out.len()];
+        let mut fresh = unwritten(out.len());
         let mut fresh_at = vec![-9; at.len()];
-        let fresh_out = &mut fresh;
-        let all = forward_on(
+        let all = forward_into(
             isa,
             par,
             table,
             call_ids,
             bags,
             pooling,
-            fresh_out,
+            &mut fresh,
             &mut fresh_at,
         );
         assert!(all, "a task stopped on good ids ({how} {isa:?} {par:?})");
+        let fresh: Vec<u32> = fresh.iter().map(|v| v.to_bits()).collect();
         assert_eq!(
             fresh, bits,
             "the fresh output differs ({how} {isa:?} {par:?})"
@@ -559,7 +575,7 @@ impl InTasksCase {
                     let mut want_at = vec![0; len];
                     let checked = CallIds::Checked(valid);
                     pool.install(|| {
-                        forward_on(
+                        forward_into(
                             isa,
                             par,
                             table,
@@ -603,7 +619,7 @@ impl InTasksCase {
         }
     }
 
-    /// `forward_on` with the ids left to the tasks and a bad id at
+    /// `forward_into` with the ids left to the tasks and a bad id at
     /// `position`, in a bag: it returns `false`, and the task whose bags
     /// hold the position wrote none of them.
     fn stopped_task_writes_nothing<T: RowFormat>(
@@ -614,7 +630,7 @@ impl InTasksCase {
         pooling: &Pooling<'_>,
     ) {
         let (dim, bags) = (table.dim(), &self.bags);
-        let mut out = vec![Written(None); bags.len() * dim];
+        let mut out = unwritten(bags.len() * dim);
         let mut at = vec![
             0;
             if pooling.mode == Mode::Max {
@@ -634,7 +650,7 @@ impl InTasksCase {
             .build()
             .unwrap();
         let all = pool
-            .install(|| forward_on(isa, par, table, call_ids, bags, pooling, &mut out, &mut at));
+            .install(|| forward_into(isa, par, table, call_ids, bags, pooling, &mut out, &mut at));
         assert!(!all, "bad id at {position}");
         // The bag of the position (the last whose start is at or before
         // it), and the run of bags its task wrote.
@@ -647,7 +663,7 @@ impl InTasksCase {
         let end = (first + per_task).min(bags.len());
         let run = &out[first * dim..end * dim];
         assert!(
-            run.iter().all(|v| *v == Written(None)),
+            run.iter().all(|v| v.to_bits() == UNWRITTEN),
             "bags {first}..{end} written around a bad id at {position} (bag {bag})"
         );
     }
