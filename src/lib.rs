@@ -116,8 +116,10 @@
 //! `wide::f32x8` (two SSE2 halves in a default x86-64 build). No kernel
 //! fuses a multiply and an add, so both give the same bits. `unsafe` is
 //! confined to the intrinsics (`simd/`), the prefetch hints, the column
-//! blocks of the parallel scatter and the aligned tables of [`memory`],
-//! each site with a `SAFETY` comment; `docs/design.md` lists them.
+//! blocks of the parallel scatter, the aligned tables of [`memory`], the
+//! `set_len` of each fresh output written in place and the bag forward's
+//! view of a caller's buffer as slots it writes once, each site with a
+//! `SAFETY` comment; `docs/design.md` lists them.
 //!
 //! How the kernels ask for rows ahead (prefetch hints) depends on the CPU,
 //! as measured on each kind (`kernels/tuning.rs`). For measuring, the

@@ -176,8 +176,8 @@ pub fn embed_positions_with<I: Index>(
 
 /// [`embed_positions_with`] after its checks, for a caller that made them:
 /// `table` and `out` hold whole rows of `dim`, `out` one for each id, the
-/// ids are `seq_len`-long sequences and `position_table` holds `seq_len`
-/// rows or more.
+/// ids were checked against `table`'s row count and are `seq_len`-long
+/// sequences, and `position_table` holds `seq_len` rows or more.
 // `embed_positions_with`'s arguments, the ids checked.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn embed_positions_valid<R: RowId>(

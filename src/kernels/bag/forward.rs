@@ -230,13 +230,16 @@ pub(super) fn forward_into<I: RowId, T: RowFormat>(
     max_indices: &mut [i64],
 ) -> bool {
     let len = out.len();
-    // SAFETY: `MaybeUninit<f32>` has the size, alignment and validity
-    // rules of `f32` or looser, so the view covers exactly `out`'s values.
+    // SAFETY: `MaybeUninit<f32>` has the size and alignment of `f32` and
+    // looser validity rules, so the view covers exactly `out`'s values.
     // The one hazard of such a view, an uninitialised value written
-    // through it, cannot happen: `forward_on` writes its output only
-    // through `Slot::put` and `Slot::zero` (directly or in `Cols::store`),
-    // which write `MaybeUninit::new` of an `f32`, and it never hands the
-    // view out. Values it does not write keep the caller's.
+    // through it, cannot happen: `forward_on` and everything below it are
+    // generic over `S: Slot` and touch the output only through `Slot::put`
+    // and `Slot::zero` (directly or in `Cols::store`), which write
+    // `MaybeUninit::new` of an `f32`; the parallel drivers it hands runs of
+    // the slice to only split and move them. That stays true while `Slot`
+    // has no method that makes a value and `forward_on` stays generic over
+    // it. Values it does not write keep the caller's.
     #[allow(unsafe_code)]
     let slots = unsafe {
         core::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<MaybeUninit<f32>>(), len)

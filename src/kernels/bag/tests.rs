@@ -11,9 +11,11 @@ fn mix(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// A value no bag of these tests computes (a NaN with a payload of its own;
-/// the tables' NaNs are `f32::NAN`, which a max passes on as it is): an
-/// output prefilled with it shows which values a forward left unwritten.
+/// A value no bag of these tests computes: a signalling NaN, which no
+/// arithmetic returns (sums, means and decoded rows give quiet NaNs at
+/// most), and no table here holds (their NaNs are `f32::NAN`, which a max
+/// passes on as it is). An output prefilled with it shows which values a
+/// forward left unwritten.
 const UNWRITTEN: u32 = 0x7fa5_5a5a;
 
 /// An output of `len` values, each [`UNWRITTEN`].
