@@ -215,7 +215,7 @@ impl<I: RowId> OnRows for Forward<'_, '_, I> {
 /// output (`MaybeUninit<f32>`), so that each bag loop is compiled once for
 /// both kinds of output rather than once for each: a crate that called the
 /// layers and the kernels compiled them twice, and unoptimised builds now
-/// reuse the library's copies (the integration tests' binary built in 27 s
+/// reuse the library's copies (the integration tests' binary built in 35 s
 /// instead of 213; docs/design.md, "The shape of a kernel").
 // `forward_on`'s arguments.
 #[allow(clippy::too_many_arguments)]
