@@ -219,8 +219,9 @@ pub(crate) struct Case {
     /// The row count the table was drawn for (a fault may change it).
     rows: usize,
     pub(crate) threads: usize,
-    /// 0: `i64` ids, else `u32`.
-    pub(crate) id_type: usize,
+    /// The ids' type as the header chose it (`i64` or `u32`); a target
+    /// that runs one type sets its own.
+    pub(crate) id_type: &'static str,
     /// The ids as the caller meant them, cast to the id type with `as`.
     pub(crate) ids: Vec<i128>,
     pub(crate) table: Table,
@@ -253,7 +254,7 @@ impl Case {
             b => MANY_ROWS[usize::from(b % 8)],
         };
         let threads = [2, 1, 3, 4][d.below(4)];
-        let id_type = d.below(2);
+        let id_type = ["i64", "u32"][d.below(2)];
         let n = match d.below(4) {
             0 => d.below(4),
             1 => d.below(17),
@@ -372,7 +373,7 @@ impl Case {
             self.dim,
             self.rows,
             self.ids.len(),
-            if self.id_type == 0 { "i64" } else { "u32" },
+            self.id_type,
             &self.ids[..self.ids.len().min(8)],
             self.threads,
             self.mode,
