@@ -55,7 +55,8 @@
 //! A header read with [`arbitrary::Unstructured`] (zeros past the end of
 //! the input) picks the format, `dim` (0..=70, or a huge one with an empty
 //! table), the row count (0..=64, or 255..=600 so that the parallel drivers
-//! split), the thread count, the id type (`i64` or `u32`), the id count (up
+//! split), the thread count, the id type (a byte still read so that inputs
+//! decode as before; each target uses its own type), the id count (up
 //! to 2523), up to four planted ids (the last row, the first invalid one,
 //! -1, `i64::MIN`, `i64::MAX`, `u32::MAX`, 2^32, raw bits), where the table
 //! comes from (raw bytes, tame codes with scales and biases from a list of

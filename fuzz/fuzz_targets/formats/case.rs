@@ -254,6 +254,8 @@ impl Case {
             b => MANY_ROWS[usize::from(b % 8)],
         };
         let threads = [2, 1, 3, 4][d.below(4)];
+        // Read even though each target runs its own id type, so that every
+        // later field, and every committed seed, decodes as before.
         let id_type = ["i64", "u32"][d.below(2)];
         let n = match d.below(4) {
             0 => d.below(4),
