@@ -23,12 +23,13 @@ fn unwritten(len: usize) -> Vec<f32> {
     vec![f32::from_bits(UNWRITTEN); len]
 }
 
-/// [`forward_into`] `out` and `at` (prefilled by the caller), and again
-/// into outputs prefilled with [`UNWRITTEN`], once with the ids checked and
-/// once with the tasks checking them ([`CallIds::InTasks`]): every value of
-/// those must be written, and hold the bits of `out`. The fresh outputs of
-/// the layers take the same loops (`MaybeUninit<f32>` slots), so this is
-/// what they need of the kernel.
+/// [`forward_into`] `out` (prefilled here with [`UNWRITTEN`]) and `at`
+/// with the ids checked, then into a second output prefilled so with the
+/// tasks checking them ([`CallIds::InTasks`]): every value of both must be
+/// written, and the second must hold the bits of `out` and `at`. Both
+/// calls take the loops of the layers' fresh outputs (`MaybeUninit<f32>`
+/// slots), so this is what those need of the kernel; the caller compares
+/// `out` and `at` with the reference.
 #[allow(clippy::too_many_arguments)]
 fn forward_both<T: RowFormat>(
     isa: Isa,
@@ -40,42 +41,41 @@ fn forward_both<T: RowFormat>(
     out: &mut [f32],
     at: &mut [i64],
 ) {
+    out.fill(f32::from_bits(UNWRITTEN));
     let checked = CallIds::Checked(ids);
     let all = forward_into(isa, par, table, checked, bags, pooling, out, at);
     assert!(all, "a task stopped on checked ids ({isa:?} {par:?})");
     let bits: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
     assert!(
         !bits.contains(&UNWRITTEN),
-        "an output value holds the marker of unwritten ones"
+        "a value left unwritten (checked {isa:?} {par:?})"
     );
     let in_tasks = CallIds::InTasks {
         ids: UncheckedIds::of(ids.as_slice()),
         num_embeddings: ids.num_embeddings(),
     };
-    for (how, call_ids) in [("checked", checked), ("in tasks", in_tasks)] {
-        let mut fresh = unwritten(out.len());
-        let mut fresh_at = vec![-9; at.len()];
-        let all = forward_into(
-            isa,
-            par,
-            table,
-            call_ids,
-            bags,
-            pooling,
-            &mut fresh,
-            &mut fresh_at,
-        );
-        assert!(all, "a task stopped on good ids ({how} {isa:?} {par:?})");
-        let fresh: Vec<u32> = fresh.iter().map(|v| v.to_bits()).collect();
-        assert_eq!(
-            fresh, bits,
-            "the fresh output differs ({how} {isa:?} {par:?})"
-        );
-        assert_eq!(
-            fresh_at, at,
-            "the fresh output's winners differ ({how} {isa:?} {par:?})"
-        );
-    }
+    let mut fresh = unwritten(out.len());
+    let mut fresh_at = vec![-9; at.len()];
+    let all = forward_into(
+        isa,
+        par,
+        table,
+        in_tasks,
+        bags,
+        pooling,
+        &mut fresh,
+        &mut fresh_at,
+    );
+    assert!(all, "a task stopped on good ids (in tasks {isa:?} {par:?})");
+    let fresh: Vec<u32> = fresh.iter().map(|v| v.to_bits()).collect();
+    assert_eq!(
+        fresh, bits,
+        "the output differs with the ids checked in tasks ({isa:?} {par:?})"
+    );
+    assert_eq!(
+        fresh_at, at,
+        "the winners differ with the ids checked in tasks ({isa:?} {par:?})"
+    );
 }
 
 /// Bags that hold no id, alone or before one that does, give zeros (and
