@@ -85,7 +85,7 @@ use embedding_kernels::{
 };
 use embedding_kernels::{reference, EmbeddingError, Parallelism};
 use embedding_kernels_fuzz::{
-    assert_same_bits, run, Agreement, Call, Case, Id, SplitMix64, Target, Values, Writes,
+    assert_same_bits, run, Agreement, Call, Case, Id, Padding, SplitMix64, Target, Values, Writes,
 };
 use libfuzzer_sys::fuzz_target;
 use std::sync::Mutex;
@@ -161,17 +161,6 @@ enum LengthFault {
     MaxIndices,
     /// The bags made for another number of ids than are passed.
     Ids,
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Padding {
-    None,
-    /// The row of the id at this position (modulo the ids), if it is one.
-    IdAt(u8),
-    /// The last row.
-    Last,
-    /// The row count (`false`) or `usize::MAX`: out of range.
-    Bad(bool),
 }
 
 /// The bag header of an input.
@@ -514,17 +503,7 @@ impl<'a, I: Id> Prepared<'a, I> {
             };
             (0..len).map(|_| rng.value(specials)).collect()
         });
-        let padding_idx = match spec.padding {
-            Padding::None => None,
-            Padding::IdAt(k) if !ids.is_empty() => {
-                let id = ids[usize::from(k) % ids.len()].to_i128();
-                (0..rows as i128).contains(&id).then_some(id as usize)
-            }
-            Padding::IdAt(_) => None,
-            Padding::Last => Some(rows.saturating_sub(1)),
-            Padding::Bad(false) => Some(rows),
-            Padding::Bad(true) => Some(usize::MAX),
-        };
+        let padding_idx = spec.padding.row(rows, ids);
         let out_len = bags
             .len()
             .checked_mul(dim)

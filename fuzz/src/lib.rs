@@ -740,8 +740,7 @@ pub fn assert_same_bits<I: Id>(
     compare(what, got, against, want, |bits| bits, case);
 }
 
-/// Asserts that two buffers have the same length and the same
-/// `canonical(bits)` in every element, naming the first difference.
+/// [`assert_bits_as`] for a [`Case`]'s buffers of rows of `case.dim`.
 fn compare<I: Id>(
     what: &str,
     got: &[f32],
@@ -750,11 +749,31 @@ fn compare<I: Id>(
     canonical: fn(u32) -> u32,
     case: &Case<I>,
 ) {
+    assert_bits_as(what, got, against, want, canonical, case.dim, || {
+        case.summary()
+    });
+}
+
+/// Asserts that two buffers of rows of `dim` have the same length and the
+/// same `canonical(bits)` in every element, naming the first difference by
+/// element, row and column, then the case (`summary()`).
+///
+/// # Panics
+/// If they differ in length or in any element's `canonical` bits.
+pub fn assert_bits_as(
+    what: &str,
+    got: &[f32],
+    against: &str,
+    want: &[f32],
+    canonical: fn(u32) -> u32,
+    dim: usize,
+    summary: impl Fn() -> String,
+) {
     assert_eq!(
         got.len(),
         want.len(),
         "{what} and {against} differ in length\n{}",
-        case.summary()
+        summary()
     );
     // The common case first: every bit the same, one `memcmp`.
     if bytemuck::cast_slice::<f32, u32>(got) == bytemuck::cast_slice::<f32, u32>(want) {
@@ -762,7 +781,7 @@ fn compare<I: Id>(
     }
     let differs = |i: usize| canonical(got[i].to_bits()) != canonical(want[i].to_bits());
     if let Some(i) = (0..got.len()).find(|&i| differs(i)) {
-        let dim = case.dim.max(1);
+        let dim = dim.max(1);
         panic!(
             "{what} and {against} differ at element {i} (row {}, column {}): {:?} ({:#010x}) vs {:?} ({:#010x})\n{}",
             i / dim,
@@ -771,8 +790,37 @@ fn compare<I: Id>(
             got[i].to_bits(),
             want[i],
             want[i].to_bits(),
-            case.summary()
+            summary()
         );
+    }
+}
+
+/// Where a bag case's `padding_idx` points; each target decodes its own.
+#[derive(Clone, Copy, Debug)]
+pub enum Padding {
+    None,
+    /// The row of the id at this position (modulo the ids), if it is one.
+    IdAt(u8),
+    /// The last row.
+    Last,
+    /// The row count (`false`) or `usize::MAX`: out of range.
+    Bad(bool),
+}
+
+impl Padding {
+    /// The `padding_idx` this is for a table of `rows` rows and these ids.
+    pub fn row<I: Id>(self, rows: usize, ids: &[I]) -> Option<usize> {
+        match self {
+            Padding::None => None,
+            Padding::IdAt(k) if !ids.is_empty() => {
+                let id = ids[usize::from(k) % ids.len()].to_i128();
+                (0..rows as i128).contains(&id).then_some(id as usize)
+            }
+            Padding::IdAt(_) => None,
+            Padding::Last => Some(rows.saturating_sub(1)),
+            Padding::Bad(false) => Some(rows),
+            Padding::Bad(true) => Some(usize::MAX),
+        }
     }
 }
 

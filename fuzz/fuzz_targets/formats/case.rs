@@ -7,7 +7,7 @@ use super::oracle::layout;
 use arbitrary::Unstructured;
 use embedding_kernels::formats::{Format, RowWise};
 use embedding_kernels::Mode;
-use embedding_kernels_fuzz::SplitMix64;
+use embedding_kernels_fuzz::{Padding, SplitMix64};
 use half::{bf16, f16};
 
 /// The widest row of an ordinary case.
@@ -178,18 +178,6 @@ pub(crate) enum Cut {
     },
     /// `Bags::fixed(count, size)` over the first `count × size` ids.
     Fixed { count: usize, size: usize },
-}
-
-/// Where `padding_idx` points.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Padding {
-    None,
-    /// The row of the id at this position (modulo the ids), if it is one.
-    IdAt(u8),
-    /// The last row.
-    Last,
-    /// The row count (`false`) or `usize::MAX`: out of range.
-    Bad(bool),
 }
 
 /// How the prepack input's values are drawn.

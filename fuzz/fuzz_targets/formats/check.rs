@@ -5,14 +5,14 @@
 //! bags and lookups pick the table format at run time, so every call site
 //! compiles all of them): built side by side, the two take about half the
 //! time of one target running both.
-use case::{faulty, Case, Cut, Padding, Table};
+use case::{faulty, Case, Cut, Table};
 use embedding_kernels::formats::{Format, OwnedTable, PackedTable, RowWise, TableRef};
 use embedding_kernels::{
     bag_forward_with, gather_half, gather_half_with, reference, table_bag_forward,
     table_bag_forward_with, table_gather, table_gather_with, Bags, EmbeddingError, Half, Mode,
     Operand, Parallelism, Pooling,
 };
-use embedding_kernels_fuzz::{pool, Id};
+use embedding_kernels_fuzz::{assert_bits_as, pool, Id};
 use half::{bf16, f16};
 use oracle::{
     decode_packed_row, expected_bag, expected_lookup, expected_owned_rows, expected_prepack,
@@ -267,21 +267,6 @@ impl Case {
         }
     }
 
-    /// `padding_idx` for a table of `rows` rows and the ids of the bags.
-    fn padding_idx<I: Id>(&self, rows: usize, ids: &[I]) -> Option<usize> {
-        match self.padding {
-            Padding::None => None,
-            Padding::IdAt(k) if !ids.is_empty() => {
-                let id = ids[usize::from(k) % ids.len()].to_i128();
-                (0..rows as i128).contains(&id).then_some(id as usize)
-            }
-            Padding::IdAt(_) => None,
-            Padding::Last => Some(rows.saturating_sub(1)),
-            Padding::Bad(false) => Some(rows),
-            Padding::Bad(true) => Some(usize::MAX),
-        }
-    }
-
     /// `table_bag_forward(_with)` in the case's mode.
     fn check_bags<I: Id>(
         &self,
@@ -314,7 +299,7 @@ impl Case {
         let pooling = Pooling {
             mode,
             per_sample_weights: weights,
-            padding_idx: self.padding_idx(rows, ids),
+            padding_idx: self.padding.row(rows, ids),
             scale_grad_by_freq: false,
         };
         let out_len = faulty(bags.len().checked_mul(dim), self.faults[3]);
@@ -581,28 +566,20 @@ impl Case {
     /// Asserts that `got` and `want` (what `against` gives) hold the same
     /// bits, up to `nans`, naming the first difference.
     fn assert_bits(&self, what: &str, got: &[f32], against: &str, want: &[f32], nans: Nans) {
-        assert_eq!(
-            got.len(),
-            want.len(),
-            "{what} and {against}: lengths differ\n{}",
-            self.summary()
-        );
-        let same = |a: f32, b: f32| {
-            a.to_bits() == b.to_bits() || nans == Nans::Any && a.is_nan() && b.is_nan()
+        let canonical: fn(u32) -> u32 = match nans {
+            Nans::Exact => |bits| bits,
+            // Every NaN as one.
+            Nans::Any => |bits| {
+                if f32::from_bits(bits).is_nan() {
+                    0x7fc0_0000
+                } else {
+                    bits
+                }
+            },
         };
-        if let Some(i) = (0..got.len()).find(|&i| !same(got[i], want[i])) {
-            let dim = self.dim.max(1);
-            panic!(
-                "{what} and {against} differ at element {i} (row {}, column {}): {:?} ({:#010x}) vs {:?} ({:#010x})\n{}",
-                i / dim,
-                i % dim,
-                got[i],
-                got[i].to_bits(),
-                want[i],
-                want[i].to_bits(),
-                self.summary()
-            );
-        }
+        assert_bits_as(what, got, against, want, canonical, self.dim, || {
+            self.summary()
+        });
     }
 
     /// Asserts that a call gave the bits of the first call of its kind
