@@ -943,13 +943,15 @@ impl<'a> Bytes<'a> {
 /// of the same code on different thread counts are still compared bit for
 /// bit.
 pub fn nan_blind(bits: &[u32]) -> Vec<u32> {
-    bits.iter()
-        .map(|&b| {
-            if f32::from_bits(b).is_nan() {
-                0x7fc0_0000
-            } else {
-                b
-            }
-        })
-        .collect()
+    bits.iter().map(|&b| one_nan(b)).collect()
+}
+
+/// `bits`, or one quiet NaN if `bits` is any NaN: [`nan_blind`] for one value
+/// (a `canonical` for [`assert_bits_as`]).
+pub fn one_nan(bits: u32) -> u32 {
+    if f32::from_bits(bits).is_nan() {
+        0x7fc0_0000
+    } else {
+        bits
+    }
 }

@@ -12,7 +12,7 @@ use embedding_kernels::{
     table_bag_forward_with, table_gather, table_gather_with, Bags, EmbeddingError, Half, Mode,
     Operand, Parallelism, Pooling,
 };
-use embedding_kernels_fuzz::{assert_bits_as, pool, Id};
+use embedding_kernels_fuzz::{assert_bits_as, one_nan, pool, Id};
 use half::{bf16, f16};
 use oracle::{
     decode_packed_row, expected_bag, expected_lookup, expected_owned_rows, expected_prepack,
@@ -568,14 +568,7 @@ impl Case {
     fn assert_bits(&self, what: &str, got: &[f32], against: &str, want: &[f32], nans: Nans) {
         let canonical: fn(u32) -> u32 = match nans {
             Nans::Exact => |bits| bits,
-            // Every NaN as one.
-            Nans::Any => |bits| {
-                if f32::from_bits(bits).is_nan() {
-                    0x7fc0_0000
-                } else {
-                    bits
-                }
-            },
+            Nans::Any => one_nan,
         };
         assert_bits_as(what, got, against, want, canonical, self.dim, || {
             self.summary()
