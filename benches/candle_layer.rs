@@ -60,10 +60,10 @@
 mod common;
 
 use common::candle_module::{Layer, Modules};
-use common::{Data, Workload, WORKLOADS};
+use common::{Data, WORKLOADS, Workload};
 use criterion::{
-    criterion_group, criterion_main, BatchSize, Bencher, BenchmarkId, Criterion, SamplingMode,
-    Throughput,
+    BatchSize, Bencher, BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group,
+    criterion_main,
 };
 use std::hint::black_box;
 use std::time::{Duration, Instant};

@@ -46,14 +46,14 @@
 mod common;
 
 use common::candle_peer::Candle;
-use common::{Data, Workload, WORKLOADS};
+use common::{Data, WORKLOADS, Workload};
 use criterion::measurement::WallTime;
 use criterion::{
-    criterion_group, criterion_main, Bencher, BenchmarkGroup, BenchmarkId, Criterion, Throughput,
+    Bencher, BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main,
 };
 use embedding_kernels::reference::loops;
 use embedding_kernels::{
-    gather_scaled_with, gather_with, reference, scatter_add_with, EmbeddingError, Parallelism,
+    EmbeddingError, Parallelism, gather_scaled_with, gather_with, reference, scatter_add_with,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

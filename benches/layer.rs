@@ -173,14 +173,14 @@ mod common;
 use common::candle_bag::Bag as CandleBag;
 use common::candle_layer::TokenPosition;
 use common::candle_peer::Candle;
-use common::{Data, Workload, WORKLOADS};
-use criterion::{criterion_group, criterion_main, Bencher, BenchmarkId, Criterion, Throughput};
+use common::{Data, WORKLOADS, Workload};
+use criterion::{Bencher, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use embedding_kernels::embed_positions;
 use embedding_kernels::memory::zeroed_table;
 use embedding_kernels::positions::sinusoidal_positions;
 use embedding_kernels::{
-    gather_scaled, scatter_add, Adagrad, Bags, Embedding, EmbeddingBag, EmbeddingBagOptions,
-    EmbeddingError, Mode, RowWiseAdagrad, Sgd,
+    Adagrad, Bags, Embedding, EmbeddingBag, EmbeddingBagOptions, EmbeddingError, Mode,
+    RowWiseAdagrad, Sgd, gather_scaled, scatter_add,
 };
 use rayon::prelude::*;
 use std::hint::black_box;

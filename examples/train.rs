@@ -29,8 +29,8 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use clap::builder::RangedU64ValueParser;
 use clap::Parser;
+use clap::builder::RangedU64ValueParser;
 use embedding_kernels::vocab::SPECIAL_TOKENS;
 use embedding_kernels::{Embedding, EmbeddingError, EmbeddingOptions, Sgd, Vocab};
 use rand::seq::SliceRandom;

@@ -50,14 +50,14 @@ impl Bags {
                     first: value as i128,
                 });
             }
-            if let Some(&previous) = starts.last() {
-                if value < previous {
-                    return Err(EmbeddingError::OffsetsDecrease {
-                        position,
-                        value: value as i128,
-                        previous: previous as i128,
-                    });
-                }
+            if let Some(&previous) = starts.last()
+                && value < previous
+            {
+                return Err(EmbeddingError::OffsetsDecrease {
+                    position,
+                    value: value as i128,
+                    previous: previous as i128,
+                });
             }
             starts.push(value);
         }

@@ -37,10 +37,10 @@
 //! `len / dim`, see no rows in a table of width 0.
 
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{check_splits, Index, RowId, ValidIds};
-use crate::kernels::{self, gather_fresh, gather_valid, Groups, PARALLEL_MIN_BYTES};
+use crate::index::{Index, RowId, ValidIds, check_splits};
+use crate::kernels::{self, Groups, PARALLEL_MIN_BYTES, gather_fresh, gather_valid};
 use crate::memory::AlignedTable;
-use crate::parallel::{in_pool, Parallelism};
+use crate::parallel::{Parallelism, in_pool};
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::sparse_grad::SparseGrad;
 use rand::SeedableRng;
@@ -240,14 +240,14 @@ impl Embedding {
                 Some(row as usize)
             }
         };
-        if let Some(m) = options.max_norm {
-            if m.is_nan() || m <= 0.0 {
-                return Err(EmbeddingError::InvalidArgument {
-                    name: "max_norm",
-                    value: m.to_string(),
-                    requirement: "greater than 0",
-                });
-            }
+        if let Some(m) = options.max_norm
+            && (m.is_nan() || m <= 0.0)
+        {
+            return Err(EmbeddingError::InvalidArgument {
+                name: "max_norm",
+                value: m.to_string(),
+                requirement: "greater than 0",
+            });
         }
         if options.norm_type.is_nan() {
             return Err(EmbeddingError::InvalidArgument {

@@ -28,14 +28,14 @@
 use crate::bags::Bags;
 use crate::embedding::{Embedding, EmbeddingOptions, Gradient};
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{check_splits, Index, UncheckedIds, ValidIds};
+use crate::index::{Index, UncheckedIds, ValidIds, check_splits};
 use crate::kernels::{
-    bag_backward_valid, bag_max_backward, bag_sparse_backward_with, bag_step, check_backward_rows,
-    check_forward_rows, check_forward_shapes, check_forward_unallocated, forward_valid,
-    forward_valid_fresh, fresh_outputs, CallIds,
+    CallIds, bag_backward_valid, bag_max_backward, bag_sparse_backward_with, bag_step,
+    check_backward_rows, check_forward_rows, check_forward_shapes, check_forward_unallocated,
+    forward_valid, forward_valid_fresh, fresh_outputs,
 };
 use crate::optim::SparseOptimizer;
-use crate::parallel::{in_pool, Parallelism};
+use crate::parallel::{Parallelism, in_pool};
 use crate::pooling::{Mode, Pooling};
 use crate::shape::{check_len, rows_len};
 use crate::sparse_grad::SparseGrad;

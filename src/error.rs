@@ -239,7 +239,9 @@ pub enum EmbeddingError {
 
     /// A row to quantize holds an infinity or a NaN: its row-wise scale and
     /// bias would be meaningless.
-    #[error("row {row} holds a value that is not finite at column {column}, which a row-wise quantized table cannot represent")]
+    #[error(
+        "row {row} holds a value that is not finite at column {column}, which a row-wise quantized table cannot represent"
+    )]
     NotFinite {
         /// The row.
         row: usize,
@@ -248,7 +250,9 @@ pub enum EmbeddingError {
     },
 
     /// A row to quantize spans a range (`max - min`) too wide for an `f32`.
-    #[error("row {row} spans a range wider than an f32 holds, which a row-wise quantized table cannot represent")]
+    #[error(
+        "row {row} spans a range wider than an f32 holds, which a row-wise quantized table cannot represent"
+    )]
     RangeOverflow {
         /// The row.
         row: usize,

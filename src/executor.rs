@@ -15,7 +15,7 @@
 
 use std::any::Any;
 use std::cell::RefCell;
-use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// A pool of threads the kernels can run a call's tasks on, in place of the

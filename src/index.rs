@@ -207,19 +207,19 @@ impl<'a, R: RowId> UncheckedIds<'a, R> {
         par: Parallelism,
         num_embeddings: usize,
     ) -> Result<ValidIds<'a, R>, EmbeddingError> {
-        if let Some(bound) = self.bound(num_embeddings) {
-            if let Some(block_no) = first_bad_block(par, self.ids, bound) {
-                // The first bad id from that block on (in it, since the
-                // scan found one there).
-                let start = block_no * CHECK_BLOCK;
-                let rest = self.ids.get(start..).unwrap_or_default();
-                if let Some(offset) = rest.iter().position(|&id| id >= bound) {
-                    return Err(EmbeddingError::IndexOutOfRange {
-                        position: start + offset,
-                        index: rest[offset].value(self.signed),
-                        num_embeddings,
-                    });
-                }
+        if let Some(bound) = self.bound(num_embeddings)
+            && let Some(block_no) = first_bad_block(par, self.ids, bound)
+        {
+            // The first bad id from that block on (in it, since the
+            // scan found one there).
+            let start = block_no * CHECK_BLOCK;
+            let rest = self.ids.get(start..).unwrap_or_default();
+            if let Some(offset) = rest.iter().position(|&id| id >= bound) {
+                return Err(EmbeddingError::IndexOutOfRange {
+                    position: start + offset,
+                    index: rest[offset].value(self.signed),
+                    num_embeddings,
+                });
             }
         }
         Ok(ValidIds {

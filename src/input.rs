@@ -83,7 +83,7 @@
 //! # Ok::<(), embedding_kernels::EmbeddingError>(())
 //! ```
 
-use crate::embedding::{check_shape, Embedded, Embedding, EmbeddingOptions};
+use crate::embedding::{Embedded, Embedding, EmbeddingOptions, check_shape};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, RowId, ValidIds};
 use crate::kernels::{
@@ -391,13 +391,13 @@ impl InputEmbedding {
         // fail, and the first table to change is not left changed alone.
         let tokens_plan = self.tokens.renorm_plan(valid)?;
         let mut positions_plan = None;
-        if let Positions::Learned(table) = &self.positions {
-            if table.max_norm().is_some() {
-                let mut arange = crate::buffer::with_capacity(seq_len, "workspace")?;
-                arange.extend(0..seq_len);
-                // `seq_len <= max_len`, checked by the caller: valid ids.
-                positions_plan = table.renorm_plan(ValidIds::new(&arange, self.max_len)?)?;
-            }
+        if let Positions::Learned(table) = &self.positions
+            && table.max_norm().is_some()
+        {
+            let mut arange = crate::buffer::with_capacity(seq_len, "workspace")?;
+            arange.extend(0..seq_len);
+            // `seq_len <= max_len`, checked by the caller: valid ids.
+            positions_plan = table.renorm_plan(ValidIds::new(&arange, self.max_len)?)?;
         }
         self.tokens.renorm(tokens_plan);
         if let Positions::Learned(table) = &mut self.positions {
@@ -509,15 +509,15 @@ impl InputEmbedding {
         // Every workspace before either table changes: the position
         // gradient, the scaled token gradient, both groupings.
         let mut positions_step = None;
-        if let Positions::Learned(table) = &self.positions {
-            if !table.is_frozen() {
-                let grad = sum_over_batch(grad_output, dim, seq_len)?;
-                let mut arange = crate::buffer::with_capacity(seq_len, "workspace")?;
-                arange.extend(0..seq_len);
-                // `seq_len <= max_len`, checked above: valid ids.
-                let groups = table.step_groups(ValidIds::new(&arange, self.max_len)?)?;
-                positions_step = Some((grad, groups));
-            }
+        if let Positions::Learned(table) = &self.positions
+            && !table.is_frozen()
+        {
+            let grad = sum_over_batch(grad_output, dim, seq_len)?;
+            let mut arange = crate::buffer::with_capacity(seq_len, "workspace")?;
+            arange.extend(0..seq_len);
+            // `seq_len <= max_len`, checked above: valid ids.
+            let groups = table.step_groups(ValidIds::new(&arange, self.max_len)?)?;
+            positions_step = Some((grad, groups));
         }
         let mut tokens_step = None;
         if !self.tokens.is_frozen() {

@@ -282,7 +282,9 @@ pub enum FileError {
 
     /// A tensor's byte range does not hold the bits its dtype and shape
     /// take (or they are not whole bytes).
-    #[error("tensor `{name}` takes {bits} bits by its dtype and shape, but its byte range holds {bytes} bytes")]
+    #[error(
+        "tensor `{name}` takes {bits} bits by its dtype and shape, but its byte range holds {bytes} bytes"
+    )]
     TensorBytes {
         /// The tensor's name.
         name: String,
@@ -295,7 +297,9 @@ pub enum FileError {
     /// The tensors' byte ranges, in order, do not tile the data from 0:
     /// this one starts elsewhere than where the one before it ends, or ends
     /// before it starts.
-    #[error("tensor `{name}` spans bytes {start}..{end} of the data, where bytes from {expected_start} on come next")]
+    #[error(
+        "tensor `{name}` spans bytes {start}..{end} of the data, where bytes from {expected_start} on come next"
+    )]
     DataOffsets {
         /// The tensor's name.
         name: String,
@@ -415,9 +419,7 @@ pub enum FileError {
 
     /// A row of the tensor's format and width would take more bytes than
     /// `usize` counts.
-    #[error(
-        "tensor `{name}`: a row of {dim} {format} values takes more bytes than a usize counts"
-    )]
+    #[error("tensor `{name}`: a row of {dim} {format} values takes more bytes than a usize counts")]
     RowTooLong {
         /// The tensor's name.
         name: String,
@@ -468,9 +470,7 @@ pub enum FileError {
 
     /// A table given to a save is named `__metadata__`,
     /// which the safetensors header keeps for the file's metadata.
-    #[error(
-        "a table cannot be named `{name}`: safetensors keeps that key for the file's metadata"
-    )]
+    #[error("a table cannot be named `{name}`: safetensors keeps that key for the file's metadata")]
     ReservedName {
         /// The name given.
         name: String,

@@ -171,18 +171,18 @@ pub use bags::Bags;
 pub use embedding::{Embedded, Embedding, EmbeddingOptions, Gradient};
 pub use embedding_bag::{BagOutput, EmbeddingBag, EmbeddingBagOptions};
 pub use error::{EmbeddingError, Operand};
-pub use executor::{with_executor, Executor};
+pub use executor::{Executor, with_executor};
 pub use index::Index;
 pub use input::{InputEmbedding, InputGrads, Positions};
 pub use kernels::{
-    bag_backward, bag_backward_with, bag_forward, bag_forward_with, bag_max_backward,
+    Half, bag_backward, bag_backward_with, bag_forward, bag_forward_with, bag_max_backward,
     bag_max_backward_with, bag_sparse_backward, bag_sparse_backward_with, bag_sparse_step,
     bag_sparse_step_with, dense_backward, dense_backward_with, embed_positions,
     embed_positions_backward, embed_positions_backward_with, embed_positions_with, gather,
     gather_half, gather_half_with, gather_scaled, gather_scaled_with, gather_with, scatter_add,
     scatter_add_scaled, scatter_add_scaled_with, scatter_add_with, sparse_backward,
     sparse_backward_with, sparse_step, sparse_step_with, table_bag_forward, table_bag_forward_with,
-    table_gather, table_gather_with, Half,
+    table_gather, table_gather_with,
 };
 pub use optim::{Adagrad, AdagradOn, RowWiseAdagrad, Sgd, SparseOptimizer};
 pub use parallel::Parallelism;

@@ -438,13 +438,12 @@ mod tests {
         let mut inside = false;
         for line in smaps.lines() {
             let mut range = line.split_whitespace().next().unwrap_or("").split('-');
-            if let (Some(lo), Some(hi), None) = (range.next(), range.next(), range.next()) {
-                if let (Ok(lo), Ok(hi)) =
+            if let (Some(lo), Some(hi), None) = (range.next(), range.next(), range.next())
+                && let (Ok(lo), Ok(hi)) =
                     (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
-                {
-                    inside = (lo..hi).contains(&addr);
-                    continue;
-                }
+            {
+                inside = (lo..hi).contains(&addr);
+                continue;
             }
             if let (true, Some(kb)) = (inside, line.strip_prefix("AnonHugePages:")) {
                 return kb

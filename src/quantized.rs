@@ -36,17 +36,17 @@
 //! layers.
 
 use crate::bags::Bags;
-use crate::embedding::{check_shape, Embedded, Embedding};
+use crate::embedding::{Embedded, Embedding, check_shape};
 use crate::embedding_bag::{BagOutput, EmbeddingBag};
 use crate::error::{EmbeddingError, Operand};
 use crate::formats::{Format, OwnedTable};
-use crate::index::{check_splits, Index, UncheckedIds, ValidIds};
+use crate::index::{Index, UncheckedIds, ValidIds, check_splits};
 use crate::io::FileError;
 use crate::kernels::{
-    check_forward_rows, check_forward_shapes, forward_fresh, fresh_outputs, table_bag_forward_with,
-    table_gather_with, CallIds,
+    CallIds, check_forward_rows, check_forward_shapes, forward_fresh, fresh_outputs,
+    table_bag_forward_with, table_gather_with,
 };
-use crate::parallel::{in_pool, Parallelism};
+use crate::parallel::{Parallelism, in_pool};
 use crate::pooling::{Mode, Pooling};
 use crate::shape::{check_len, rows_len};
 

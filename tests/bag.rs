@@ -30,17 +30,17 @@
 
 use embedding_kernels::formats::Format;
 use embedding_kernels::{
-    bag_backward_with, bag_forward, bag_forward_with, bag_max_backward, bag_sparse_backward_with,
-    Bags, Mode, Pooling,
+    Bags, Mode, Pooling, bag_backward_with, bag_forward, bag_forward_with, bag_max_backward,
+    bag_sparse_backward_with,
 };
-use embedding_kernels::{reference, EmbeddingError, Index, Operand, Parallelism};
 use embedding_kernels::{EmbeddingBag, EmbeddingBagOptions, QuantizedEmbeddingBag};
+use embedding_kernels::{EmbeddingError, Index, Operand, Parallelism, reference};
 use proptest::prelude::*;
 
 use crate::common::{
-    around_prefetch_size, assert_gradient, bad_id, bits, convert, draw_ids, ids_as, mismatch,
-    not_whole_rows, numeric_gradient, pools, row, run_table, weighted_sum, zero_dim, Pattern, Row,
-    SplitMix,
+    Pattern, Row, SplitMix, around_prefetch_size, assert_gradient, bad_id, bits, convert, draw_ids,
+    ids_as, mismatch, not_whole_rows, numeric_gradient, pools, row, run_table, weighted_sum,
+    zero_dim,
 };
 
 /// What a max-index buffer holds before a call: no winner is ever this id.
@@ -244,10 +244,12 @@ impl<I: Index + TryFrom<u64>> Data<I> {
         let mut rng = SplitMix(c.seed);
         let table = rng.values(c.rows * c.dim);
         let weights = (0..c.ids.len())
-            .map(|_| loop {
-                let w = rng.value();
-                if w != 0.0 {
-                    break w;
+            .map(|_| {
+                loop {
+                    let w = rng.value();
+                    if w != 0.0 {
+                        break w;
+                    }
                 }
             })
             .collect();

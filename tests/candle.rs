@@ -9,8 +9,8 @@
 
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{Module, Optimizer, VarBuilder, VarMap};
-use embedding_kernels::candle::{self as ek, Embedding};
 use embedding_kernels::Mode;
+use embedding_kernels::candle::{self as ek, Embedding};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
@@ -641,14 +641,18 @@ fn bag_errors_are_candle_errors() {
     );
     // Weights need sum mode.
     let w = Tensor::new(&[1f32, 1., 1.], &CPU).unwrap();
-    assert!(layer
-        .forward_offsets(&ids, &offsets(&[0]), false, Some(&w))
-        .is_err());
+    assert!(
+        layer
+            .forward_offsets(&ids, &offsets(&[0]), false, Some(&w))
+            .is_err()
+    );
     // A padding_idx past the table.
     let padded = layer.clone().with_padding_idx(Some(5));
-    assert!(padded
-        .forward_offsets(&ids, &offsets(&[0]), false, None)
-        .is_err());
+    assert!(
+        padded
+            .forward_offsets(&ids, &offsets(&[0]), false, None)
+            .is_err()
+    );
     // Half tables have no bag kernel here yet.
     let half = weight.to_dtype(DType::F16).unwrap();
     assert!(ek::EmbeddingBag::from_tensor(half, Mode::Sum).is_err());

@@ -5,11 +5,11 @@
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::Module;
+use embedding_kernels::Mode;
 use embedding_kernels::candle::{
     Embedding, EmbeddingBag, QuantizedEmbedding, QuantizedEmbeddingBag,
 };
 use embedding_kernels::formats::{Format, OwnedTable};
-use embedding_kernels::Mode;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -277,24 +277,28 @@ fn bad_inputs_are_errors() {
     // Weights with a mean, weights of the wrong length or dtype.
     let offsets = Tensor::new(&[0u32], &CPU).unwrap();
     let w = Tensor::new(&[1f32, 1., 1.], &CPU).unwrap();
-    assert!(bag
-        .forward_offsets(&ids, &offsets, false, Some(&w))
-        .is_err());
+    assert!(
+        bag.forward_offsets(&ids, &offsets, false, Some(&w))
+            .is_err()
+    );
     let sum =
         QuantizedEmbeddingBag::from_table(table.try_clone().unwrap(), Mode::Sum, None).unwrap();
     let short = Tensor::new(&[1f32, 1.], &CPU).unwrap();
-    assert!(sum
-        .forward_offsets(&ids, &offsets, false, Some(&short))
-        .is_err());
+    assert!(
+        sum.forward_offsets(&ids, &offsets, false, Some(&short))
+            .is_err()
+    );
     let wide = Tensor::new(&[1f64, 1., 1.], &CPU).unwrap();
-    assert!(sum
-        .forward_offsets(&ids, &offsets, false, Some(&wide))
-        .is_err());
+    assert!(
+        sum.forward_offsets(&ids, &offsets, false, Some(&wide))
+            .is_err()
+    );
     // Ids of the wrong rank.
     assert!(sum.forward(&ids).is_err());
-    assert!(bag
-        .forward_offsets(&ids.reshape((1, 3)).unwrap(), &offsets, false, None)
-        .is_err());
+    assert!(
+        bag.forward_offsets(&ids.reshape((1, 3)).unwrap(), &offsets, false, None)
+            .is_err()
+    );
     // A padding row past the table.
     assert!(QuantizedEmbeddingBag::from_table(table, Mode::Sum, Some(5)).is_err());
     // A table that is not a float matrix.

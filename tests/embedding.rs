@@ -2,14 +2,14 @@
 //! finite differences: every backward path, every option, every pool size.
 
 use crate::common::{
-    assert_close, assert_error, bad_id, bits, convert, draw_ids, invalid, mismatch, not_whole_rows,
-    numeric_gradient, pools, row, run_table, values, weighted_sum, Pattern, Row, SplitMix,
+    Pattern, Row, SplitMix, assert_close, assert_error, bad_id, bits, convert, draw_ids, invalid,
+    mismatch, not_whole_rows, numeric_gradient, pools, row, run_table, values, weighted_sum,
+};
+use embedding_kernels::{
+    Adagrad, Embedding, EmbeddingError, EmbeddingOptions, Gradient, Operand, Parallelism,
+    RowWiseAdagrad, Sgd, SparseGrad, reference,
 };
 use embedding_kernels::{dense_backward_with, sparse_backward_with, sparse_step_with};
-use embedding_kernels::{
-    reference, Adagrad, Embedding, EmbeddingError, EmbeddingOptions, Gradient, Operand,
-    Parallelism, RowWiseAdagrad, Sgd, SparseGrad,
-};
 use proptest::prelude::*;
 
 /// A case: a table, a batch of ids and options.

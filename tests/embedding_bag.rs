@@ -3,13 +3,13 @@
 //! step, and errors that change nothing.
 
 use crate::common::{
-    assert_error, assert_gradient, bad_id, bits, central_differences, invalid, mismatch,
-    not_whole_rows, pools, row, run_table, weighted_sum, Row, SplitMix,
+    Row, SplitMix, assert_error, assert_gradient, bad_id, bits, central_differences, invalid,
+    mismatch, not_whole_rows, pools, row, run_table, weighted_sum,
 };
 use embedding_kernels::Pooling;
 use embedding_kernels::{
-    bag_sparse_step_with, reference, Bags, EmbeddingBag, EmbeddingBagOptions, EmbeddingError,
-    Gradient, Mode, Operand, Parallelism, RowWiseAdagrad, Sgd,
+    Bags, EmbeddingBag, EmbeddingBagOptions, EmbeddingError, Gradient, Mode, Operand, Parallelism,
+    RowWiseAdagrad, Sgd, bag_sparse_step_with, reference,
 };
 
 const ROWS: usize = 40;

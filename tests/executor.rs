@@ -3,15 +3,16 @@
 //! on three threads, or skips some and repeats others), refuse a bad id in
 //! the same way and write nothing; and the executor is the one that ran them.
 
-use crate::common::{bits, SplitMix};
+use crate::common::{SplitMix, bits};
 use embedding_kernels::formats::{PackedTable, RowWise, TableRef};
 use embedding_kernels::{
+    Bags, Embedding, EmbeddingOptions, Executor, Mode, Parallelism, Pooling, Sgd,
     bag_backward_with, bag_forward_with, bag_sparse_step_with, dense_backward_with, gather_with,
     scatter_add_with, sparse_backward_with, sparse_step_with, table_bag_forward_with,
-    with_executor, Bags, Embedding, EmbeddingOptions, Executor, Mode, Parallelism, Pooling, Sgd,
+    with_executor,
 };
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Runs tasks on `threads` scoped threads taking indices from a counter.
 /// A `sloppy` one runs only the even indices, then index 0 again and one
@@ -32,13 +33,15 @@ impl Executor for Threads {
         let next = AtomicUsize::new(0);
         std::thread::scope(|s| {
             for _ in 0..self.threads {
-                s.spawn(|| loop {
-                    let k = next.fetch_add(1, Ordering::Relaxed);
-                    if k >= count {
-                        break;
-                    }
-                    if !self.sloppy || k.is_multiple_of(2) {
-                        task(k);
+                s.spawn(|| {
+                    loop {
+                        let k = next.fetch_add(1, Ordering::Relaxed);
+                        if k >= count {
+                            break;
+                        }
+                        if !self.sloppy || k.is_multiple_of(2) {
+                            task(k);
+                        }
                     }
                 });
             }

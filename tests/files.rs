@@ -4,14 +4,14 @@
 //! serializer, and files we write are read back with its own parser, so
 //! neither half is only checked against the other.
 
-use crate::common::{bits, not_whole_rows, row, run_table, zero_dim, Row, SplitMix};
+use crate::common::{Row, SplitMix, bits, not_whole_rows, row, run_table, zero_dim};
 use std::collections::HashMap;
 use std::fs;
 use std::path::Path;
 
+use embedding_kernels::Operand;
 use embedding_kernels::formats::{Format, OwnedTable, RowWise};
 use embedding_kernels::io::{self, FileError, Table};
-use embedding_kernels::Operand;
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 

@@ -6,7 +6,7 @@
 
 use crate::common;
 
-use crate::common::{pools, row, run_table, SplitMix};
+use crate::common::{SplitMix, pools, row, run_table};
 use embedding_kernels::formats::{self, PackedTable, RowWise};
 use embedding_kernels::{EmbeddingError, Operand, Parallelism};
 
@@ -212,9 +212,11 @@ fn rows_without_a_meaningful_scale_are_errors() {
         ),
     ];
     // A range that only an f16 scale cannot hold is fine with 8 bits.
-    assert!(RowWise::Int8
-        .prepack(&with(9, [0.0, 3e6, 1.0, 1.0]), dim)
-        .is_ok());
+    assert!(
+        RowWise::Int8
+            .prepack(&with(9, [0.0, 3e6, 1.0, 1.0]), dim)
+            .is_ok()
+    );
     run_table(&rows, |(formats, table), want| {
         for &format in formats {
             for par in [Parallelism::Serial, Parallelism::Rayon] {
@@ -320,9 +322,11 @@ fn owned_tables_round_trip_through_their_bytes() {
         }
     }
     assert_eq!(Format::from_name("int4"), Some(Format::Int4));
-    assert!(Format::ALL
-        .iter()
-        .all(|f| Format::from_name(f.name()) == Some(*f)));
+    assert!(
+        Format::ALL
+            .iter()
+            .all(|f| Format::from_name(f.name()) == Some(*f))
+    );
 }
 
 /// An empty table of an absurd width splits into no tasks: no size is

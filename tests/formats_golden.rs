@@ -25,8 +25,8 @@
 
 use embedding_kernels::formats::{self, PackedTable, RowWise, TableRef};
 use embedding_kernels::{
-    reference, table_bag_forward_with, table_gather, Bags, EmbeddingError, Mode, Parallelism,
-    Pooling,
+    Bags, EmbeddingError, Mode, Parallelism, Pooling, reference, table_bag_forward_with,
+    table_gather,
 };
 use half::{bf16, f16};
 use serde_json::Value;

@@ -16,13 +16,13 @@
 //! span 24 binades, so a sum taken in another order shows in the bits.
 
 use crate::common::{
-    assert_close, assert_error, bad_id, bits, central_differences, convert, draw_ids, ids_as,
-    invalid, mismatch, pools, row, run_table, values, weighted_sum, Pattern, Row, SplitMix,
+    Pattern, Row, SplitMix, assert_close, assert_error, bad_id, bits, central_differences, convert,
+    draw_ids, ids_as, invalid, mismatch, pools, row, run_table, values, weighted_sum,
 };
 use embedding_kernels::positions::sinusoidal_positions;
 use embedding_kernels::{
-    reference, Embedding, EmbeddingError, EmbeddingOptions, Index, InputEmbedding, Operand,
-    Parallelism, Positions, Sgd,
+    Embedding, EmbeddingError, EmbeddingOptions, Index, InputEmbedding, Operand, Parallelism,
+    Positions, Sgd, reference,
 };
 
 const PARALLELISMS: [Parallelism; 3] = [Parallelism::Serial, Parallelism::Rayon, Parallelism::Auto];

@@ -3,14 +3,14 @@
 
 use embedding_kernels::reference::loops;
 use embedding_kernels::{
-    gather, gather_scaled, gather_scaled_with, gather_with, reference, scatter_add,
-    scatter_add_with, Embedding, EmbeddingError, Index, Operand, Parallelism,
+    Embedding, EmbeddingError, Index, Operand, Parallelism, gather, gather_scaled,
+    gather_scaled_with, gather_with, reference, scatter_add, scatter_add_with,
 };
 use proptest::prelude::*;
 
 use crate::common::{
-    around_prefetch_size, bad_id, bits, convert, draw_ids, ids_as, mismatch, not_whole_rows, pools,
-    row, run_table, zero_dim, Pattern, Row, SplitMix,
+    Pattern, Row, SplitMix, around_prefetch_size, bad_id, bits, convert, draw_ids, ids_as,
+    mismatch, not_whole_rows, pools, row, run_table, zero_dim,
 };
 
 #[derive(Clone, Debug)]

@@ -15,16 +15,16 @@
 //! taken in another order shows in the bits.
 
 use embedding_kernels::positions::sinusoidal_positions;
+use embedding_kernels::{EmbeddingError, Index, Operand, Parallelism, reference};
 use embedding_kernels::{
     embed_positions, embed_positions_backward, embed_positions_backward_with, embed_positions_with,
 };
-use embedding_kernels::{reference, EmbeddingError, Index, Operand, Parallelism};
 use embedding_kernels::{scatter_add_scaled, scatter_add_scaled_with};
 use proptest::prelude::*;
 
 use crate::common::{
-    assert_gradient, bad_id, bits, central_differences, convert as to_ids, mismatch,
-    not_whole_rows, pools, row, run_table, weighted_sum, zero_dim, Row, SplitMix as Rng,
+    Row, SplitMix as Rng, assert_gradient, bad_id, bits, central_differences, convert as to_ids,
+    mismatch, not_whole_rows, pools, row, run_table, weighted_sum, zero_dim,
 };
 use std::fmt::Debug;
 

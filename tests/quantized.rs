@@ -9,8 +9,8 @@ use crate::common;
 use crate::common::SplitMix;
 use embedding_kernels::formats::{Format, OwnedTable};
 use embedding_kernels::{
-    table_bag_forward, table_gather, Embedding, EmbeddingBag, EmbeddingBagOptions, EmbeddingError,
-    EmbeddingOptions, Mode, Pooling, QuantizedEmbedding, QuantizedEmbeddingBag,
+    Embedding, EmbeddingBag, EmbeddingBagOptions, EmbeddingError, EmbeddingOptions, Mode, Pooling,
+    QuantizedEmbedding, QuantizedEmbeddingBag, table_bag_forward, table_gather,
 };
 
 fn bag_layer(rows: usize, dim: usize, options: EmbeddingBagOptions) -> EmbeddingBag {

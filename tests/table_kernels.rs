@@ -8,11 +8,11 @@
 
 use crate::common;
 
-use crate::common::{pools, SplitMix};
+use crate::common::{SplitMix, pools};
 use embedding_kernels::formats::{self, PackedTable, RowWise, TableRef};
 use embedding_kernels::{
-    bag_forward, gather, gather_half_with, reference, table_bag_forward, table_bag_forward_with,
-    table_gather, table_gather_with, Bags, Mode, Parallelism, Pooling,
+    Bags, Mode, Parallelism, Pooling, bag_forward, gather, gather_half_with, reference,
+    table_bag_forward, table_bag_forward_with, table_gather, table_gather_with,
 };
 
 const PACKED: [RowWise; 3] = [RowWise::Int8, RowWise::Int4, RowWise::Int2];

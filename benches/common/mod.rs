@@ -220,8 +220,8 @@ pub mod candle_peer {
 
 /// candle-core peers of the layer benches (`benches/layer.rs`).
 pub mod candle_layer {
-    use super::candle_peer::Candle;
     use super::Data;
+    use super::candle_peer::Candle;
     use candle_core::{DType, Device, Tensor};
 
     impl Candle {
@@ -369,7 +369,7 @@ pub mod candle_module {
     use candle_core::{CpuStorage, CustomOp1, Device, Layout, Shape, Storage, Tensor, Var};
     use candle_nn::Module;
     use embedding_kernels::memory::zeroed_table;
-    use embedding_kernels::{dense_backward_with, gather_with, Parallelism};
+    use embedding_kernels::{Parallelism, dense_backward_with, gather_with};
 
     /// Which implementation a call goes through.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -39,11 +39,11 @@
 //! Everything runs in the report's pool (`pool.install`), where the crate's
 //! ops use `Parallelism::Auto` and candle's CPU ops their own threading.
 
-use super::common::candle_module::{Layer, Modules};
 use super::common::Data;
-use super::{difference, measure, timed, Budget, Stats};
-use candle_core::backprop::GradStore;
+use super::common::candle_module::{Layer, Modules};
+use super::{Budget, Stats, difference, measure, timed};
 use candle_core::Tensor;
+use candle_core::backprop::GradStore;
 use clap::ValueEnum;
 use rayon::ThreadPool;
 use serde::Serialize;

@@ -27,15 +27,15 @@
 //! MiB of `f32` rows in a 300 MiB L3) serves every call after the first
 //! from that cache (`--keep-caches` measures that case).
 
-use super::common::{table_buffer, Buffer, Data};
-use super::{measure_all, timed, Budget, Stats};
+use super::common::{Buffer, Data, table_buffer};
+use super::{Budget, Stats, measure_all, timed};
 use clap::ValueEnum;
 use embedding_kernels::formats::{Format, OwnedTable, PackedTable, TableRef};
 use embedding_kernels::{
-    table_bag_forward_with, table_gather_with, Bags, Mode, Parallelism, Pooling,
+    Bags, Mode, Parallelism, Pooling, table_bag_forward_with, table_gather_with,
 };
-use rayon::prelude::*;
 use rayon::ThreadPool;
+use rayon::prelude::*;
 use serde::Serialize;
 use std::cell::RefCell;
 use std::hint::black_box;

@@ -19,17 +19,17 @@
 //! of the layer gets; memcpy and memset take the faster of one thread and
 //! the whole pool.
 
-use super::common::{table_buffer, Buffer, Data};
-use super::{measure, timed, Budget, Stats};
+use super::common::{Buffer, Data, table_buffer};
+use super::{Budget, Stats, measure, timed};
 use clap::ValueEnum;
+use embedding_kernels::Embedded;
 use embedding_kernels::embed_positions;
 use embedding_kernels::positions::sinusoidal_positions;
-use embedding_kernels::Embedded;
 use embedding_kernels::{
-    gather_scaled, Bags, Embedding, EmbeddingBag, EmbeddingBagOptions, Mode, RowWiseAdagrad, Sgd,
+    Bags, Embedding, EmbeddingBag, EmbeddingBagOptions, Mode, RowWiseAdagrad, Sgd, gather_scaled,
 };
-use rayon::prelude::*;
 use rayon::ThreadPool;
+use rayon::prelude::*;
 use serde::Serialize;
 use std::cell::RefCell;
 use std::hint::black_box;
@@ -415,11 +415,7 @@ pub fn run(
 /// The stats of whichever case has the lower median.
 fn faster(a: &[Duration], b: &[Duration]) -> Stats {
     let (a, b) = (Stats::of(a), Stats::of(b));
-    if a.median_us <= b.median_us {
-        a
-    } else {
-        b
-    }
+    if a.median_us <= b.median_us { a } else { b }
 }
 
 /// The layer rows of one workload, as text.

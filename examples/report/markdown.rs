@@ -19,7 +19,7 @@
 //! nothing here needs a font file, fontconfig or freetype (plotters lays the
 //! text out with its built-in size estimate).
 
-use super::{candle_layer, formats, layer, Impl, Report, BYTES_RULE, MIN_REPS, WARMUP_REPS};
+use super::{BYTES_RULE, Impl, MIN_REPS, Report, WARMUP_REPS, candle_layer, formats, layer};
 use plotters::backend::SVGBackend;
 use plotters::element::DashedPathElement;
 use plotters::prelude::*;

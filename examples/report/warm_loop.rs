@@ -34,7 +34,7 @@ use super::layer::BAG_SIZE;
 use super::median_sorted;
 use embedding_kernels::formats::Format;
 use embedding_kernels::{
-    gather, Bags, Embedding, EmbeddingBag, EmbeddingBagOptions, Mode, QuantizedEmbeddingBag, Sgd,
+    Bags, Embedding, EmbeddingBag, EmbeddingBagOptions, Mode, QuantizedEmbeddingBag, Sgd, gather,
 };
 use serde::{Deserialize, Serialize};
 use std::error::Error;

@@ -80,12 +80,12 @@
 
 use arbitrary::Unstructured;
 use embedding_kernels::{
-    bag_backward_with, bag_forward, bag_forward_with, bag_max_backward, bag_sparse_backward_with,
-    Bags, Mode, Pooling,
+    Bags, Mode, Pooling, bag_backward_with, bag_forward, bag_forward_with, bag_max_backward,
+    bag_sparse_backward_with,
 };
-use embedding_kernels::{reference, EmbeddingError, Parallelism};
+use embedding_kernels::{EmbeddingError, Parallelism, reference};
 use embedding_kernels_fuzz::{
-    assert_same_bits, run, Agreement, Call, Case, Id, Padding, SplitMix64, Target, Values, Writes,
+    Agreement, Call, Case, Id, Padding, SplitMix64, Target, Values, Writes, assert_same_bits, run,
 };
 use libfuzzer_sys::fuzz_target;
 use std::sync::Mutex;

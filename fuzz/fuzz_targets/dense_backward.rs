@@ -8,9 +8,9 @@
 //! error, the buffer is untouched and both sides report the same error.
 #![no_main]
 
+use embedding_kernels::{EmbeddingError, Parallelism, reference};
 use embedding_kernels::{dense_backward, dense_backward_with, sparse_backward_with};
-use embedding_kernels::{reference, EmbeddingError, Parallelism};
-use embedding_kernels_fuzz::{run, Agreement, Call, Case, Id, Target, Values, Writes};
+use embedding_kernels_fuzz::{Agreement, Call, Case, Id, Target, Values, Writes, run};
 use libfuzzer_sys::fuzz_target;
 
 struct DenseBackward;

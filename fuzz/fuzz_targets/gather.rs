@@ -9,9 +9,9 @@
 #![no_main]
 
 use embedding_kernels::reference::loops;
-use embedding_kernels::{gather, gather_with, reference, EmbeddingError};
+use embedding_kernels::{EmbeddingError, gather, gather_with, reference};
 use embedding_kernels_fuzz::{
-    assert_same_bits, run, Agreement, Call, Case, Id, Target, Values, Writes,
+    Agreement, Call, Case, Id, Target, Values, Writes, assert_same_bits, run,
 };
 use libfuzzer_sys::fuzz_target;
 

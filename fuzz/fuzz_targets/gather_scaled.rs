@@ -8,8 +8,8 @@
 #![no_main]
 
 use embedding_kernels::reference::loops;
-use embedding_kernels::{gather_scaled, gather_scaled_with, reference, EmbeddingError};
-use embedding_kernels_fuzz::{run, Agreement, Call, Case, Id, Target, Values, Writes};
+use embedding_kernels::{EmbeddingError, gather_scaled, gather_scaled_with, reference};
+use embedding_kernels_fuzz::{Agreement, Call, Case, Id, Target, Values, Writes, run};
 use libfuzzer_sys::fuzz_target;
 
 struct GatherScaled;

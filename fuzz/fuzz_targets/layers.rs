@@ -45,9 +45,9 @@ use embedding_kernels::{
     Adagrad, BagOutput, Bags, Embedding, EmbeddingBag, EmbeddingBagOptions, EmbeddingError,
     EmbeddingOptions, Gradient, Mode, Parallelism, RowWiseAdagrad, Sgd, SparseGrad,
 };
-use embedding_kernels_fuzz::{nan_blind, pool, Bytes, Id, SplitMix64};
+use embedding_kernels_fuzz::{Bytes, Id, SplitMix64, nan_blind, pool};
 use libfuzzer_sys::fuzz_target;
-use oracle::{bag_contributions, Hyper, Model, Opt};
+use oracle::{Hyper, Model, Opt, bag_contributions};
 use rayon::ThreadPool;
 
 /// The most calls of one case.
@@ -750,14 +750,14 @@ fn construct<L: Layer + Send>(
                     "from_pretrained changed the table"
                 );
             }
-            if setup.weight.is_none() {
-                if let Some(p) = padding {
-                    let row = &layer.weight()[p * setup.dim..(p + 1) * setup.dim];
-                    assert!(
-                        row.iter().all(|&x| x.to_bits() == 0),
-                        "the padding row is not zero"
-                    );
-                }
+            if setup.weight.is_none()
+                && let Some(p) = padding
+            {
+                let row = &layer.weight()[p * setup.dim..(p + 1) * setup.dim];
+                assert!(
+                    row.iter().all(|&x| x.to_bits() == 0),
+                    "the padding row is not zero"
+                );
             }
             let model = setup.model(rows, padding, layer.weight());
             Some((layer, model))

@@ -31,7 +31,7 @@ use embedding_kernels::positions::sinusoidal_positions;
 use embedding_kernels::{
     Embedding, EmbeddingError, EmbeddingOptions, InputEmbedding, Mode, Parallelism, Positions, Sgd,
 };
-use embedding_kernels_fuzz::{nan_blind, pool, Bytes, Id, SplitMix64};
+use embedding_kernels_fuzz::{Bytes, Id, SplitMix64, nan_blind, pool};
 use libfuzzer_sys::fuzz_target;
 use oracle::{Hyper, Model, Opt};
 

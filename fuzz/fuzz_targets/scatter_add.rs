@@ -9,8 +9,8 @@
 #![no_main]
 
 use embedding_kernels::reference::loops;
-use embedding_kernels::{reference, scatter_add, scatter_add_with, EmbeddingError};
-use embedding_kernels_fuzz::{run, Agreement, Call, Case, Id, Target, Values, Writes};
+use embedding_kernels::{EmbeddingError, reference, scatter_add, scatter_add_with};
+use embedding_kernels_fuzz::{Agreement, Call, Case, Id, Target, Values, Writes, run};
 use libfuzzer_sys::fuzz_target;
 
 struct ScatterAdd;

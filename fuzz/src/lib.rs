@@ -719,11 +719,7 @@ pub enum Agreement {
 /// `bits` with a signalling NaN made quiet (its top mantissa bit set).
 fn quieted(bits: u32) -> u32 {
     let nan = bits & 0x7f80_0000 == 0x7f80_0000 && bits & 0x007f_ffff != 0;
-    if nan {
-        bits | 0x0040_0000
-    } else {
-        bits
-    }
+    if nan { bits | 0x0040_0000 } else { bits }
 }
 
 /// Asserts that two buffers hold the same bits, naming the first difference.

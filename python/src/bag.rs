@@ -5,15 +5,15 @@
 //! without offsets (each row is a bag), as in PyTorch.
 
 use crate::convert::{
-    error, grad_output, invalid, output, padding, readonly, rows_bytes, slice, with_ids, writable,
-    Ids, Table,
+    Ids, Table, error, grad_output, invalid, output, padding, readonly, rows_bytes, slice,
+    with_ids, writable,
 };
-use crate::embedding::{sparse_pair, SparsePair};
+use crate::embedding::{SparsePair, sparse_pair};
 use crate::openmp;
 use embedding_kernels::formats::TableRef;
 use embedding_kernels::{
-    bag_backward_with, bag_max_backward_with, bag_sparse_backward_with, table_bag_forward_with,
-    Bags, Mode, Pooling,
+    Bags, Mode, Pooling, bag_backward_with, bag_max_backward_with, bag_sparse_backward_with,
+    table_bag_forward_with,
 };
 use numpy::{PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -219,7 +219,7 @@ pub(crate) fn embedding_bag_backward<'py>(
         (Mode::Max, None) => {
             return Err(invalid(
                 "max mode's backward needs the forward's max_indices".to_string(),
-            ))
+            ));
         }
         (_, _) => None,
     };

@@ -1,10 +1,10 @@
 //! The lookup (`F.embedding`) and its dense and sparse backward.
 
 use crate::convert::{
-    grad_output, invalid, output, padding, slice, with_ids, writable, Ids, Table,
+    Ids, Table, grad_output, invalid, output, padding, slice, with_ids, writable,
 };
 use crate::openmp;
-use embedding_kernels::{dense_backward_with, gather_with, sparse_backward_with, SparseGrad};
+use embedding_kernels::{SparseGrad, dense_backward_with, gather_with, sparse_backward_with};
 use numpy::{PyArray1, PyArrayDyn, PyArrayMethods};
 use pyo3::prelude::*;
 

@@ -17,7 +17,7 @@
 //! not fill its last byte). Every lookup and bag writes `float32`.
 
 use crate::bag::BagArgs;
-use crate::convert::{error, invalid, output, readonly, slice, with_ids, writable, Ids};
+use crate::convert::{Ids, error, invalid, output, readonly, slice, with_ids, writable};
 use crate::openmp;
 use embedding_kernels::formats::{Format, PackedTable, RowWise, TableRef};
 use embedding_kernels::table_gather_with;
@@ -137,7 +137,7 @@ impl<'py> AnyTable<'py> {
                 Some(d) if d != width => {
                     return Err(invalid(format!(
                         "embedding_dim {d} does not match the table's width {width}"
-                    )))
+                    )));
                 }
                 _ => width,
             },

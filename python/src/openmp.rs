@@ -16,11 +16,11 @@
 //! before the first call, keeps every call on the crate's rayon pool.
 
 use crate::pool;
-use embedding_kernels::{with_executor, EmbeddingError, Executor, Parallelism};
+use embedding_kernels::{EmbeddingError, Executor, Parallelism, with_executor};
 use pyo3::prelude::*;
 use std::any::Any;
 use std::ffi::c_void;
-use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 

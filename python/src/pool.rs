@@ -25,8 +25,8 @@ use embedding_kernels::EmbeddingError;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use std::error::Error;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::ThreadId;
 use std::time::Instant;
 

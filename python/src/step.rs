@@ -6,11 +6,11 @@
 
 use crate::bag::{bags, mode, sample_weights};
 use crate::convert::{
-    grad_output, invalid, padding, rows_bytes, slice, table_in_place, with_ids, writable, Ids,
+    Ids, grad_output, invalid, padding, rows_bytes, slice, table_in_place, with_ids, writable,
 };
 use crate::openmp;
 use embedding_kernels::{
-    bag_sparse_step_with, sparse_step_with, AdagradOn, Bags, Mode, Pooling, Sgd, SparseOptimizer,
+    AdagradOn, Bags, Mode, Pooling, Sgd, SparseOptimizer, bag_sparse_step_with, sparse_step_with,
 };
 use numpy::{PyArrayDyn, PyReadonlyArrayDyn};
 use pyo3::prelude::*;

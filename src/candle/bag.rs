@@ -3,7 +3,7 @@
 
 use super::embedding::embedding;
 use super::{
-    bag_arguments, check_ids, check_table, contiguous, kernel_error, matrix_width, zeroed, Ids,
+    Ids, bag_arguments, check_ids, check_table, contiguous, kernel_error, matrix_width, zeroed,
 };
 use crate::bags::Bags;
 use crate::parallel::Parallelism;

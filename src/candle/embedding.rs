@@ -1,6 +1,6 @@
 //! [`Embedding`]: the lookup op and its dense backward op.
 
-use super::{check_ids, check_table, contiguous, kernel_error, matrix_width, zeroed, Ids};
+use super::{Ids, check_ids, check_table, contiguous, kernel_error, matrix_width, zeroed};
 use crate::parallel::Parallelism;
 use crate::{dense_backward_with, gather_half_with, gather_with};
 use candle_core::backend::BackendStorage;

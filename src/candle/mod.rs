@@ -225,6 +225,6 @@ mod bag;
 mod embedding;
 mod quantized;
 
-pub use bag::{embedding_bag, EmbeddingBag};
-pub use embedding::{embedding, Embedding};
+pub use bag::{EmbeddingBag, embedding_bag};
+pub use embedding::{Embedding, embedding};
 pub use quantized::{QuantizedEmbedding, QuantizedEmbeddingBag};

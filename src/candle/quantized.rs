@@ -15,7 +15,7 @@
 //! the packed rows; [`QuantizedEmbedding::from_float`] packs a trained
 //! [`Embedding`]'s weight.
 
-use super::{bag_arguments, check_ids, check_table, kernel_error, Embedding, EmbeddingBag, Ids};
+use super::{Embedding, EmbeddingBag, Ids, bag_arguments, check_ids, check_table, kernel_error};
 use crate::bags::Bags;
 use crate::formats::{Format, OwnedTable};
 use crate::pooling::Mode;

@@ -6,7 +6,7 @@
 use super::{Embedding, Gradient};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, RowId, ValidIds};
-use crate::kernels::{self, dense_backward_valid, sparse_backward_with, Groups, Target};
+use crate::kernels::{self, Groups, Target, dense_backward_valid, sparse_backward_with};
 use crate::optim::{Sgd, SparseOptimizer};
 use crate::shape::{check_len, rows_len};
 use crate::sparse_grad::SparseGrad;

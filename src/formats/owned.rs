@@ -10,7 +10,7 @@
 //! docs/benchmarks.md, "Table formats").
 
 use super::table_ref::{Data, Format};
-use super::{half_rows, PackedTable, TableRef};
+use super::{PackedTable, TableRef, half_rows};
 use crate::buffer::{copied, with_capacity};
 use crate::error::{EmbeddingError, Operand};
 use crate::memory::AlignedTable;

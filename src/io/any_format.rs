@@ -39,7 +39,7 @@ use safetensors::{Dtype, SafeTensorError, View};
 
 use super::body::Body;
 use super::header::{self, Entry, Header, Keep, LEN_BYTES as HEADER_LEN_BYTES};
-use super::{check_name, find, two_d, write_atomically, FileError, METADATA_KEY};
+use super::{FileError, METADATA_KEY, check_name, find, two_d, write_atomically};
 use crate::formats::{Data, Format, OwnedTable, RowWise, TableRef};
 
 /// The dtypes [`load_table`] reads.

@@ -7,8 +7,8 @@ use std::io::{Read, Seek, SeekFrom};
 
 use safetensors::SafeTensorError;
 
-use super::header::{Entry, Header};
 use super::FileError;
+use super::header::{Entry, Header};
 use crate::buffer;
 
 /// The data of a file whose header has been read.

@@ -218,7 +218,7 @@ fn parse(header: &[u8], actual: u64, keep: &Keep<'_>) -> Result<Header, FileErro
         Err(error) => {
             return Err(slot.unwrap_or(FileError::Format(
                 SafeTensorError::InvalidHeaderDeserialization(error),
-            )))
+            )));
         }
     };
 
@@ -240,14 +240,14 @@ fn parse(header: &[u8], actual: u64, keep: &Keep<'_>) -> Result<Header, FileErro
                 dtype: entry.dtype.to_string(),
             });
         };
-        if let Some(bytes) = entry.end.checked_sub(entry.start) {
-            if !bits.is_multiple_of(8) || bits / 8 != bytes {
-                return Err(FileError::TensorBytes {
-                    name: entry.name.clone(),
-                    bits,
-                    bytes,
-                });
-            }
+        if let Some(bytes) = entry.end.checked_sub(entry.start)
+            && (!bits.is_multiple_of(8) || bits / 8 != bytes)
+        {
+            return Err(FileError::TensorBytes {
+                name: entry.name.clone(),
+                bits,
+                bytes,
+            });
         }
     }
 
@@ -435,7 +435,7 @@ impl<'de> Visitor<'de> for InfoSeed {
                 "shape" if shape.is_some() => return Err(de::Error::duplicate_field("shape")),
                 "shape" => shape = Some(map.next_value_seed(ShapeSeed { keep: self.keep })?),
                 "data_offsets" if offsets.is_some() => {
-                    return Err(de::Error::duplicate_field("data_offsets"))
+                    return Err(de::Error::duplicate_field("data_offsets"));
                 }
                 "data_offsets" => offsets = Some(map.next_value::<(usize, usize)>()?),
                 _ => {

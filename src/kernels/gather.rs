@@ -49,16 +49,16 @@
 
 use super::row_format::Slot;
 use super::tuning::{
+    GATHER_STREAM_MIN_BYTES, GATHER_STREAM_MIN_DIM, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES,
     gather_ahead, gather_hinted_floats, gather_hints_in_l1, gather_line_stores_pay,
-    gather_streams_pay, task_bytes, GATHER_STREAM_MIN_BYTES, GATHER_STREAM_MIN_DIM,
-    PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES,
+    gather_streams_pay, task_bytes,
 };
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{check_splits, Index, RowId, ValidIds};
-use crate::parallel::{for_each_chunk, in_pool, Parallelism};
+use crate::index::{Index, RowId, ValidIds, check_splits};
+use crate::parallel::{Parallelism, for_each_chunk, in_pool};
 use crate::shape::{check_len, rows_len, table_rows};
-use crate::simd::prefetch::{self, Level, L1, L2};
-use crate::simd::{row, stream, Body, Isa, Lanes};
+use crate::simd::prefetch::{self, L1, L2, Level};
+use crate::simd::{Body, Isa, Lanes, row, stream};
 use core::mem::MaybeUninit;
 
 /// `out[i, :] = table[ids[i], :]` for every `i`.
@@ -539,9 +539,9 @@ fn narrow_rows<V: Lanes, I: RowId, Op: RowOp>(
 
 #[cfg(test)]
 mod tests {
-    use super::{check, drive, for_each_row_block, CopyRow, StreamRow, PREFETCH_MIN_TABLE_BYTES};
+    use super::{CopyRow, PREFETCH_MIN_TABLE_BYTES, StreamRow, check, drive, for_each_row_block};
     use crate::kernels::tuning::{SHARED_TASKS, TASKS_PER_CALL};
-    use crate::parallel::{with_forced_share, Parallelism};
+    use crate::parallel::{Parallelism, with_forced_share};
     use std::sync::Mutex;
 
     /// The row blocks a call is cut into, as `(first_row, rows)`, in order.

@@ -168,7 +168,7 @@ fn bag_backwards_agree_on_every_isa() {
 
 #[test]
 fn every_format_agrees_on_every_isa() {
-    use crate::formats::{to_bf16, to_f16, Format, PackedTable, RowWise, TableRef};
+    use crate::formats::{Format, PackedTable, RowWise, TableRef, to_bf16, to_f16};
     use crate::{Bags, Mode, Pooling};
     let serial = Parallelism::Serial;
     for (k, &dim) in DIMS.iter().enumerate() {

@@ -17,14 +17,14 @@
 //! output rows, as the `f32` gather: the bits cannot depend on the thread
 //! count.
 
-use super::blocks::{each_block, BlockBody, Cols};
+use super::blocks::{BlockBody, Cols, each_block};
 use super::gather::{for_each_row_block, gather_valid};
-use super::row_format::{dispatch, value, Affine, OnRows, RowFormat, RowSpan, Sink};
-use super::tuning::{prefetch_ahead, PREFETCH_MIN_TABLE_BYTES};
+use super::row_format::{Affine, OnRows, RowFormat, RowSpan, Sink, dispatch, value};
+use super::tuning::{PREFETCH_MIN_TABLE_BYTES, prefetch_ahead};
 use crate::error::{EmbeddingError, Operand};
 use crate::formats::{Data, TableRef};
-use crate::index::{check_splits, Index, RowId, ValidIds};
-use crate::parallel::{in_pool, Parallelism};
+use crate::index::{Index, RowId, ValidIds, check_splits};
+use crate::parallel::{Parallelism, in_pool};
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::prefetch::{self, L2};
 use crate::simd::{Body, Isa, Lanes, MAX_LANES};

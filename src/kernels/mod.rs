@@ -33,7 +33,7 @@ pub use grouped::{
     dense_backward, dense_backward_with, sparse_backward, sparse_backward_with, sparse_step,
     sparse_step_with,
 };
-pub use lookup::{gather_half, gather_half_with, table_gather, table_gather_with, Half};
+pub use lookup::{Half, gather_half, gather_half_with, table_gather, table_gather_with};
 pub(crate) use scatter::check as check_scatter;
 pub use scatter::{scatter_add, scatter_add_scaled, scatter_add_scaled_with, scatter_add_with};
 pub use token_position::{
@@ -41,14 +41,14 @@ pub use token_position::{
 };
 
 pub(crate) use bag::{
-    bag_backward_valid, bag_step, check_backward_rows, check_forward_rows, check_forward_shapes,
-    check_forward_unallocated, forward_fresh, forward_valid, forward_valid_fresh, fresh_outputs,
-    CallIds,
+    CallIds, bag_backward_valid, bag_step, check_backward_rows, check_forward_rows,
+    check_forward_shapes, check_forward_unallocated, forward_fresh, forward_valid,
+    forward_valid_fresh, fresh_outputs,
 };
 pub(crate) use gather::{check as check_gather, gather_fresh, gather_valid};
 pub(crate) use grouped::{
-    apply_sparse, dense_backward_valid, for_each_row, fused_update, sparse_groups, Groups, RowRule,
-    Target,
+    Groups, RowRule, Target, apply_sparse, dense_backward_valid, for_each_row, fused_update,
+    sparse_groups,
 };
 pub(crate) use token_position::embed_positions_valid;
 pub(crate) use tuning::PARALLEL_MIN_BYTES;

@@ -601,7 +601,7 @@ mod tests {
     use super::{Packed, PlainRows, RowFormat};
     use crate::kernels::tuning::RowHeads;
     use crate::memory::AlignedTable;
-    use crate::simd::prefetch::{roomy_l1, BagHints};
+    use crate::simd::prefetch::{BagHints, roomy_l1};
 
     /// A bag's hints follow the row: one for a row of one line, into L1 up
     /// to a line, and past it as [`BagHints::rule`] says: with heads where

@@ -55,13 +55,13 @@
 //!    position rows are written by two threads: slower (they share those
 //!    lines) but never wrong, since no value belongs to two blocks.
 
-use super::tuning::{prefetch_ahead, LINE_FLOATS, SCATTER_PARALLEL_MIN_BYTES};
+use super::tuning::{LINE_FLOATS, SCATTER_PARALLEL_MIN_BYTES, prefetch_ahead};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, RowId, ValidIds};
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
-use crate::simd::prefetch::{RowLines, L1};
-use crate::simd::{row, Body, Isa, Lanes};
+use crate::simd::prefetch::{L1, RowLines};
+use crate::simd::{Body, Isa, Lanes, row};
 use core::marker::PhantomData;
 use core::ops::Range;
 

@@ -78,7 +78,7 @@ use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, RowId, ValidIds};
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
-use crate::simd::{row, Lanes};
+use crate::simd::{Lanes, row};
 
 /// `out[b, t, :] = table[ids[b, t], :] * scale + position_table[t, :]` for every
 /// sequence `b` and position `t`: a transformer's input embedding in one

@@ -537,9 +537,9 @@ pub(crate) const SPARE_BYTES: usize = 32 << 20;
 #[cfg(test)]
 mod tests {
     use super::{
-        bag_ahead, cpu_family, gather_hinted_floats, gather_hints_in_l1, hinted_floats,
-        hints_in_l1, RowHeads, BAG_AHEAD_PACKED_BYTES, BAG_AHEAD_PACKED_MAX_ROWS, BAG_AHEAD_ROWS,
-        BAG_FAR_TABLE_BYTES,
+        BAG_AHEAD_PACKED_BYTES, BAG_AHEAD_PACKED_MAX_ROWS, BAG_AHEAD_ROWS, BAG_FAR_TABLE_BYTES,
+        RowHeads, bag_ahead, cpu_family, gather_hinted_floats, gather_hints_in_l1, hinted_floats,
+        hints_in_l1,
     };
     use crate::simd::prefetch::roomy_l1;
 
@@ -548,7 +548,7 @@ mod tests {
     /// cut into several tasks, and no task is cut below a bag.
     #[test]
     fn long_bags_make_tasks_by_their_rows() {
-        use super::{bags_per_task, task_bytes, BAG_TASK_MIN_WORK, PARALLEL_MIN_BYTES};
+        use super::{BAG_TASK_MIN_WORK, PARALLEL_MIN_BYTES, bags_per_task, task_bytes};
         use crate::parallel::Parallelism;
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(2)

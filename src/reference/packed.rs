@@ -37,14 +37,14 @@ pub fn packed_bag_sum<I: Index>(
             got: ids.len(),
         });
     }
-    if let Some(w) = per_sample_weights {
-        if w.len() != ids.len() {
-            return Err(EmbeddingError::LengthMismatch {
-                operand: Operand::PerSampleWeights,
-                expected: ids.len(),
-                got: w.len(),
-            });
-        }
+    if let Some(w) = per_sample_weights
+        && w.len() != ids.len()
+    {
+        return Err(EmbeddingError::LengthMismatch {
+            operand: Operand::PerSampleWeights,
+            expected: ids.len(),
+            got: w.len(),
+        });
     }
     let len = bags
         .len()

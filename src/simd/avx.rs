@@ -26,22 +26,22 @@
 #![cfg(target_arch = "x86_64")]
 #![allow(unsafe_code)]
 
-use super::{first, Body, Lanes, EIGHT};
-use crate::kernels::blocks::{blocks_of, BlockBody, Ladder};
+use super::{Body, EIGHT, Lanes, first};
+use crate::kernels::blocks::{BlockBody, Ladder, blocks_of};
 use crate::memory::LINE_BYTES;
 use core::arch::x86_64::{
-    __m128i, __m256, __m256i, __m512, _mm256_add_ps, _mm256_and_si256, _mm256_blendv_ps,
-    _mm256_castsi256_ps, _mm256_cmp_ps, _mm256_cvtepi32_ps, _mm256_cvtepu16_epi32,
-    _mm256_cvtepu8_epi32, _mm256_cvtph_ps, _mm256_div_ps, _mm256_fmadd_ps, _mm256_mul_ps,
+    __m128i, __m256, __m256i, __m512, _CMP_GT_OQ, _mm256_add_ps, _mm256_and_si256,
+    _mm256_blendv_ps, _mm256_castsi256_ps, _mm256_cmp_ps, _mm256_cvtepi32_ps, _mm256_cvtepu8_epi32,
+    _mm256_cvtepu16_epi32, _mm256_cvtph_ps, _mm256_div_ps, _mm256_fmadd_ps, _mm256_mul_ps,
     _mm256_permute2f128_ps, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_epi32,
     _mm256_slli_epi32, _mm256_srli_epi32, _mm256_srlv_epi32, _mm256_stream_ps, _mm256_unpackhi_ps,
     _mm256_unpacklo_ps, _mm512_add_ps, _mm512_and_si512, _mm512_castps_si512,
     _mm512_castsi256_si512, _mm512_castsi512_ps, _mm512_cmp_ps_mask, _mm512_cvtepi32_ps,
-    _mm512_cvtepu16_epi32, _mm512_cvtepu8_epi32, _mm512_cvtph_ps, _mm512_div_ps, _mm512_fmadd_ps,
+    _mm512_cvtepu8_epi32, _mm512_cvtepu16_epi32, _mm512_cvtph_ps, _mm512_div_ps, _mm512_fmadd_ps,
     _mm512_inserti64x4, _mm512_mask_blend_ps, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps,
     _mm512_maskz_mov_epi32, _mm512_mul_ps, _mm512_permutex2var_ps, _mm512_set1_epi32,
     _mm512_set1_ps, _mm512_setr_epi32, _mm512_slli_epi32, _mm512_srli_epi32, _mm512_srlv_epi32,
-    _mm512_test_epi32_mask, _CMP_GT_OQ,
+    _mm512_test_epi32_mask,
 };
 
 /// What an [`Avx`] proves the CPU has.

@@ -1,7 +1,7 @@
 //! [`Lanes`] for `wide::f32x8`: the instruction set the build targets.
 
-use super::{first, Lanes, EIGHT};
-use crate::kernels::blocks::{blocks_of, BlockBody, Ladder};
+use super::{EIGHT, Lanes, first};
+use crate::kernels::blocks::{BlockBody, Ladder, blocks_of};
 use wide::f32x8;
 
 impl Lanes for f32x8 {

@@ -313,7 +313,7 @@ pub(crate) fn span<L: Level>(base: *const u8, from: usize, to: usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::{cache_size, l1_data_bytes, roomy_l1, BagHints, RowLines, ROOMY_L1_BYTES};
+    use super::{BagHints, ROOMY_L1_BYTES, RowLines, cache_size, l1_data_bytes, roomy_l1};
 
     /// The lines a run of floats touches, from its first value's line to its
     /// last's.

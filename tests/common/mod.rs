@@ -6,7 +6,7 @@
 
 use embedding_kernels::{EmbeddingError, Operand};
 use rayon::{ThreadPool, ThreadPoolBuilder};
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::OnceLock;
 
 /// Local pools of 1, 2, 3 and 8 threads (never the global pool).

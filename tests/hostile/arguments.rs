@@ -6,9 +6,9 @@
 use embedding_kernels::formats::Format;
 use embedding_kernels::reference;
 use embedding_kernels::{
-    bag_sparse_backward, gather, sparse_backward, Adagrad, Bags, Embedding, EmbeddingBag,
-    EmbeddingBagOptions, EmbeddingError, EmbeddingOptions, Gradient, Index, Mode, Operand, Pooling,
-    QuantizedEmbedding, QuantizedEmbeddingBag, RowWiseAdagrad, Sgd, SparseGrad, SparseOptimizer,
+    Adagrad, Bags, Embedding, EmbeddingBag, EmbeddingBagOptions, EmbeddingError, EmbeddingOptions,
+    Gradient, Index, Mode, Operand, Pooling, QuantizedEmbedding, QuantizedEmbeddingBag,
+    RowWiseAdagrad, Sgd, SparseGrad, SparseOptimizer, bag_sparse_backward, gather, sparse_backward,
 };
 
 fn out_of_range(position: usize, index: i128, num_embeddings: usize) -> EmbeddingError {

@@ -7,7 +7,7 @@
 //! whatever the overcommit setting.
 
 use embedding_kernels::formats::{Format, OwnedTable};
-use embedding_kernels::memory::{zeroed_table, AlignedTable};
+use embedding_kernels::memory::{AlignedTable, zeroed_table};
 use embedding_kernels::positions::sinusoidal_positions;
 use embedding_kernels::reference::{matmul, one_hot};
 use embedding_kernels::{

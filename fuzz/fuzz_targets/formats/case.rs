@@ -5,8 +5,8 @@
 
 use super::oracle::layout;
 use arbitrary::Unstructured;
-use embedding_kernels::formats::{Format, RowWise};
 use embedding_kernels::Mode;
+use embedding_kernels::formats::{Format, RowWise};
 use embedding_kernels_fuzz::{Padding, SplitMix64};
 use half::{bf16, f16};
 

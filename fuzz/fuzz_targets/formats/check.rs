@@ -5,14 +5,14 @@
 //! bags and lookups pick the table format at run time, so every call site
 //! compiles all of them): built side by side, the two take about half the
 //! time of one target running both.
-use case::{faulty, Case, Cut, Table};
+use case::{Case, Cut, Table, faulty};
 use embedding_kernels::formats::{Format, OwnedTable, PackedTable, RowWise, TableRef};
 use embedding_kernels::{
-    bag_forward_with, gather_half, gather_half_with, reference, table_bag_forward,
-    table_bag_forward_with, table_gather, table_gather_with, Bags, EmbeddingError, Half, Mode,
-    Operand, Parallelism, Pooling,
+    Bags, EmbeddingError, Half, Mode, Operand, Parallelism, Pooling, bag_forward_with, gather_half,
+    gather_half_with, reference, table_bag_forward, table_bag_forward_with, table_gather,
+    table_gather_with,
 };
-use embedding_kernels_fuzz::{assert_bits_as, one_nan, pool, Id};
+use embedding_kernels_fuzz::{Id, assert_bits_as, one_nan, pool};
 use half::{bf16, f16};
 use oracle::{
     decode_packed_row, expected_bag, expected_lookup, expected_owned_rows, expected_prepack,

@@ -186,13 +186,13 @@ pub(crate) fn expected_bag<I: Id>(
         }
         mismatch(Operand::PerSampleWeights, ids.len(), w.len())?;
     }
-    if let Some(p) = pooling.padding_idx {
-        if p >= rows {
-            return Err(EmbeddingError::PaddingIdxOutOfRange {
-                padding_idx: i64::try_from(p).unwrap_or(i64::MAX),
-                num_embeddings: rows,
-            });
-        }
+    if let Some(p) = pooling.padding_idx
+        && p >= rows
+    {
+        return Err(EmbeddingError::PaddingIdxOutOfRange {
+            padding_idx: i64::try_from(p).unwrap_or(i64::MAX),
+            num_embeddings: rows,
+        });
     }
     let count = bags.len();
     let len = count

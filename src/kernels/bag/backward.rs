@@ -3,7 +3,7 @@
 //! bag's row, times its weight or `1/len`; max adds each output column's
 //! gradient to the row that won it.
 
-use super::{check_backward_rows, Bags};
+use super::{Bags, check_backward_rows};
 use crate::buffer::{copied, zeroed};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, RowId, ValidIds};
@@ -13,7 +13,7 @@ use crate::optim::SparseOptimizer;
 use crate::parallel::Parallelism;
 use crate::pooling::{Mode, Pooling};
 use crate::shape::{check_len, rows_len, table_rows};
-use crate::simd::{stream, Body, Isa, Lanes};
+use crate::simd::{Body, Isa, Lanes, stream};
 use crate::sparse_grad::SparseGrad;
 use core::ops::Range;
 

@@ -9,10 +9,10 @@ use crate::index::{IdsWindow, RowId, UncheckedIds, ValidIds};
 use crate::kernels::blocks::Cols;
 use crate::kernels::row_format::{F32Rows, OnRows, RowFormat, RowSpan, Slot};
 use crate::kernels::tuning::{
-    bag_ahead, bags_per_task, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES,
-    WHOLE_ROW_HINT_MAX_BYTES,
+    PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES, WHOLE_ROW_HINT_MAX_BYTES, bag_ahead,
+    bags_per_task,
 };
-use crate::parallel::{for_each_chunk, for_each_chunk_pair, Parallelism};
+use crate::parallel::{Parallelism, for_each_chunk, for_each_chunk_pair};
 use crate::pooling::{Mode, Pooling};
 use crate::simd::prefetch::BagHints;
 use crate::simd::{Body, Isa, Lanes};

@@ -3,8 +3,8 @@
 
 use super::forward::{Rows, Visit};
 use crate::index::RowId;
-use crate::kernels::blocks::{each_block, BlockBody, Cols};
-use crate::kernels::row_format::{value, Affine, RowFormat, RowSpan, Sink, Slot};
+use crate::kernels::blocks::{BlockBody, Cols, each_block};
+use crate::kernels::row_format::{Affine, RowFormat, RowSpan, Sink, Slot, value};
 use crate::simd::{Lanes, MAX_LANES};
 use core::ops::Range;
 

@@ -92,14 +92,14 @@ pub use backward::{
     bag_backward, bag_backward_with, bag_max_backward, bag_max_backward_with, bag_sparse_backward,
     bag_sparse_backward_with, bag_sparse_step, bag_sparse_step_with,
 };
-pub(crate) use forward::{forward_valid, CallIds};
+pub(crate) use forward::{CallIds, forward_valid};
 
 use crate::bags::Bags;
 use crate::error::{EmbeddingError, Operand};
 use crate::formats::TableRef;
-use crate::index::{check_splits, Index, RowId, UncheckedIds, ValidIds};
-use crate::kernels::row_format::{dispatch, F32Rows};
-use crate::parallel::{in_pool, Parallelism};
+use crate::index::{Index, RowId, UncheckedIds, ValidIds, check_splits};
+use crate::kernels::row_format::{F32Rows, dispatch};
+use crate::parallel::{Parallelism, in_pool};
 use crate::pooling::{Mode, Pooling};
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::Isa;
@@ -121,13 +121,13 @@ fn check_pooling<I: Index>(
         }
         check_len(Operand::PerSampleWeights, ids.len(), weights.len())?;
     }
-    if let Some(p) = pooling.padding_idx {
-        if p >= rows {
-            return Err(EmbeddingError::PaddingIdxOutOfRange {
-                padding_idx: i64::try_from(p).unwrap_or(i64::MAX),
-                num_embeddings: rows,
-            });
-        }
+    if let Some(p) = pooling.padding_idx
+        && p >= rows
+    {
+        return Err(EmbeddingError::PaddingIdxOutOfRange {
+            padding_idx: i64::try_from(p).unwrap_or(i64::MAX),
+            num_embeddings: rows,
+        });
     }
     Ok(())
 }

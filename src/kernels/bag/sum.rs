@@ -4,7 +4,7 @@
 use super::forward::{Rows, Visit};
 use crate::bags::Bags;
 use crate::index::RowId;
-use crate::kernels::blocks::{block_count, each_block, BlockBody, Cols};
+use crate::kernels::blocks::{BlockBody, Cols, block_count, each_block};
 use crate::kernels::row_format::{Affine, RowFormat, RowSpan, Sink, Slot};
 use crate::simd::Lanes;
 use core::ops::Range;

@@ -1,6 +1,6 @@
 //! The bag forward on every instruction set against the reference.
 
-use super::forward::{forward_into, CallIds};
+use super::forward::{CallIds, forward_into};
 use super::*;
 use crate::kernels::row_format::{F32Rows, RowFormat};
 use crate::simd::Isa;
@@ -364,7 +364,7 @@ fn on_a_line<T: Copy + Default>(values: &[T]) -> OnALine<T> {
 /// packed table's against FBGEMM's rule.
 #[test]
 fn tables_read_with_hints_give_the_reference_bits() {
-    use crate::formats::{to_bf16, to_f16, PackedTable, RowWise};
+    use crate::formats::{PackedTable, RowWise, to_bf16, to_f16};
     use crate::kernels::row_format::{Packed, PlainRows};
     let mut seed = 11;
     for dim in [8usize, 16, 24, 32, 64, 128, 256, 384] {

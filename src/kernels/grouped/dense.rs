@@ -9,16 +9,16 @@
 //! ([`Sweep`], tricks 2 and 3 of the folder's notes). Both make the same
 //! additions in the same order, so both give the same bits.
 
-use super::plan::{carve, plan, run, Space, Task, TaskBody};
-use super::{check_padding, sum_positions, Groups, PerPosition, Source};
+use super::plan::{Space, Task, TaskBody, carve, plan, run};
+use super::{Groups, PerPosition, Source, check_padding, sum_positions};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, RowId, ValidIds};
 use crate::kernels::tuning::{
-    prefetch_ahead, PARALLEL_MIN_BYTES, STREAM_MIN_BYTES, SWEEP_TASK_BYTES,
+    PARALLEL_MIN_BYTES, STREAM_MIN_BYTES, SWEEP_TASK_BYTES, prefetch_ahead,
 };
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
-use crate::simd::{row, stream, Body, Isa, Lanes};
+use crate::simd::{Body, Isa, Lanes, row, stream};
 use core::ops::Range;
 
 /// The dense gradient of an embedding lookup, **overwriting** `grad_table`:

@@ -2,16 +2,16 @@
 //! gradient is summed and handed to the optimiser's [`RowRule`] at once, so
 //! no gradient is ever materialised.
 
-use super::plan::{carve, plan, run, Space, Task, TaskBody};
-use super::{check_padding, sum_positions, Groups, PerPosition, Source};
+use super::plan::{Space, Task, TaskBody, carve, plan, run};
+use super::{Groups, PerPosition, Source, check_padding, sum_positions};
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, ValidIds};
-use crate::kernels::tuning::{prefetch_ahead, GROUP_TASK_BYTES, PARALLEL_MIN_BYTES};
+use crate::kernels::tuning::{GROUP_TASK_BYTES, PARALLEL_MIN_BYTES, prefetch_ahead};
 use crate::optim::SparseOptimizer;
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
-use crate::simd::prefetch::{self, L1};
 use crate::simd::Lanes;
+use crate::simd::prefetch::{self, L1};
 use crate::sparse_grad::SparseGrad;
 
 mod sealed {
@@ -162,12 +162,12 @@ pub(crate) fn sparse_groups(
     skip: Option<usize>,
 ) -> Result<Groups, EmbeddingError> {
     let mut groups = Groups::of_sparse(grad)?;
-    if let Some(skip) = skip {
-        if let Ok(k) = groups.rows.binary_search(&skip) {
-            groups.rows.remove(k);
-            groups.positions.remove(k);
-            groups.starts.pop();
-        }
+    if let Some(skip) = skip
+        && let Ok(k) = groups.rows.binary_search(&skip)
+    {
+        groups.rows.remove(k);
+        groups.positions.remove(k);
+        groups.starts.pop();
     }
     Ok(groups)
 }

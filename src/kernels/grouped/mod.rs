@@ -67,7 +67,7 @@ mod sparse;
 
 pub(crate) use dense::{dense, dense_backward_valid};
 pub use dense::{dense_backward, dense_backward_with};
-pub(crate) use fused::{apply_sparse, fused_update, sparse_groups, update, RowRule, Target};
+pub(crate) use fused::{RowRule, Target, apply_sparse, fused_update, sparse_groups, update};
 pub use fused::{sparse_step, sparse_step_with};
 pub(crate) use groups::Groups;
 pub(crate) use plan::for_each_row;

@@ -2,13 +2,13 @@
 //! with its summed gradient row, in a [`SparseGrad`] whose size depends on
 //! the batch, never on the table.
 
-use super::plan::{carve, plan, run, Space, Task, TaskBody};
-use super::{check_padding, sum_positions, Groups, PerPosition, Source};
+use super::plan::{Space, Task, TaskBody, carve, plan, run};
+use super::{Groups, PerPosition, Source, check_padding, sum_positions};
 use crate::buffer::copied;
 use crate::error::{EmbeddingError, Operand};
 use crate::index::{Index, RowId, ValidIds};
 use crate::kernels::row_format::Slot;
-use crate::kernels::tuning::{prefetch_ahead, GROUP_TASK_BYTES, PARALLEL_MIN_BYTES};
+use crate::kernels::tuning::{GROUP_TASK_BYTES, PARALLEL_MIN_BYTES, prefetch_ahead};
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len};
 use crate::simd::Lanes;
