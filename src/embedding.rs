@@ -407,7 +407,7 @@ impl Embedding {
             shape_out.push(self.embedding_dim);
             self.renorm_rows(valid)?;
             let (par, dim) = (self.parallelism, self.embedding_dim);
-            gather_fresh(par, &self.weight, dim, valid, &mut values)?;
+            gather_fresh(par, &self.weight, dim, valid.by_row(), &mut values)?;
             Ok(Embedded {
                 values,
                 shape: shape_out,
@@ -447,7 +447,7 @@ impl Embedding {
             self.parallelism,
             &self.weight,
             self.embedding_dim,
-            valid,
+            valid.by_row(),
             out,
         );
         Ok(())
@@ -476,7 +476,7 @@ impl Embedding {
             self.parallelism,
             &self.weight,
             self.embedding_dim,
-            valid,
+            valid.by_row(),
             out,
         );
         Ok(())

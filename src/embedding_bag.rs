@@ -319,7 +319,8 @@ impl EmbeddingBag {
             }
             let weight = self.table.weight();
             let at = &mut max_indices[..];
-            forward_valid_fresh(par, weight, dim, call_ids, bags, &pooling, &mut values, at)?;
+            let ids = call_ids.by_row();
+            forward_valid_fresh(par, weight, dim, ids, bags, &pooling, &mut values, at)?;
             Ok(BagOutput {
                 values,
                 shape: [bags.len(), self.embedding_dim()],
@@ -353,7 +354,16 @@ impl EmbeddingBag {
             let valid = check_forward_rows(par, rows, dim, ids, bags, &pooling, out, max_indices)?;
             self.table.renorm_rows(valid)?;
             let weight = self.table.weight();
-            forward_valid(par, weight, dim, valid, bags, &pooling, out, max_indices);
+            forward_valid(
+                par,
+                weight,
+                dim,
+                valid.by_row(),
+                bags,
+                &pooling,
+                out,
+                max_indices,
+            );
             Ok(())
         })
     }
@@ -425,7 +435,15 @@ impl EmbeddingBag {
             _ => {
                 let pooling = self.pooling(per_sample_weights);
                 let par = self.table.parallelism();
-                bag_backward_valid(par, grad_output, dim, valid, bags, &pooling, grad_weight)
+                bag_backward_valid(
+                    par,
+                    grad_output,
+                    dim,
+                    valid.by_row(),
+                    bags,
+                    &pooling,
+                    grad_weight,
+                )
             }
         }
     }

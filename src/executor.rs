@@ -113,11 +113,11 @@ pub(crate) fn threads() -> usize {
 /// Runs `f(k, part)` once for each of `parts` (`k` its place in the list)
 /// on `executor`, and returns when all have run; a panic in one comes back
 /// here once the others are done.
-pub(crate) fn run_parts<P, F>(executor: &dyn Executor, parts: Vec<P>, f: F)
-where
-    P: Send,
-    F: Fn(usize, P) + Sync,
-{
+pub(crate) fn run_parts<P: Send>(
+    executor: &dyn Executor,
+    parts: Vec<P>,
+    f: &(dyn Fn(usize, P) + Sync),
+) {
     let count = parts.len();
     if count == 0 {
         return;
@@ -158,12 +158,18 @@ where
 }
 
 /// [`run_parts`] on the installed executor, or else on the current rayon
-/// pool.
+/// pool; `f` is handed on as a `dyn Fn` (see `parallel::for_each_chunk`).
+#[inline]
 pub(crate) fn for_each_part<P, F>(parts: Vec<P>, f: F)
 where
     P: Send,
     F: Fn(usize, P) + Sync,
 {
+    parts_dyn(parts, &f);
+}
+
+/// [`for_each_part`] with its task a `dyn Fn`.
+fn parts_dyn<P: Send>(parts: Vec<P>, f: &(dyn Fn(usize, P) + Sync)) {
     use rayon::prelude::*;
     match current() {
         Some(executor) => run_parts(&*executor, parts, f),

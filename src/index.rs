@@ -24,7 +24,7 @@ use crate::error::EmbeddingError;
 use crate::parallel::Parallelism;
 use crate::simd::{Body, Isa, Lanes};
 
-pub(crate) use sealed::RowId;
+pub(crate) use sealed::{ByRow, RowId};
 
 mod sealed {
     /// What the crate needs of an id type and keeps to itself.
@@ -56,8 +56,58 @@ mod sealed {
 
         /// The row of an id already checked to be one.
         fn checked_row(self) -> usize;
+
+        /// `ids` as what they are, `u32`s or `u64`s.
+        fn by_row(ids: &[Self]) -> ByRow<&[u32], &[u64]>;
+    }
+
+    /// A value made for one of the two row types, `A` for `u32` and `B`
+    /// for `u64`: ids of either type as one type. The crate's kernel entry
+    /// points take their ids so, and are not generic: each kernel is
+    /// compiled in this crate, for both row types, rather than again in
+    /// every crate that calls it (`each_row_type!` runs a body on either;
+    /// docs/design.md, "The shape of a kernel", item 5). Declared here
+    /// because [`RowId::by_row`], a method of a public trait, returns one.
+    #[derive(Clone, Copy, Debug)]
+    pub enum ByRow<A, B> {
+        U32(A),
+        U64(B),
     }
 }
+
+/// Checked ids of either row type: what the kernels' entry points take.
+pub(crate) type AnyValidIds<'a> = ByRow<ValidIds<'a, u32>, ValidIds<'a, u64>>;
+
+impl<A, B> ByRow<A, B> {
+    /// `u32s` applied to a `U32`, `u64s` to a `U64` (two closures, since
+    /// one closure cannot take both types; a variant's constructor, such as
+    /// `CallIds::Checked`, serves as both).
+    #[inline]
+    pub(crate) fn map<C, D>(
+        self,
+        u32s: impl FnOnce(A) -> C,
+        u64s: impl FnOnce(B) -> D,
+    ) -> ByRow<C, D> {
+        match self {
+            ByRow::U32(a) => ByRow::U32(u32s(a)),
+            ByRow::U64(b) => ByRow::U64(u64s(b)),
+        }
+    }
+}
+
+/// `$body` with `$x` bound to the value of the [`ByRow`] `$value`, whichever
+/// row type it was made for: the body is pasted into both arms of a
+/// `match`, so it is compiled for both, and a `?` or `return` in it acts on
+/// the enclosing function.
+macro_rules! each_row_type {
+    ($value:expr, |$x:ident| $body:expr) => {
+        match $value {
+            $crate::index::ByRow::U32($x) => $body,
+            $crate::index::ByRow::U64($x) => $body,
+        }
+    };
+}
+pub(crate) use each_row_type;
 
 /// An integer type usable as an embedding id: `u32`, `i32`, `u64`, `i64` or
 /// `usize`.
@@ -105,7 +155,7 @@ macro_rules! impl_index {
 }
 
 macro_rules! impl_row_id {
-    ($($t:ty => $signed:ty;)*) => {$(
+    ($($t:ty => $signed:ty, $variant:ident;)*) => {$(
         impl sealed::RowId for $t {
             const BITS: u32 = <$t>::BITS;
 
@@ -124,6 +174,10 @@ macro_rules! impl_row_id {
             #[inline(always)]
             fn checked_row(self) -> usize {
                 self as usize
+            }
+            #[inline(always)]
+            fn by_row(ids: &[$t]) -> ByRow<&[u32], &[u64]> {
+                ByRow::$variant(ids)
             }
         }
     )*};
@@ -147,8 +201,8 @@ impl_index! {
     usize => UsizeRow, false;
 }
 impl_row_id! {
-    u32 => i32;
-    u64 => i64;
+    u32 => i32, U32;
+    u64 => i64, U64;
 }
 
 /// A caller's ids as the kernels read them, not checked yet: their bits as
@@ -174,6 +228,16 @@ impl<'a, R: RowId> UncheckedIds<'a, R> {
     #[inline]
     pub(crate) fn len(&self) -> usize {
         self.ids.len()
+    }
+
+    /// These ids as their row type, as one type ([`ByRow`]).
+    #[inline]
+    pub(crate) fn by_row(self) -> ByRow<UncheckedIds<'a, u32>, UncheckedIds<'a, u64>> {
+        let signed = self.signed;
+        R::by_row(self.ids).map(
+            |ids| UncheckedIds { ids, signed },
+            |ids| UncheckedIds { ids, signed },
+        )
     }
 
     /// The least value that is not a row of a table of `num_embeddings`
@@ -350,6 +414,22 @@ impl<'a, R: RowId> ValidIds<'a, R> {
     #[inline]
     pub(crate) fn len(&self) -> usize {
         self.ids.len()
+    }
+
+    /// These ids as their row type, as one type ([`ByRow`]).
+    #[inline]
+    pub(crate) fn by_row(self) -> ByRow<ValidIds<'a, u32>, ValidIds<'a, u64>> {
+        let num_embeddings = self.num_embeddings;
+        R::by_row(self.ids).map(
+            |ids| ValidIds {
+                ids,
+                num_embeddings,
+            },
+            |ids| ValidIds {
+                ids,
+                num_embeddings,
+            },
+        )
     }
 
     /// Whether there are no ids.

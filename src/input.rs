@@ -409,7 +409,7 @@ impl InputEmbedding {
             self.tokens.weight(),
             self.positions.weight(),
             self.embedding_dim(),
-            valid,
+            valid.by_row(),
             seq_len,
             self.scale,
             out,

@@ -121,15 +121,13 @@
 //! view of a caller's buffer as slots it writes once, each site with a
 //! `SAFETY` comment; `docs/design.md` lists them.
 //!
-//! How the kernels ask for rows ahead (prefetch hints) depends on the CPU,
-//! as measured on each kind (`kernels/tuning.rs`). For measuring, the
-//! environment variable `EMBEDDING_KERNELS_ROW_HEADS` (`none`, `gather`,
-//! `f32`, `plain` or `packed`, read once) replaces the CPU's choice of which
-//! reads hint only the start of each row or block; it changes speed only,
-//! never a result. Likewise `EMBEDDING_KERNELS_ISA` (`portable`, `avx2` or
-//! `avx512`, read once) caps the instruction set at a lower level than the
-//! CPU has, to time or check that level's code; [`instruction_set`] names
-//! the one in use.
+//! How the kernels ask for rows ahead (prefetch hints) depends on the
+//! call's sizes and on what the CPU reports about itself (its L1 data
+//! cache), never on its vendor or model (`kernels/tuning.rs`). For
+//! measuring, the environment variable `EMBEDDING_KERNELS_ISA` (`portable`,
+//! `avx2` or `avx512`, read once) caps the instruction set at a lower level
+//! than the CPU has, to time or check that level's code; it changes speed
+//! only, never a result. [`instruction_set`] names the one in use.
 //!
 //! # Testing
 //!

@@ -182,16 +182,31 @@ fn in_a_loop(now: u64, last_end: u64) -> bool {
 
 /// Runs `f(k, chunk)` over `out` as `plan` says: on the whole of it as
 /// task 0 ([`How::Serial`]), or on each `chunk`-long piece `k`.
+///
+/// `f` is handed on as a `dyn Fn`, one indirect call a piece: the drivers
+/// below (rayon's, the shared split, an executor's) are then compiled once
+/// for each element type, not again for every kernel's closure.
+#[inline]
 pub(crate) fn for_each_chunk<T, F>(plan: Plan, out: &mut [T], chunk: usize, f: F)
 where
     T: Send,
     F: Fn(usize, &mut [T]) + Sync,
 {
+    chunks_dyn(plan, out, chunk, &f);
+}
+
+/// [`for_each_chunk`] with its task a `dyn Fn`.
+fn chunks_dyn<T: Send>(
+    plan: Plan,
+    out: &mut [T],
+    chunk: usize,
+    f: &(dyn Fn(usize, &mut [T]) + Sync),
+) {
     let chunk = chunk.max(1);
     match (plan.how, executor::current()) {
         (How::Serial, _) => f(0, out),
         (_, Some(executor)) => executor::run_parts(&*executor, out.chunks_mut(chunk).collect(), f),
-        (How::Shared, None) => share(out.chunks_mut(chunk).collect(), &f),
+        (How::Shared, None) => share(out.chunks_mut(chunk).collect(), f),
         (How::Pool, None) => out
             .par_chunks_mut(chunk)
             .enumerate()
@@ -202,16 +217,30 @@ where
 
 /// [`for_each_chunk`] over two outputs cut alike: piece `k` of `a` (of
 /// `chunk_a` values) goes with piece `k` of `b` (of `chunk_b`).
+#[inline]
 pub(crate) fn for_each_chunk_pair<A, B, F>(
     plan: Plan,
-    (a, chunk_a): (&mut [A], usize),
-    (b, chunk_b): (&mut [B], usize),
+    a: (&mut [A], usize),
+    b: (&mut [B], usize),
     f: F,
 ) where
     A: Send,
     B: Send,
     F: Fn(usize, &mut [A], &mut [B]) + Sync,
 {
+    pairs_dyn(plan, a, b, &f);
+}
+
+/// The task of [`for_each_chunk_pair`]: piece `k` of each output.
+type PairTask<'f, A, B> = &'f (dyn Fn(usize, &mut [A], &mut [B]) + Sync);
+
+/// [`for_each_chunk_pair`] with its task a `dyn Fn`.
+fn pairs_dyn<A: Send, B: Send>(
+    plan: Plan,
+    (a, chunk_a): (&mut [A], usize),
+    (b, chunk_b): (&mut [B], usize),
+    f: PairTask<'_, A, B>,
+) {
     let (chunk_a, chunk_b) = (chunk_a.max(1), chunk_b.max(1));
     fn pairs<'a, A, B>(
         a: &'a mut [A],
@@ -223,11 +252,13 @@ pub(crate) fn for_each_chunk_pair<A, B, F>(
     match (plan.how, executor::current()) {
         (How::Serial, _) => f(0, a, b),
         (_, Some(executor)) => {
-            executor::run_parts(&*executor, pairs(a, b, (chunk_a, chunk_b)), |k, (a, b)| {
-                f(k, a, b)
-            });
+            let f = |k, (a, b): (&mut [A], &mut [B])| f(k, a, b);
+            executor::run_parts(&*executor, pairs(a, b, (chunk_a, chunk_b)), &f);
         }
-        (How::Shared, None) => share(pairs(a, b, (chunk_a, chunk_b)), |k, (a, b)| f(k, a, b)),
+        (How::Shared, None) => {
+            let f = |k, (a, b): (&mut [A], &mut [B])| f(k, a, b);
+            share(pairs(a, b, (chunk_a, chunk_b)), &f);
+        }
         (How::Pool, None) => a
             .par_chunks_mut(chunk_a)
             .zip(b.par_chunks_mut(chunk_b))
@@ -304,11 +335,7 @@ fn forced_share() -> bool {
 /// tasks dealt from one counter (tiny's gather 14.9 against 17.4 µs, a
 /// test program). With the pool asleep the caller does most of the tasks
 /// itself and then waits for the job to run.
-fn share<P, F>(tasks: Vec<P>, f: F)
-where
-    P: Send,
-    F: Fn(usize, P) + Sync,
-{
+fn share<P: Send>(tasks: Vec<P>, f: &(dyn Fn(usize, P) + Sync)) {
     let count = tasks.len();
     if count < 2 {
         tasks.into_iter().enumerate().for_each(|(k, t)| f(k, t));
@@ -457,9 +484,9 @@ mod tests {
                 let task = |k: usize, slot: &mut u32| *slot += 1 + k as u32;
                 let tasks: Vec<&mut u32> = runs.iter_mut().collect();
                 if round % 2 == 0 {
-                    share(tasks, task);
+                    share(tasks, &task);
                 } else {
-                    pool.install(|| share(tasks, task));
+                    pool.install(|| share(tasks, &task));
                 }
                 let want: Vec<u32> = (0..count).map(|k| 1 + k as u32).collect();
                 assert_eq!(runs, want, "{count} tasks, round {round}");

@@ -197,7 +197,8 @@ impl QuantizedEmbeddingBag {
                 CallIds::InTasks {
                     ids: unchecked,
                     num_embeddings: rows,
-                },
+                }
+                .by_row(),
                 bags,
                 &pooling,
                 &mut values,

@@ -3,14 +3,11 @@
 //! variables that change what the kernels do.
 
 /// The crate's environment variable that changes what the kernels do, and
-/// the values it takes: `EMBEDDING_KERNELS_ROW_HEADS` names which reads
-/// hint only each row's or block's start (`tuning::RowHeads` in the crate),
-/// so that one build measures the choices against each other. Any other
-/// value leaves the CPU's choice, and the line says so.
-const ROW_HEADS: (&str, [&str; 5]) = (
-    "EMBEDDING_KERNELS_ROW_HEADS",
-    ["none", "gather", "f32", "plain", "packed"],
-);
+/// the values it takes: `EMBEDDING_KERNELS_ISA` caps the instruction set
+/// the kernels run with, so that one build measures the levels against
+/// each other. Any other value leaves the CPU's widest, and the line says
+/// so.
+const ISA_CAP: (&str, [&str; 3]) = ("EMBEDDING_KERNELS_ISA", ["portable", "avx2", "avx512"]);
 
 /// `text` as a shell reads it back: quoted where it holds a space or a
 /// quote.
@@ -23,11 +20,11 @@ fn quoted(text: &str) -> String {
 }
 
 /// The command line, as it would be typed through cargo, after
-/// [`ROW_HEADS`] where it is set. A value the crate ignores is followed by
+/// [`ISA_CAP`] where it is set. A value the crate ignores is followed by
 /// a note that it was, and a warning goes to standard error.
 pub fn line() -> String {
     let mut cmd = String::new();
-    let (knob, names) = ROW_HEADS;
+    let (knob, names) = ISA_CAP;
     if let Some(value) = std::env::var_os(knob) {
         let value = value.to_string_lossy();
         cmd.push_str(&format!("{knob}={} ", quoted(&value)));

@@ -77,7 +77,7 @@ impl Embedding {
             self.parallelism,
             grad_output,
             self.embedding_dim,
-            valid,
+            valid.by_row(),
             self.padding_idx,
             self.scale_grad_by_freq,
             grad_weight,

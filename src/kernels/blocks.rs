@@ -4,8 +4,8 @@
 //! handed to a [`BlockBody`] with `N` a constant, so a block's vectors can
 //! live in registers.
 
-use crate::kernels::row_format::Slot;
-use crate::simd::{Lanes, MAX_LANES};
+use crate::kernels::slot::Slot;
+use crate::simd::{Body, Lanes, MAX_LANES};
 
 /// A column block: `width` columns from `start`, read as `N` vectors. A
 /// whole block has `width == N·V::WIDTH`; the last `dim % V::WIDTH`
@@ -68,7 +68,7 @@ impl<const N: usize> Cols<N> {
 /// What [`each_block`] runs on each column block of a row.
 pub(crate) trait BlockBody {
     /// Whether [`each_block`] calls each run of blocks of one size as a
-    /// function of its own ([`Lanes::blocks_apart`]) rather than inlining
+    /// function of its own ([`Lanes::apart`]) rather than inlining
     /// them all into its caller. The bags' blocks are large, and a bag
     /// kernel holds up to eight sizes of each: inlined into one function,
     /// they made LLVM's optimisation of the kernel superlinear in its size
@@ -79,9 +79,61 @@ pub(crate) trait BlockBody {
     /// block.
     const APART: bool = false;
 
+    /// The widest block this body ever asks [`each_block`] for: the sizes
+    /// above it are never compiled for it.
+    const WIDEST: Widest;
+
     /// Works on columns `cols` with lanes `V`; returns a count the caller
     /// keeps (the bags: how many rows were kept).
     fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize;
+}
+
+/// The widest column block a [`BlockBody`] asks for, as a kind: the lane
+/// type says how many vectors each is ([`Widest::most`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Widest {
+    /// [`Lanes::REGISTERS`]: the lookup.
+    Registers,
+    /// Half of them: max, which keeps the winners' positions beside the
+    /// values.
+    HalfRegisters,
+    /// [`Lanes::SUM_BLOCK`], or for a row of several blocks whose values
+    /// are decoded (`decodes`: packed rows) [`Lanes::DECODE_BLOCK`].
+    Sum { decodes: bool },
+    /// [`Lanes::REGISTERS`], or [`Lanes::DECODE_BLOCK`] for a row of
+    /// several blocks: sums of half rows.
+    Half,
+    /// Whatever the caller passes.
+    Any,
+}
+
+impl Widest {
+    /// The most vectors a block of this kind holds with lanes `V`.
+    pub(crate) const fn most<V: Lanes>(self) -> usize {
+        match self {
+            Widest::Registers | Widest::Half => V::REGISTERS,
+            Widest::HalfRegisters => V::REGISTERS / 2,
+            Widest::Sum { .. } => V::SUM_BLOCK,
+            Widest::Any => {
+                if V::SUM_BLOCK > V::REGISTERS {
+                    V::SUM_BLOCK
+                } else {
+                    V::REGISTERS
+                }
+            }
+        }
+    }
+
+    /// Whether blocks of 12 vectors, which only [`Lanes::DECODE_BLOCK`]
+    /// asks for, are reachable with lanes `V`.
+    pub(crate) const fn twelve<V: Lanes>(self) -> bool {
+        let decodes = match self {
+            Widest::Sum { decodes } => decodes,
+            Widest::Half | Widest::Any => true,
+            Widest::Registers | Widest::HalfRegisters => false,
+        };
+        decodes && V::DECODE_BLOCK == 12
+    }
 }
 
 /// How many column blocks [`each_block`] cuts a row of `dim` values into
@@ -90,6 +142,8 @@ pub(crate) trait BlockBody {
 pub(crate) fn block_count<V: Lanes>(dim: usize, widest: usize) -> usize {
     struct Count(usize);
     impl BlockBody for Count {
+        const WIDEST: Widest = Widest::Any;
+
         #[inline(always)]
         fn block<V: Lanes, const N: usize>(&mut self, _cols: Cols<N>) -> usize {
             self.0 += 1;
@@ -107,15 +161,16 @@ pub(crate) fn block_count<V: Lanes>(dim: usize, widest: usize) -> usize {
 /// Returns the count of the last block.
 ///
 /// `widest` is one of `V`'s block sizes ([`Lanes::REGISTERS`] or half of
-/// it, [`Lanes::SUM_BLOCK`], [`Lanes::DECODE_BLOCK`]). The sizes a lane
-/// type never reaches (24 without AVX-512, 16 and 12 without AVX, 12 with
-/// AVX-512) are left out by constant tests, so they are never compiled for
-/// it: a quarter of the bag kernels' copies. A size left out would only
-/// cost speed (the smaller ones cover the row).
+/// it, [`Lanes::SUM_BLOCK`], [`Lanes::DECODE_BLOCK`]), at most what the
+/// body's [`BlockBody::WIDEST`] allows. The sizes a lane type or a body
+/// never reaches (24 without AVX-512, 16 and 12 without AVX, 12 with
+/// AVX-512, 16 and 24 for max, 12 but for decoded rows) are left out by
+/// constant tests, so they are never compiled for it. A size left out
+/// would only cost speed (the smaller ones cover the row).
 #[inline(always)]
 pub(crate) fn each_block<V: Lanes, B: BlockBody>(dim: usize, widest: usize, body: &mut B) -> usize {
-    debug_assert!(widest <= V::REGISTERS.max(V::SUM_BLOCK));
-    debug_assert!(widest != 12 || V::DECODE_BLOCK == 12);
+    debug_assert!(widest <= B::WIDEST.most::<V>() || widest == 12);
+    debug_assert!(widest != 12 || B::WIDEST.twelve::<V>());
     let at = &mut Ladder {
         dim,
         next: 0,
@@ -125,16 +180,16 @@ pub(crate) fn each_block<V: Lanes, B: BlockBody>(dim: usize, widest: usize, body
     // false one is dropped before its calls are collected, so their copies
     // are never made (a plain `V::REGISTERS >= 24` is folded only by LLVM,
     // after it has compiled them).
-    if const { V::REGISTERS >= 24 || V::SUM_BLOCK >= 24 } && widest >= 24 {
+    if const { B::WIDEST.most::<V>() >= 24 } && widest >= 24 {
         run::<V, B, 24>(body, at);
     }
-    if const { V::REGISTERS >= 16 || V::SUM_BLOCK >= 16 } && widest >= 16 {
+    if const { B::WIDEST.most::<V>() >= 16 } && widest >= 16 {
         run::<V, B, 16>(body, at);
     }
-    if const { V::DECODE_BLOCK == 12 } && widest == 12 {
+    if const { B::WIDEST.twelve::<V>() } && widest == 12 {
         run::<V, B, 12>(body, at);
     }
-    if widest >= 8 {
+    if const { B::WIDEST.most::<V>() >= 8 } && widest >= 8 {
         run::<V, B, 8>(body, at);
     }
     run::<V, B, 4>(body, at);
@@ -147,7 +202,7 @@ pub(crate) fn each_block<V: Lanes, B: BlockBody>(dim: usize, widest: usize, body
 
 /// Where [`each_block`] stands in a row: its width, the first column not
 /// yet run, and the count the last block returned.
-pub(crate) struct Ladder {
+struct Ladder {
     dim: usize,
     next: usize,
     kept: usize,
@@ -175,7 +230,23 @@ fn run<V: Lanes, B: BlockBody, const N: usize>(body: &mut B, at: &mut Ladder) {
     if !B::APART {
         blocks_of::<V, B, N>(body, at);
     } else if at.fits(N * V::WIDTH) || (N == 1 && at.has_columns_left()) {
-        V::blocks_apart::<B, N>(body, at);
+        V::apart(BlocksOf::<B, N> { body, at });
+    }
+}
+
+/// [`blocks_of`] as a [`Body`], for [`Lanes::apart`] to compile as a
+/// function of its own: run with the lanes it was handed by, `V` again.
+struct BlocksOf<'a, B, const N: usize> {
+    body: &'a mut B,
+    at: &'a mut Ladder,
+}
+
+impl<B: BlockBody, const N: usize> Body for BlocksOf<'_, B, N> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<V: Lanes>(self) {
+        blocks_of::<V, B, N>(self.body, self.at);
     }
 }
 
@@ -183,7 +254,7 @@ fn run<V: Lanes, B: BlockBody, const N: usize>(body: &mut B, at: &mut Ladder) {
 /// row, then, for `N == 1`, its last columns (fewer than a vector) as a
 /// block of their own; `at` moved past them, holding the last block's count.
 #[inline(always)]
-pub(crate) fn blocks_of<V: Lanes, B: BlockBody, const N: usize>(body: &mut B, at: &mut Ladder) {
+fn blocks_of<V: Lanes, B: BlockBody, const N: usize>(body: &mut B, at: &mut Ladder) {
     while at.fits(N * V::WIDTH) {
         at.kept = body.block::<V, N>(Cols::whole::<V>(at.next));
         at.next += N * V::WIDTH;

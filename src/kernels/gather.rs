@@ -12,12 +12,7 @@
 //!    bounds and never stops half way.
 //! 2. **Rows.** Each row is copied (or scaled) by `simd/row.rs`, eight
 //!    lanes at a time plus a scalar tail, so any `dim` works, in 256-bit
-//!    registers where the CPU has AVX (`simd/mod.rs`); with AVX-512 on
-//!    Intel, rows of 512 bytes or more are copied with stores aligned to
-//!    lines, so a `Vec` output 16 bytes past a line takes no store across
-//!    two lines (`Lanes::copy_row`); elsewhere the masked copies at a row's
-//!    ends cost more than that saves (`tuning::gather_line_stores_pay`).
-//!    What is done
+//!    registers where the CPU has AVX (`simd/mod.rs`). What is done
 //!    to a row is a `RowOp` type, so the fused position kernel
 //!    (`kernels/token_position.rs`) reuses this driver and loop unchanged.
 //! 3. **Prefetch.** Ids are random, so the hardware prefetcher cannot guess
@@ -34,9 +29,8 @@
 //!    hints go into L2, or into L1 where the L1 data cache is 48 KiB or
 //!    more and the rows ahead span at most 8 KiB (`gather_hints_in_l1`);
 //!    rows of one or two vectors (their own loop, `narrow_rows`) always go
-//!    into L2. On Intel only each row's first 64 bytes are hinted
-//!    (`gather_hinted_floats`): the core's prefetchers follow the loads
-//!    along the rest.
+//!    into L2. The plain stores write the output; streaming stores paid on
+//!    some CPUs and lost on others, so no gather takes them (design.md).
 //! 4. **Threads.** The output is cut into blocks of whole rows, about a
 //!    64th of the call each and at least `TASK_BYTES` (`task_bytes`); a 16th
 //!    for a call shared by its caller and one pool thread, where each block
@@ -47,18 +41,16 @@
 //!    the calling thread, or shares it with one pool thread when it follows
 //!    another such call closely (calls in a loop; `parallel.rs`).
 
-use super::row_format::Slot;
+use super::slot::Slot;
 use super::tuning::{
-    GATHER_STREAM_MIN_BYTES, GATHER_STREAM_MIN_DIM, PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES,
-    gather_ahead, gather_hinted_floats, gather_hints_in_l1, gather_line_stores_pay,
-    gather_streams_pay, task_bytes,
+    PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES, gather_ahead, gather_hints_in_l1, task_bytes,
 };
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{Index, RowId, ValidIds, check_splits};
+use crate::index::{AnyValidIds, Index, RowId, ValidIds, check_splits, each_row_type};
 use crate::parallel::{Parallelism, for_each_chunk, in_pool};
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::prefetch::{self, L1, L2, Level};
-use crate::simd::{Body, Isa, Lanes, row, stream};
+use crate::simd::{Body, Isa, Lanes, row};
 use core::mem::MaybeUninit;
 
 /// `out[i, :] = table[ids[i], :]` for every `i`.
@@ -100,33 +92,26 @@ pub fn gather_with<I: Index>(
 ) -> Result<(), EmbeddingError> {
     in_pool(check_splits(par, ids), || {
         let ids = check(par, table, dim, ids, out)?;
-        if streams(par, core::mem::size_of_val(out), dim) {
-            drive(par, table, dim, ids, out, StreamRow);
-        } else {
-            copy_rows(par, table, dim, ids, out);
-        }
+        gather_checked(par, table, dim, ids.by_row(), None, out);
         Ok(())
     })
 }
 
-/// Whether [`gather_with`] writes an output of `bytes`, rows of `dim`
-/// values, with streaming stores: from [`GATHER_STREAM_MIN_BYTES`] on, for
-/// rows of [`GATHER_STREAM_MIN_DIM`] values or more, when the call is split
-/// across two threads or more. Split, the call is bound by memory
-/// bandwidth, and a plain store's read of each output line is traffic the
-/// streaming store saves (gpt2, 768 values a row, 1.19-1.43x faster on two
-/// threads). On rows of 128 values (recsys) they were 1.10-1.22x faster on
-/// one Zen 4 host and 1.19-1.79x slower on another, so the rows must be
-/// wider ([`GATHER_STREAM_MIN_DIM`]). On one thread the loads of the rows
-/// wait on latency, and the streaming stores slowed recsys down by 1.3x to
-/// 2.7x; on rows of 16 values (narrow) they took the warm loop from 0.96 to
-/// 1.57 ms. Not on CPUs where they do not pay ([`gather_streams_pay`]).
-fn streams(par: Parallelism, bytes: usize, dim: usize) -> bool {
-    bytes >= GATHER_STREAM_MIN_BYTES
-        && dim >= GATHER_STREAM_MIN_DIM
-        && crate::executor::threads() > 1
-        && par.splits(bytes, PARALLEL_MIN_BYTES)
-        && gather_streams_pay()
+/// The lookup of [`gather_with`] (no `scale`) or [`gather_scaled_with`]
+/// after its checks. Not generic ([`ByRow`](crate::index::ByRow)):
+/// compiled here, once.
+fn gather_checked(
+    par: Parallelism,
+    table: &[f32],
+    dim: usize,
+    ids: AnyValidIds<'_>,
+    scale: Option<f32>,
+    out: &mut [f32],
+) {
+    each_row_type!(ids, |ids| match scale {
+        Some(scale) => drive(par, table, dim, ids, out, ScaleRow(scale)),
+        None => drive(par, table, dim, ids, out, CopyRow),
+    })
 }
 
 /// `out[i, :] = table[ids[i], :] * scale` for every `i`, in one pass (the
@@ -158,21 +143,21 @@ pub fn gather_scaled_with<I: Index>(
 ) -> Result<(), EmbeddingError> {
     in_pool(check_splits(par, ids), || {
         let ids = check(par, table, dim, ids, out)?;
-        drive(par, table, dim, ids, out, ScaleRow(scale));
+        gather_checked(par, table, dim, ids.by_row(), Some(scale), out);
         Ok(())
     })
 }
 
 /// [`gather_with`] on ids already checked against `table` (the layer checks
 /// them once, renormalises, then looks up).
-pub(crate) fn gather_valid<I: RowId>(
+pub(crate) fn gather_valid(
     par: Parallelism,
     table: &[f32],
     dim: usize,
-    ids: ValidIds<'_, I>,
+    ids: AnyValidIds<'_>,
     out: &mut [f32],
 ) {
-    copy_rows(par, table, dim, ids, out);
+    each_row_type!(ids, |ids| drive(par, table, dim, ids, out, CopyRow));
 }
 
 /// The front door: every check, in the crate's order, before any write
@@ -220,72 +205,17 @@ pub(crate) trait RowOp: Copy + Send + Sync {
     fn finish(&self) {}
 }
 
-/// `dst = src`: [`gather`]. With `BY_LINES`, by the lane type's own copy
-/// ([`row::copy`]: at the AVX-512 level, stores aligned to lines for rows of
-/// 512 bytes or more), where those pay ([`gather_line_stores_pay`]); else a
-/// vector at a time from each row's start ([`row::copy_plain`]).
+/// `dst = src`: [`gather`], a vector at a time from each row's start
+/// ([`row::copy_plain`]).
 #[derive(Clone, Copy)]
-struct CopyRow<const BY_LINES: bool>;
+struct CopyRow;
 
-impl<const BY_LINES: bool> RowOp for CopyRow<BY_LINES> {
+impl RowOp for CopyRow {
     type Out = f32;
 
     #[inline(always)]
     fn write<V: Lanes>(&mut self, dst: &mut [f32], src: &[f32]) {
-        if BY_LINES {
-            row::copy::<V>(dst, src);
-        } else {
-            row::copy_plain::<V>(dst, src);
-        }
-    }
-}
-
-/// [`drive`] with the copy this CPU runs best: `BY_LINES` a constant of
-/// [`CopyRow`]'s type, so that each loop holds one copy and tests nothing a
-/// row. One loop holding both copies behind a test took tiny's gather (rows
-/// of 256 bytes from a table in the caches, one thread) to 1.22-1.28x the
-/// time of a bare loop of 64-byte copies, against 1.12-1.18x with the plain
-/// copy alone (docs/benchmarks.md, "Masked row ends and a hint count a
-/// call").
-fn copy_rows<I: RowId>(
-    par: Parallelism,
-    table: &[f32],
-    dim: usize,
-    ids: ValidIds<'_, I>,
-    out: &mut [f32],
-) {
-    if gather_line_stores_pay() {
-        drive(par, table, dim, ids, out, CopyRow::<true>);
-    } else {
-        drive(par, table, dim, ids, out, CopyRow::<false>);
-    }
-}
-
-/// `dst = src` with streaming stores: [`gather`] into an output larger than
-/// the caches would keep, whose lines then go to memory without being read
-/// first.
-#[derive(Clone, Copy)]
-struct StreamRow;
-
-impl RowOp for StreamRow {
-    type Out = f32;
-
-    #[inline(always)]
-    fn write<V: Lanes>(&mut self, dst: &mut [f32], src: &[f32]) {
-        // A row that is not 32-byte aligned takes 16-byte stores, all of
-        // them streaming, rather than 32-byte ones with a plain store at
-        // each end (a line written partly plainly and partly streamed is
-        // flushed twice).
-        if (dst.as_ptr() as usize).is_multiple_of(32) {
-            V::stream(dst, Some(src));
-        } else {
-            stream::sse(dst, Some(src));
-        }
-    }
-
-    #[inline(always)]
-    fn finish(&self) {
-        stream::fence();
+        row::copy_plain::<V>(dst, src);
     }
 }
 
@@ -320,35 +250,37 @@ impl RowOp for FillRow {
 /// [`gather_valid`] into `values`, replacing what it held: the output of
 /// an allocating lookup, each value written once (not zeroed, then
 /// written). A caller that allocates `values` beforehand (with room for
-/// `ids.len() × dim` values) has it used as it is; otherwise it grows here.
+/// `ids × dim` values) has it used as it is; otherwise it grows here.
 /// Large outputs are advised into huge pages before their first touch.
 ///
 /// # Errors
 /// [`EmbeddingError::SizeOverflow`] or
 /// [`EmbeddingError::AllocationFailed`] for the output; then `values` is
 /// empty.
-pub(crate) fn gather_fresh<I: RowId>(
+pub(crate) fn gather_fresh(
     par: Parallelism,
     table: &[f32],
     dim: usize,
-    ids: ValidIds<'_, I>,
+    ids: AnyValidIds<'_>,
     values: &mut Vec<f32>,
 ) -> Result<(), EmbeddingError> {
-    let fresh = crate::memory::fresh_floats(values, ids.len(), dim, "output")?;
-    let len = fresh.len();
-    drive(par, table, dim, ids, fresh, FillRow);
-    // SAFETY: `drive` wrote all of `spare_capacity_mut()[..len]`: each of
-    // the `ids.len()` rows of `dim` values, split among tasks or not, went
-    // through `FillRow::write`, whose `Slot::put` writes all of its row
-    // when the source row is as long, as it is in every loop of
-    // `GatherBlock` (the narrow one too: both are `dim` values), and `drive`
-    // returns only after every task.
-    // With `dim == 0` or no ids, `len` is 0. The capacity is `len` or more
-    // (`memory::fresh_floats` reserved `ids.len() × dim`, `len`, values).
-    #[allow(unsafe_code)]
-    unsafe {
-        values.set_len(len)
-    };
+    each_row_type!(ids, |ids| {
+        let fresh = crate::memory::fresh_floats(values, ids.len(), dim, "output")?;
+        let len = fresh.len();
+        drive(par, table, dim, ids, fresh, FillRow);
+        // SAFETY: `drive` wrote all of `spare_capacity_mut()[..len]`: each
+        // of the `ids.len()` rows of `dim` values, split among tasks or
+        // not, went through `FillRow::write`, whose `Slot::put` writes all
+        // of its row when the source row is as long, as it is in every loop
+        // of `GatherBlock` (the narrow one too: both are `dim` values), and
+        // `drive` returns only after every task. With `dim == 0` or no ids,
+        // `len` is 0. The capacity is `len` or more (`memory::fresh_floats`
+        // reserved `ids.len() × dim`, `len`, values).
+        #[allow(unsafe_code)]
+        unsafe {
+            values.set_len(len)
+        };
+    });
     Ok(())
 }
 
@@ -467,8 +399,7 @@ struct Piece<'a, 'i, I: RowId> {
 
 /// The piece's rows (as many as `out` holds, `dim` values each) into `out`
 /// through `op`, each row hinted into `L` [`gather_ahead`] rows before it
-/// is read (the whole row, or its start: [`gather_hinted_floats`]): the
-/// loop for rows of any width.
+/// is read: the loop for rows of any width.
 #[inline(always)]
 fn wide_rows<V: Lanes, I: RowId, Op: RowOp, L: Level>(
     piece: Piece<'_, '_, I>,
@@ -479,17 +410,16 @@ fn wide_rows<V: Lanes, I: RowId, Op: RowOp, L: Level>(
     let Piece { table, ids, first } = piece;
     let n = ids.len();
     let ahead = gather_ahead(dim);
-    let hinted = gather_hinted_floats(dim);
-    let span = prefetch::RowLines::of(table.get(..hinted).unwrap_or(&[]), dim);
+    let span = prefetch::RowLines::of(table.get(..dim).unwrap_or(&[]), dim);
     // Warm the first rows too: a piece taken out of order starts cold.
     for i in first..n.min(first + ahead) {
         let start = ids.row(i) * dim;
-        span.hint::<L>(&table[start..start + hinted]);
+        span.hint::<L>(&table[start..start + dim]);
     }
     for (i, dst) in (first..).zip(out.chunks_exact_mut(dim)) {
         if i + ahead < n {
             let next = ids.row(i + ahead) * dim;
-            span.hint::<L>(&table[next..next + hinted]);
+            span.hint::<L>(&table[next..next + dim]);
         }
         let start = ids.row(i) * dim;
         op.write::<V>(dst, &table[start..start + dim]);
@@ -539,7 +469,7 @@ fn narrow_rows<V: Lanes, I: RowId, Op: RowOp>(
 
 #[cfg(test)]
 mod tests {
-    use super::{CopyRow, PREFETCH_MIN_TABLE_BYTES, StreamRow, check, drive, for_each_row_block};
+    use super::for_each_row_block;
     use crate::kernels::tuning::{SHARED_TASKS, TASKS_PER_CALL};
     use crate::parallel::{Parallelism, with_forced_share};
     use std::sync::Mutex;
@@ -582,61 +512,6 @@ mod tests {
                 next += n;
             }
             assert_eq!(next, rows, "{what}");
-        }
-    }
-
-    /// The streaming stores write the bits of the plain ones, on rows on
-    /// and off 32-byte lines (the 32-byte and the 16-byte stores) and rows
-    /// that end mid-register, split across a pool: run here whether or not
-    /// [`streams`](super::streams) picks them on this CPU.
-    #[test]
-    fn streaming_stores_write_what_plain_stores_write() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
-        for dim in [7, 128, 129] {
-            // A table past the size from which the gather hints, so the
-            // rows go through the loops that hint, as a streaming call's do.
-            let rows = PREFETCH_MIN_TABLE_BYTES / (dim * 4) + 3;
-            let table: Vec<f32> = (0..rows * dim)
-                .map(|i| (i % 9973) as f32 - 4000.5)
-                .collect();
-            let n = (1 << 20) / dim + 3;
-            let ids: Vec<u32> = (0..n as u32)
-                .map(|i| i.wrapping_mul(2_654_435_761) % rows as u32)
-                .collect();
-            let mut want = vec![f32::NAN; n * dim];
-            let valid = check(Parallelism::Rayon, &table, dim, &ids, &want).unwrap();
-            pool.install(|| {
-                drive(
-                    Parallelism::Rayon,
-                    &table,
-                    dim,
-                    valid,
-                    &mut want,
-                    CopyRow::<false>,
-                )
-            });
-            assert!(
-                want.iter().all(|x| !x.is_nan()),
-                "dim {dim}: a row left unwritten"
-            );
-            for offset in [0, 1, 4] {
-                let mut buf = vec![f32::NAN; n * dim + offset];
-                let got = &mut buf[offset..];
-                let valid = check(Parallelism::Rayon, &table, dim, &ids, got).unwrap();
-                pool.install(|| drive(Parallelism::Rayon, &table, dim, valid, got, StreamRow));
-                let same = got
-                    .iter()
-                    .zip(&want)
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "dim {dim}, offset {offset}");
-                assert!(
-                    buf[..offset].iter().all(|x| x.is_nan()),
-                    "dim {dim}, offset {offset}"
-                );
-            }
         }
     }
 }

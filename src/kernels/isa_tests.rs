@@ -265,7 +265,8 @@ fn gathers_past_the_hint_threshold_equal_the_plain_loop() {
                     // it skipped would show.
                     let mut fresh = vec![f32::NAN; ids.len() * dim];
                     fresh.clear();
-                    super::gather::gather_fresh(par, &table, dim, valid, &mut fresh).unwrap();
+                    super::gather::gather_fresh(par, &table, dim, valid.by_row(), &mut fresh)
+                        .unwrap();
                     (out, scaled, fresh)
                 };
                 let (out, scaled, fresh) = match isa {

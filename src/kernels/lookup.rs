@@ -17,13 +17,13 @@
 //! output rows, as the `f32` gather: the bits cannot depend on the thread
 //! count.
 
-use super::blocks::{BlockBody, Cols, each_block};
+use super::blocks::{BlockBody, Cols, Widest, each_block};
 use super::gather::{for_each_row_block, gather_valid};
 use super::row_format::{Affine, OnRows, RowFormat, RowSpan, Sink, dispatch, value};
 use super::tuning::{PREFETCH_MIN_TABLE_BYTES, prefetch_ahead};
 use crate::error::{EmbeddingError, Operand};
 use crate::formats::{Data, TableRef};
-use crate::index::{Index, RowId, ValidIds, check_splits};
+use crate::index::{AnyValidIds, Index, RowId, ValidIds, check_splits, each_row_type};
 use crate::parallel::{Parallelism, in_pool};
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::prefetch::{self, L2};
@@ -74,13 +74,18 @@ pub fn table_gather_with<I: Index>(
         let dim = table.dim();
         check_len(Operand::Output, rows_len(ids.len(), dim)?, out.len())?;
         let ids = ValidIds::new_with(par, ids, table.rows())?;
-        if let Data::F32(values) = table.data() {
-            gather_valid(par, values, dim, ids, out);
-            return Ok(());
-        }
-        dispatch(&table, Lookup { par, ids, out });
+        lookup_checked(par, &table, ids.by_row(), out);
         Ok(())
     })
+}
+
+/// The lookup of [`table_gather_with`] after its checks. Not generic ([`ByRow`](crate::index::ByRow)): compiled here, once.
+fn lookup_checked(par: Parallelism, table: &TableRef<'_>, ids: AnyValidIds<'_>, out: &mut [f32]) {
+    if let Data::F32(values) = table.data() {
+        gather_valid(par, values, table.dim(), ids, out);
+        return;
+    }
+    each_row_type!(ids, |ids| dispatch(table, Lookup { par, ids, out }))
 }
 
 /// The lookup of a decoded format, as an operation over any [`RowFormat`].
@@ -153,6 +158,8 @@ struct DecodeRow<'a, T> {
 }
 
 impl<T: RowFormat> BlockBody for DecodeRow<'_, T> {
+    const WIDEST: Widest = Widest::Registers;
+
     #[inline(always)]
     fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize {
         let affine = Affine::<V>::of(self.table.affine::<V>(self.row));

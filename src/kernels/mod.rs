@@ -17,6 +17,7 @@ mod isa_tests;
 mod lookup;
 mod row_format;
 mod scatter;
+mod slot;
 mod spare;
 mod token_position;
 pub(crate) mod tuning;

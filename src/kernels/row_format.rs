@@ -31,11 +31,9 @@
 
 use crate::formats::{Data, PackedTable, RowWise, TableRef};
 use crate::kernels::blocks::Cols;
-use crate::kernels::tuning::RowHeads;
 use crate::memory::LINE_BYTES as LINE;
 use crate::simd::prefetch::{self, BagHints, L2};
 use crate::simd::{Lanes, MAX_LANES};
-use core::mem::MaybeUninit;
 
 /// A table whose rows read as `f32` lanes, a column block at a time: an
 /// `f32` table, a half table, or a packed one.
@@ -173,68 +171,6 @@ pub(crate) fn value<V: Lanes>(lanes: V, affine: Option<Affine<V>>) -> V {
     }
 }
 
-/// A value of an output that a kernel writes once: an `f32` of a caller's
-/// buffer, or a `MaybeUninit<f32>` of fresh memory, which is then written
-/// once instead of zeroed first and written again. The bag forward writes
-/// a caller's buffer as `MaybeUninit<f32>`s too (`forward_into`), so that
-/// its loops are compiled for one slot type; the methods write only
-/// initialised values, which is what makes that view sound.
-pub(crate) trait Slot: Send + Sized {
-    /// `dst[i] = src[i]` for every `i`; the lengths are equal.
-    fn put(dst: &mut [Self], src: &[f32]);
-    /// `dst[i] = 0.0` for every `i`.
-    fn zero(dst: &mut [Self]);
-}
-
-impl Slot for f32 {
-    #[inline(always)]
-    fn put(dst: &mut [f32], src: &[f32]) {
-        dst.copy_from_slice(src);
-    }
-
-    #[inline(always)]
-    fn zero(dst: &mut [f32]) {
-        dst.fill(0.0);
-    }
-}
-
-impl Slot for MaybeUninit<f32> {
-    /// As arrays of 16 values, then of 8, then value by value: each array
-    /// is one move of a known size, where a loop of `MaybeUninit::write`s
-    /// of unknown length compiles to a set-up and a tail per row
-    /// (docs/benchmarks.md, "Fresh outputs written as arrays"). Every value
-    /// of `dst` is written once when `src` is as long.
-    #[inline(always)]
-    fn put(dst: &mut [MaybeUninit<f32>], src: &[f32]) {
-        debug_assert_eq!(dst.len(), src.len());
-        let (dst, src) = put_arrays::<16>(dst, src);
-        let (dst, src) = put_arrays::<8>(dst, src);
-        for (d, s) in dst.iter_mut().zip(src) {
-            d.write(*s);
-        }
-    }
-
-    #[inline(always)]
-    fn zero(dst: &mut [MaybeUninit<f32>]) {
-        dst.fill(MaybeUninit::new(0.0));
-    }
-}
-
-/// `dst = src` for the leading whole arrays of `N` values of both, which
-/// are as long; returns the rest of each (fewer than `N` values).
-#[inline(always)]
-fn put_arrays<'d, 's, const N: usize>(
-    dst: &'d mut [MaybeUninit<f32>],
-    src: &'s [f32],
-) -> (&'d mut [MaybeUninit<f32>], &'s [f32]) {
-    let (dst_arrays, dst_rest) = dst.as_chunks_mut::<N>();
-    let (src_arrays, src_rest) = src.as_chunks::<N>();
-    for (d, s) in dst_arrays.iter_mut().zip(src_arrays) {
-        *d = s.map(MaybeUninit::new);
-    }
-    (dst_rest, src_rest)
-}
-
 /// A value a table holds as it is, a vector's worth of which become lanes:
 /// `f32`, `f16` or `bf16`.
 pub(crate) trait Element: Copy + Default + Sync {
@@ -328,18 +264,15 @@ impl<E: Element> RowFormat for PlainRows<'_, E> {
     }
 
     /// One hint a row where each is a whole line ([`Self::rows_are_lines`]),
-    /// else as [`BagHints::for_rows`] says: one a block with a roomy L1
-    /// where `RowHeads` says so for the values (on Intel, `f32` rows),
-    /// elsewhere a hint per line of the block and one at its last byte.
-    /// Wider rows keep the last byte's hint even where they start lines:
-    /// without it `f32` rows were no faster and `f16` rows slower
-    /// (docs/benchmarks.md, "One hint for a row of one line").
+    /// else as [`BagHints::for_rows`] says: a hint per line of the block and
+    /// one at its last byte. Wider rows keep the last byte's hint even where
+    /// they start lines: without it `f32` rows were no faster and `f16` rows
+    /// slower (design.md, "Prefetch").
     fn bag_hints(&self) -> BagHints {
         if self.rows_are_lines() {
             BagHints::Line
         } else {
-            let heads = RowHeads::here().in_bags(Self::PACKED, Self::HALF);
-            BagHints::for_rows(self.row_bytes(), heads)
+            BagHints::for_rows(self.row_bytes())
         }
     }
 
@@ -534,13 +467,9 @@ impl<const BITS: u32> RowFormat for Packed<'_, BITS> {
         }
     }
 
-    /// Whole blocks unless `RowHeads` says packed rows too (not so on any
-    /// CPU by default): one hint a block made the Intel host's packed bags
-    /// up to 1.7x slower where it made `f32` bags faster
-    /// (docs/benchmarks.md, "Table formats").
+    /// Whole blocks, as [`BagHints::for_rows`] says.
     fn bag_hints(&self) -> BagHints {
-        let heads = RowHeads::here().in_bags(Self::PACKED, Self::HALF);
-        BagHints::for_rows(self.row_bytes(), heads)
+        BagHints::for_rows(self.row_bytes())
     }
 
     #[inline(always)]
@@ -599,13 +528,11 @@ pub(crate) fn dispatch<O: OnRows>(table: &TableRef<'_>, op: O) -> O::Output {
 #[cfg(test)]
 mod tests {
     use super::{Packed, PlainRows, RowFormat};
-    use crate::kernels::tuning::RowHeads;
     use crate::memory::AlignedTable;
     use crate::simd::prefetch::{BagHints, roomy_l1};
 
     /// A bag's hints follow the row: one for a row of one line, into L1 up
-    /// to a line, and past it as [`BagHints::rule`] says: with heads where
-    /// the CPU hints them for plain rows, whole blocks for packed rows.
+    /// to a line, and past it as [`BagHints::rule`] says.
     #[test]
     fn bag_hints_follow_the_row_and_the_cache() {
         let table = AlignedTable::zeroed(64 * 64).unwrap();
@@ -616,16 +543,15 @@ mod tests {
             }
             .bag_hints()
         };
-        let heads = RowHeads::here();
-        let wide = BagHints::rule(65, heads.in_bags(false, false), roomy_l1());
-        let whole = BagHints::rule(65, heads.in_bags(true, false), roomy_l1());
+        let wide = BagHints::rule(65, roomy_l1());
+        let whole = wide;
         assert_eq!(plain(0, 16), BagHints::Line);
         assert_eq!(plain(1, 16), BagHints::L1, "a line's bytes, not on a line");
         assert_eq!(plain(0, 15), BagHints::L1);
         assert_eq!(plain(0, 17), wide);
         assert_eq!(plain(0, 128), wide);
         let (table, dim) = (&vec![half::f16::ZERO; 16 * 64][..], 64);
-        let halves = BagHints::rule(128, heads.in_bags(false, true), roomy_l1());
+        let halves = BagHints::rule(128, roomy_l1());
         assert_eq!(PlainRows { table, dim }.bag_hints(), halves);
         let bytes = vec![0u8; 64 * 1024];
         let packed = |dim: usize| Packed::<8> { bytes: &bytes, dim }.bag_hints();

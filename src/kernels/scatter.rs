@@ -57,7 +57,7 @@
 
 use super::tuning::{LINE_FLOATS, SCATTER_PARALLEL_MIN_BYTES, prefetch_ahead};
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{Index, RowId, ValidIds};
+use crate::index::{AnyValidIds, Index, RowId, ValidIds, each_row_type};
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::prefetch::{L1, RowLines};
@@ -102,7 +102,7 @@ pub fn scatter_add_with<I: Index>(
     grad_table: &mut [f32],
 ) -> Result<(), EmbeddingError> {
     let ids = check(grad_output, dim, ids, grad_table)?;
-    drive(par, grad_output, dim, ids, grad_table, Unscaled, None);
+    scatter_valid(par, grad_output, dim, ids.by_row(), None, grad_table, None);
     Ok(())
 }
 
@@ -149,7 +149,8 @@ pub fn scatter_add_scaled_with<I: Index>(
     grad_table: &mut [f32],
 ) -> Result<(), EmbeddingError> {
     let ids = check(grad_output, dim, ids, grad_table)?;
-    drive(par, grad_output, dim, ids, grad_table, Scaled(scale), None);
+    let ids = ids.by_row();
+    scatter_valid(par, grad_output, dim, ids, Some(scale), grad_table, None);
     Ok(())
 }
 
@@ -166,6 +167,25 @@ pub(crate) fn check<'a, I: Index>(
     ValidIds::new(ids, rows)
 }
 
+/// [`drive`] with each gradient row times `scale` (when there is one). Not
+/// generic, like each entry point of the scatter: its kernels are compiled
+/// here, for both row types.
+pub(crate) fn scatter_valid(
+    par: Parallelism,
+    grad_output: &[f32],
+    dim: usize,
+    ids: AnyValidIds<'_>,
+    scale: Option<f32>,
+    grad_table: &mut [f32],
+    grad_position_table: Option<(&mut [f32], usize)>,
+) {
+    let positions = grad_position_table;
+    each_row_type!(ids, |ids| match scale {
+        None => drive(par, grad_output, dim, ids, grad_table, Unscaled, positions),
+        Some(s) => drive(par, grad_output, dim, ids, grad_table, Scaled(s), positions),
+    })
+}
+
 /// The checked call's body: adds every gradient row into its table row
 /// (through `add`), and into row `p % seq_len` of `grad_position_table` when
 /// that is given as `Some((grad_position_table, seq_len))`, with `seq_len > 0`
@@ -173,7 +193,7 @@ pub(crate) fn check<'a, I: Index>(
 ///
 /// Splits the columns across the pool when the call is worth it (trick 1),
 /// and otherwise runs one block of all columns on the calling thread.
-pub(crate) fn drive<I: RowId, A: AddRow>(
+fn drive<I: RowId, A: AddRow>(
     par: Parallelism,
     grad_output: &[f32],
     dim: usize,

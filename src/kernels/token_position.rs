@@ -73,9 +73,9 @@
 //!    call still asks for `seq_len` positions.
 
 use super::gather::{self, RowOp};
-use super::scatter::{self, Scaled, Unscaled};
+use super::scatter;
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{Index, RowId, ValidIds};
+use crate::index::{AnyValidIds, Index, ValidIds, each_row_type};
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::{Lanes, row};
@@ -170,29 +170,39 @@ pub fn embed_positions_with<I: Index>(
     )?;
     check_len(Operand::Output, rows_len(ids.len(), dim)?, out.len())?;
     let ids = ValidIds::new(ids, rows)?;
-    embed_positions_valid(par, table, position_table, dim, ids, seq_len, scale, out);
+    embed_positions_valid(
+        par,
+        table,
+        position_table,
+        dim,
+        ids.by_row(),
+        seq_len,
+        scale,
+        out,
+    );
     Ok(())
 }
 
-/// [`embed_positions_with`] after its checks, for a caller that made them:
+/// [`embed_positions_with`] after its checks, for a caller that made them
+/// (not generic: [`ByRow`](crate::index::ByRow), compiled here, once):
 /// `table` and `out` hold whole rows of `dim`, `out` one for each id, the
 /// ids were checked against `table`'s row count and are `seq_len`-long
 /// sequences, and `position_table` holds `seq_len` rows or more.
 // `embed_positions_with`'s arguments, the ids checked.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn embed_positions_valid<R: RowId>(
+pub(crate) fn embed_positions_valid(
     par: Parallelism,
     table: &[f32],
     position_table: &[f32],
     dim: usize,
-    ids: ValidIds<'_, R>,
+    ids: AnyValidIds<'_>,
     seq_len: usize,
     scale: Option<f32>,
     out: &mut [f32],
 ) {
     // Only the first `seq_len` rows are ever read.
     let position_table = &position_table[..seq_len * dim];
-    match scale {
+    each_row_type!(ids, |ids| match scale {
         None => {
             let op = AddPosition::<false>::new(position_table, dim, seq_len, 1.0);
             gather::drive(par, table, dim, ids, out, op);
@@ -201,7 +211,7 @@ pub(crate) fn embed_positions_valid<R: RowId>(
             let op = AddPosition::<true>::new(position_table, dim, seq_len, s);
             gather::drive(par, table, dim, ids, out, op);
         }
-    }
+    })
 }
 
 /// The backward of [`embed_positions`], accumulated into both tables'
@@ -303,28 +313,10 @@ pub fn embed_positions_backward_with<I: Index>(
         rows_len(ids.len(), dim)?,
         grad_output.len(),
     )?;
-    let ids = ValidIds::new(ids, rows)?;
+    let ids = ValidIds::new(ids, rows)?.by_row();
     let grad_position_table = Some((&mut grad_position_table[..seq_len * dim], seq_len));
-    match scale {
-        None => scatter::drive(
-            par,
-            grad_output,
-            dim,
-            ids,
-            grad_table,
-            Unscaled,
-            grad_position_table,
-        ),
-        Some(s) => scatter::drive(
-            par,
-            grad_output,
-            dim,
-            ids,
-            grad_table,
-            Scaled(s),
-            grad_position_table,
-        ),
-    }
+    let positions = grad_position_table;
+    scatter::scatter_valid(par, grad_output, dim, ids, scale, grad_table, positions);
     Ok(())
 }
 

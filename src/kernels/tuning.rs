@@ -131,103 +131,6 @@ pub(crate) const SWEEP_TASK_BYTES: usize = 1 << 20;
 /// streaming took about twice as long as a memset and a scatter.
 pub(crate) const STREAM_MIN_BYTES: usize = 8 << 20;
 
-/// From this many bytes of output on, [`gather`](crate::gather) split
-/// across threads writes with streaming stores where they pay
-/// ([`gather_streams_pay`]): half the last-level cache
-/// of the development machine (32 MiB), beyond which a plain store's line
-/// would be evicted before anyone read it anyway.
-pub(crate) const GATHER_STREAM_MIN_BYTES: usize = 16 << 20;
-
-/// The narrowest rows [`gather`](crate::gather) streams: 256 values (1
-/// KiB). On the Zen 4 host of 2026-11-29 (two threads, 32 MiB outputs,
-/// plain against streaming stores in one process), rows of 128 values
-/// (recsys's) took 1.19-1.35x the time with streaming stores from a table
-/// in huge pages and 1.29-1.79x from 4 KiB pages, rows of 256 values
-/// 0.89-1.01x, 384 values 0.81-0.90x, and gpt2's 768 values 0.70-0.83x
-/// (docs/benchmarks.md, "Streaming stores for wide rows only"). Rows of 16
-/// values (narrow's) lost too.
-pub(crate) const GATHER_STREAM_MIN_DIM: usize = 256;
-
-/// Whether [`gather`](crate::gather)'s streaming stores pay on this CPU:
-/// only on AMD's family 25 (Zen 3 and Zen 4, as `/proc/cpuinfo` names it),
-/// where they made gpt2's gather 1.19-1.39x faster on the Zen 4 host that
-/// chose the threshold (2026-11-24) and 1.20-1.43x on the one of
-/// 2026-11-29. Elsewhere plain stores: on AMD's family
-/// 26 (Zen 5) plain stores took gpt2's gather (48 MiB out) to 0.62-0.91x the
-/// time in eleven processes, and recsys's (32 MiB) to 0.56-1.16x; on an
-/// Intel family 6 host (Xeon, model 207, a 300 MiB L3) streaming took
-/// recsys's two-thread gather from 1.8-2.1 to 2.2-3.9 ms into a buffer that
-/// is 16-byte aligned (a `Vec<f32>` of its size, so each 512-byte row spans
-/// nine lines, two of them shared with its neighbours), and streaming only
-/// rows' whole lines was no faster than plain stores (docs/benchmarks.md,
-/// "Streaming stores on Zen 5" and "An Intel host"). Other CPUs are
-/// unmeasured and take plain stores, which are never far behind, as do
-/// systems without `/proc/cpuinfo`.
-pub(crate) fn gather_streams_pay() -> bool {
-    this_cpu() == Some(("AuthenticAMD", 25))
-}
-
-/// Whether [`gather`](crate::gather)'s AVX-512 rows are copied with their
-/// stores aligned to lines (`Avx512::copy_by_lines`: a masked copy at each
-/// end of a row of 512 bytes or more, whole lines between) rather than 64
-/// bytes at a time from each row's start: on Intel, where it took the
-/// gather into a `Vec` to 0.93-0.94x the time on gpt2, 0.95x on minilm and
-/// 0.99x on recsys (docs/benchmarks.md, "Stores within lines, hints on row
-/// heads"). On the Zen 5 host the masked copies cost more than the split
-/// stores they save, into a line-aligned output or a `Vec`: recsys's gather
-/// took 1.39-1.40x the time with them on two threads and 1.89-1.93x on one,
-/// with the hints a row as they are now (`prefetch::RowLines`), and 1.00-1.15x
-/// with the hints counted row by row (docs/benchmarks.md, "Masked row ends
-/// and a hint count a call").
-/// Other CPUs are unmeasured and take the plain copy.
-pub(crate) fn gather_line_stores_pay() -> bool {
-    this_cpu().is_some_and(|(vendor, _)| vendor == "GenuineIntel")
-}
-
-/// The vendor and family of this machine's first processor, read from
-/// `/proc/cpuinfo` once for every rule that asks; `None` where it cannot be
-/// read.
-fn this_cpu() -> Option<(&'static str, u32)> {
-    static CPU: std::sync::OnceLock<Option<(String, u32)>> = std::sync::OnceLock::new();
-    CPU.get_or_init(|| {
-        let entry = first_processor()?;
-        cpu_family(&entry).map(|(vendor, family)| (vendor.to_owned(), family))
-    })
-    .as_ref()
-    .map(|(vendor, family)| (vendor.as_str(), *family))
-}
-
-/// The first processor's entry of `/proc/cpuinfo`, read up to the blank
-/// line that ends it (the file has one per logical CPU, which the kernel
-/// writes out when it is read).
-fn first_processor() -> Option<String> {
-    use std::io::BufRead;
-    let file = std::fs::File::open("/proc/cpuinfo").ok()?;
-    let mut entry = String::new();
-    for line in std::io::BufReader::new(file).lines() {
-        let line = line.ok()?;
-        if line.trim().is_empty() && !entry.is_empty() {
-            break;
-        }
-        entry.push_str(&line);
-        entry.push('\n');
-    }
-    Some(entry)
-}
-
-/// The vendor and family of the first processor `cpuinfo` (text in the
-/// form of Linux's `/proc/cpuinfo`) describes: the first `vendor_id` and
-/// `cpu family` lines.
-fn cpu_family(cpuinfo: &str) -> Option<(&str, u32)> {
-    let field = |name: &str| {
-        cpuinfo.lines().find_map(|line| {
-            let (key, value) = line.split_once(':')?;
-            (key.trim() == name).then(|| value.trim())
-        })
-    };
-    Some((field("vendor_id")?, field("cpu family")?.parse().ok()?))
-}
-
 /// How far ahead the backward kernels and the packed lookup prefetch random
 /// rows, in bytes of rows: enough misses in flight to cover a DRAM round
 /// trip, few enough that the line buffers do not overflow. Chosen on
@@ -256,146 +159,20 @@ pub(crate) fn gather_ahead(row_floats: usize) -> usize {
 /// into L1 rather than L2: where the L1 data cache is roomy
 /// ([`roomy_l1`](crate::simd::prefetch::roomy_l1), 48 KiB or more) and the
 /// rows hinted ahead ([`gather_ahead`] of them) span at most
-/// [`GATHER_L1_AHEAD_BYTES`]. On the Zen 5 host, hints into L1 took minilm's
+/// [`GATHER_L1_AHEAD_BYTES`]. On a 48 KiB L1, hints into L1 took minilm's
 /// gather (4 rows of 1.5 KiB ahead) and recsys's (8 of 512 bytes) to
-/// 0.87-0.89x the time, gpt2's (4 of 3 KiB) to 1.05-1.06x (docs/benchmarks.md,
-/// "Wide rows into L1 on a roomy L1"). Rows of one or two vectors take the
-/// gather's narrow loop, which hints into L2 whatever this says.
-///
-/// The rows ahead count by the part of each that is hinted
-/// ([`gather_hinted_floats`]): on Intel, whose gathers hint only the first
-/// line of a row, every width goes into L1 on a roomy L1.
+/// 0.87-0.89x the time, gpt2's (4 of 3 KiB) to 1.05-1.06x (design.md,
+/// "Prefetch"). Rows of one or two vectors take the gather's narrow loop,
+/// which hints into L2 whatever this says.
 #[inline]
 pub(crate) fn gather_hints_in_l1(row_floats: usize) -> bool {
-    hints_in_l1(
-        row_floats,
-        RowHeads::here().in_gathers(),
-        crate::simd::prefetch::roomy_l1(),
-    )
+    hints_in_l1(row_floats, crate::simd::prefetch::roomy_l1())
 }
 
-/// [`gather_hints_in_l1`] where the gather hints row heads (`heads`) or
-/// not, on an L1 that is roomy (`roomy`) or not.
-fn hints_in_l1(row_floats: usize, heads: bool, roomy: bool) -> bool {
-    let hinted = f32_row_bytes(hinted_floats(row_floats, heads));
-    let ahead = gather_ahead(row_floats).saturating_mul(hinted);
+/// [`gather_hints_in_l1`] on an L1 that is roomy (`roomy`) or not.
+fn hints_in_l1(row_floats: usize, roomy: bool) -> bool {
+    let ahead = gather_ahead(row_floats).saturating_mul(f32_row_bytes(row_floats));
     ahead <= GATHER_L1_AHEAD_BYTES && roomy
-}
-
-/// How much of each row read ahead a gather hints, in `f32`s, for rows of
-/// `row_floats`: the whole row, or on Intel its first
-/// [`GATHER_HEAD_BYTES`], whose loads the core's own prefetchers then
-/// follow along the row. On the Intel host (family 6 model 207, a roomy
-/// L1), gpt2's gather (3 KiB rows, two threads, a test program, medians of
-/// 40 rounds) took 2 465-2 533 µs with the first 512 bytes of each row
-/// hinted into L1 against 2 805-2 877 with the whole row into L2 (what the
-/// rule by bytes chose) and 2 868 with the whole row into L1; minilm's (1.5
-/// KiB) 670 against 686 (whole rows into L1). Hinting only the first line
-/// then took recsys's gather (512-byte rows, warm, four runs) to 0.93-0.98x
-/// the time of hinting its eight, and gpt2's and minilm's to 0.96-0.99x:
-/// a software prefetch on this core waits for one of L1's fill buffers,
-/// which the loads need (docs/benchmarks.md, "Table formats"). Other vendors are unmeasured
-/// and hint whole rows; so are Intel cores with an L1 of less than 48 KiB,
-/// which hint the heads into L2.
-#[inline]
-pub(crate) fn gather_hinted_floats(row_floats: usize) -> usize {
-    hinted_floats(row_floats, RowHeads::here().in_gathers())
-}
-
-/// [`gather_hinted_floats`] where the gather hints row heads (`heads`) or
-/// whole rows.
-fn hinted_floats(row_floats: usize, heads: bool) -> usize {
-    if heads {
-        row_floats.min(GATHER_HEAD_BYTES / core::mem::size_of::<f32>())
-    } else {
-        row_floats
-    }
-}
-
-/// The part of a row that a gather hints where it hints only the start of
-/// each ([`gather_hinted_floats`]): 64 bytes, the line or two they span.
-const GATHER_HEAD_BYTES: usize = 64;
-
-/// Which reads hint only the start of each row (a gather) or of each block
-/// of a row (a bag: `simd::prefetch::BagHints::Head`) and leave the rest to
-/// the core's own prefetchers. Each choice hints heads wherever the one
-/// before it does, and in one more kind of read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum RowHeads {
-    /// Whole rows and whole blocks everywhere.
-    Whole,
-    /// The gathers' rows.
-    Gather,
-    /// Those, and the bags of `f32` rows.
-    F32,
-    /// Those, and the bags of half rows (`f16`, bf16): every plain row.
-    Plain,
-    /// Those, and the bags of packed rows.
-    Packed,
-}
-
-impl RowHeads {
-    /// The choice of this machine, asked once: [`RowHeads::choose`] from
-    /// `EMBEDDING_KERNELS_ROW_HEADS` and the CPU's vendor.
-    pub(crate) fn here() -> RowHeads {
-        static HEADS: std::sync::OnceLock<RowHeads> = std::sync::OnceLock::new();
-        *HEADS.get_or_init(|| {
-            let set = std::env::var("EMBEDDING_KERNELS_ROW_HEADS").ok();
-            RowHeads::choose(set.as_deref(), this_cpu().map(|(vendor, _)| vendor))
-        })
-    }
-
-    /// The choice where `EMBEDDING_KERNELS_ROW_HEADS` is `set` and the CPU
-    /// is `vendor`'s: the setting where it is one of [`RowHeads::parse`]'s
-    /// names, so that one build can measure the choices against each other
-    /// (docs/benchmarks.md, "How to measure"); otherwise
-    /// [`RowHeads::F32`] on an Intel CPU (`GenuineIntel` in
-    /// `/proc/cpuinfo`), where a software prefetch waits for one of L1's
-    /// fill buffers, which the loads need, and [`RowHeads::Whole`]
-    /// elsewhere. A value that names no choice is ignored.
-    ///
-    /// On the Intel host (family 6 model 207), bags of half rows hinted one
-    /// line a block took 1.0-1.3x the time of whole blocks from memory and
-    /// 0.9-1.1x warm, where `f32` rows took 0.70-0.90x (docs/benchmarks.md,
-    /// "Half rows keep whole blocks"); packed rows were up to 1.7x slower.
-    pub(crate) fn choose(set: Option<&str>, vendor: Option<&str>) -> RowHeads {
-        match set.and_then(RowHeads::parse) {
-            Some(heads) => heads,
-            None if vendor == Some("GenuineIntel") => RowHeads::F32,
-            None => RowHeads::Whole,
-        }
-    }
-
-    /// The choice a name gives: `none` ([`RowHeads::Whole`]), `gather`,
-    /// `f32`, `plain` or `packed`, in lower case.
-    pub(crate) fn parse(name: &str) -> Option<RowHeads> {
-        Some(match name {
-            "none" => RowHeads::Whole,
-            "gather" => RowHeads::Gather,
-            "f32" => RowHeads::F32,
-            "plain" => RowHeads::Plain,
-            "packed" => RowHeads::Packed,
-            _ => return None,
-        })
-    }
-
-    /// Whether the gathers hint only each row's start.
-    pub(crate) fn in_gathers(self) -> bool {
-        self >= RowHeads::Gather
-    }
-
-    /// Whether a bag hints only each block's start, for rows of the kind
-    /// `RowFormat::PACKED` and `RowFormat::HALF` name: packed, half, or
-    /// else `f32`.
-    pub(crate) fn in_bags(self, packed: bool, half: bool) -> bool {
-        if packed {
-            self >= RowHeads::Packed
-        } else if half {
-            self >= RowHeads::Plain
-        } else {
-            self >= RowHeads::F32
-        }
-    }
 }
 
 /// The most bytes of rows a gather hints ahead into L1: a sixth of a
@@ -424,8 +201,7 @@ pub(crate) const PREFETCH_MIN_TABLE_BYTES: usize = 512 << 10;
 
 /// How many positions ahead a bag prefetches its rows at least (a count of
 /// rows, for rows of any width), into L2, or into L1 where the whole row is
-/// one line or the L1 data cache is roomy, one line a block on Intel
-/// (`simd::prefetch::BagHints`).
+/// one line or the L1 data cache is roomy (`simd::prefetch::BagHints`).
 /// Measured on gpt2 (768 columns) with a test program (medians of paired
 /// warm and cold rounds, two threads): 16 ahead took 0.76-0.85x the time of
 /// the rule by bytes above (5 rows of `f32`, 10 of `f16`), and 24 or 32
@@ -538,8 +314,7 @@ pub(crate) const SPARE_BYTES: usize = 32 << 20;
 mod tests {
     use super::{
         BAG_AHEAD_PACKED_BYTES, BAG_AHEAD_PACKED_MAX_ROWS, BAG_AHEAD_ROWS, BAG_FAR_TABLE_BYTES,
-        RowHeads, bag_ahead, cpu_family, gather_hinted_floats, gather_hints_in_l1, hinted_floats,
-        hints_in_l1,
+        bag_ahead, gather_hints_in_l1, hints_in_l1,
     };
     use crate::simd::prefetch::roomy_l1;
 
@@ -615,114 +390,20 @@ mod tests {
         assert_eq!(bag_ahead(776, true, far_table, 16), BAG_AHEAD_ROWS);
     }
 
-    /// The vendor and family come from the first processor's lines, as
-    /// Linux writes them (a tab before the colon); text without them, or
-    /// with a family that is not a number, names none.
-    #[test]
-    fn cpu_families_read_as_linux_writes_them() {
-        let zen5 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n\n\
-                    processor\t: 1\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\n";
-        assert_eq!(cpu_family(zen5), Some(("AuthenticAMD", 26)));
-        let intel = "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\n";
-        assert_eq!(cpu_family(intel), Some(("GenuineIntel", 6)));
-        let mixed = "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\n\n\
-                     processor\t: 1\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\n";
-        assert_eq!(cpu_family(mixed), Some(("GenuineIntel", 6)));
-        assert_eq!(cpu_family(""), None);
-        assert_eq!(cpu_family("vendor_id\t: AuthenticAMD\n"), None);
-        assert_eq!(
-            cpu_family("vendor_id : AuthenticAMD\ncpu family : x\n"),
-            None
-        );
-    }
-
-    /// On x86-64 Linux the first processor's entry reads as a vendor and a
-    /// family.
-    #[test]
-    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-    fn this_machine_names_its_first_processor() {
-        let entry = super::first_processor().expect("/proc/cpuinfo");
-        let (vendor, _family) = cpu_family(&entry).expect("a vendor and a family");
-        assert!(!vendor.is_empty());
-    }
-
-    /// Each name reads as its choice and nothing else does; each choice
-    /// hints heads where the one before it does, in gathers first, then bags
-    /// of `f32`, half and packed rows; a name set wins over the vendor, and
-    /// without one Intel hints the heads of `f32` rows and others none.
-    #[test]
-    fn row_heads_read_by_name_and_widen_in_order() {
-        let names = ["none", "gather", "f32", "plain", "packed"];
-        let all: Vec<RowHeads> = names.iter().map(|n| RowHeads::parse(n).unwrap()).collect();
-        for bad in ["", "None", "f16", "plain ", "all"] {
-            assert_eq!(RowHeads::parse(bad), None, "{bad:?}");
-        }
-        let kinds = |h: RowHeads| {
-            [
-                h.in_gathers(),
-                h.in_bags(false, false),
-                h.in_bags(false, true),
-                h.in_bags(true, false),
-            ]
-        };
-        for (k, &heads) in all.iter().enumerate() {
-            let on = kinds(heads);
-            let expected: Vec<bool> = (0..4).map(|kind| kind < k).collect();
-            assert_eq!(on.to_vec(), expected, "{}", names[k]);
-        }
-        let intel = Some("GenuineIntel");
-        assert_eq!(RowHeads::choose(None, intel), RowHeads::F32);
-        assert_eq!(RowHeads::choose(Some("bogus"), intel), RowHeads::F32);
-        assert_eq!(RowHeads::choose(Some("none"), intel), RowHeads::Whole);
-        for vendor in [Some("AuthenticAMD"), None] {
-            assert_eq!(RowHeads::choose(None, vendor), RowHeads::Whole);
-            assert_eq!(RowHeads::choose(Some("PLAIN"), vendor), RowHeads::Whole);
-            assert_eq!(RowHeads::choose(Some("f32"), vendor), RowHeads::F32);
-        }
-    }
-
     /// The gathers of the report's widths hint into L1 on a roomy L1 but
-    /// where the hinted rows ahead span more than 8 KiB (gpt2's 4 rows of 3
-    /// KiB, hinted whole), and never elsewhere; where only each row's first
-    /// line is hinted, 4 to 32 rows ahead span at most 2 KiB.
+    /// where the rows ahead span more than 8 KiB (gpt2's 4 rows of 3 KiB),
+    /// and never elsewhere.
     #[test]
     fn gathers_hint_into_l1_on_a_roomy_l1_within_8_kib_ahead() {
-        for heads in [false, true] {
-            assert!(hints_in_l1(128, heads, true), "recsys: 8 rows of 512 B");
-            assert!(hints_in_l1(384, heads, true), "minilm: 4 rows of 1.5 KiB");
-            assert!(hints_in_l1(512, heads, true), "4 rows of 2 KiB");
-            assert_eq!(hints_in_l1(513, heads, true), heads, "just over 2 KiB");
-            assert_eq!(
-                hints_in_l1(768, heads, true),
-                heads,
-                "gpt2: 4 rows of 3 KiB"
-            );
-            assert_eq!(hints_in_l1(usize::MAX, heads, true), heads, "saturates");
-            for floats in [1, 128, 384, 768, usize::MAX] {
-                assert!(!hints_in_l1(floats, heads, false), "{floats}: a small L1");
-            }
+        assert!(hints_in_l1(128, true), "recsys: 8 rows of 512 B");
+        assert!(hints_in_l1(384, true), "minilm: 4 rows of 1.5 KiB");
+        assert!(hints_in_l1(512, true), "4 rows of 2 KiB");
+        assert!(!hints_in_l1(513, true), "just over 2 KiB");
+        assert!(!hints_in_l1(768, true), "gpt2: 4 rows of 3 KiB");
+        assert!(!hints_in_l1(usize::MAX, true), "saturates");
+        for floats in [1, 128, 384, 768, usize::MAX] {
+            assert!(!hints_in_l1(floats, false), "{floats}: a small L1");
         }
-        assert_eq!(
-            gather_hints_in_l1(768),
-            hints_in_l1(768, RowHeads::here().in_gathers(), roomy_l1())
-        );
-    }
-
-    /// A gather hints rows of up to a line whole, and longer ones whole or
-    /// their first line.
-    #[test]
-    fn gathers_hint_whole_rows_or_their_first_line() {
-        for floats in [0, 1, 15, 16] {
-            assert_eq!(hinted_floats(floats, false), floats);
-            assert_eq!(hinted_floats(floats, true), floats);
-        }
-        for floats in [17, 128, 384, 768, usize::MAX] {
-            assert_eq!(hinted_floats(floats, false), floats);
-            assert_eq!(hinted_floats(floats, true), 16, "{floats}");
-        }
-        assert_eq!(
-            gather_hinted_floats(768),
-            hinted_floats(768, RowHeads::here().in_gathers())
-        );
+        assert_eq!(gather_hints_in_l1(768), hints_in_l1(768, roomy_l1()));
     }
 }

@@ -1,6 +1,6 @@
 //! [`Written`], a test output that records which values a kernel wrote.
 
-use super::row_format::Slot;
+use super::slot::Slot;
 
 /// An output value that tells whether the kernel wrote it: what the
 /// layers' fresh outputs (`MaybeUninit<f32>`s, written once) need of the

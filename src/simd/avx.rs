@@ -16,19 +16,14 @@
 //! Soundness rests on one rule: the lane types, [`Avx256`] and [`Avx512`],
 //! are private to this file, and the only code that names them is [`run`],
 //! which takes an [`Avx`], a proof that the CPU has the level's features,
-//! and the block wrappers ([`blocks_avx2`], [`blocks_avx512`]), which only
-//! the lane types' own methods call.
-//! So every instruction below runs on a CPU that has it, though the trait's
-//! methods are safe. Helpers that issue a level's instructions are
-//! associated functions of its lane type (`Avx512::copy_by_lines`), under
-//! the same rule.
+//! and the wrappers of [`Lanes::apart`] ([`apart_avx2`], [`apart_avx512`]),
+//! which only the lane types' own methods call. So every instruction below
+//! runs on a CPU that has it, though the trait's methods are safe.
 
 #![cfg(target_arch = "x86_64")]
 #![allow(unsafe_code)]
 
 use super::{Body, EIGHT, Lanes, first};
-use crate::kernels::blocks::{BlockBody, Ladder, blocks_of};
-use crate::memory::LINE_BYTES;
 use core::arch::x86_64::{
     __m128i, __m256, __m256i, __m512, _CMP_GT_OQ, _mm256_add_ps, _mm256_and_si256,
     _mm256_blendv_ps, _mm256_castsi256_ps, _mm256_cmp_ps, _mm256_cvtepi32_ps, _mm256_cvtepu8_epi32,
@@ -38,10 +33,9 @@ use core::arch::x86_64::{
     _mm256_unpacklo_ps, _mm512_add_ps, _mm512_and_si512, _mm512_castps_si512,
     _mm512_castsi256_si512, _mm512_castsi512_ps, _mm512_cmp_ps_mask, _mm512_cvtepi32_ps,
     _mm512_cvtepu8_epi32, _mm512_cvtepu16_epi32, _mm512_cvtph_ps, _mm512_div_ps, _mm512_fmadd_ps,
-    _mm512_inserti64x4, _mm512_mask_blend_ps, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps,
-    _mm512_maskz_mov_epi32, _mm512_mul_ps, _mm512_permutex2var_ps, _mm512_set1_epi32,
-    _mm512_set1_ps, _mm512_setr_epi32, _mm512_slli_epi32, _mm512_srli_epi32, _mm512_srlv_epi32,
-    _mm512_test_epi32_mask,
+    _mm512_inserti64x4, _mm512_mask_blend_ps, _mm512_maskz_mov_epi32, _mm512_mul_ps,
+    _mm512_permutex2var_ps, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setr_epi32,
+    _mm512_slli_epi32, _mm512_srli_epi32, _mm512_srlv_epi32, _mm512_test_epi32_mask,
 };
 
 /// What an [`Avx`] proves the CPU has.
@@ -148,20 +142,19 @@ fn run_avx512<B: Body>(body: B) -> B::Output {
     body.run::<Avx512>()
 }
 
-/// A row's run of blocks of `N` vectors for a body run by [`run_avx2`], as
-/// a function of its own with the same features: see
-/// [`Lanes::blocks_apart`].
+/// A body run with [`Avx256`] from code that already runs with them, as a
+/// function of its own with the same features: see [`Lanes::apart`].
 #[target_feature(enable = "avx,avx2,fma,f16c")]
 #[inline(never)]
-fn blocks_avx2<B: BlockBody, const N: usize>(body: &mut B, at: &mut Ladder) {
-    blocks_of::<Avx256, B, N>(body, at);
+fn apart_avx2<B: Body>(body: B) -> B::Output {
+    body.run::<Avx256>()
 }
 
-/// [`blocks_avx2`] for [`run_avx512`]'s lanes and features.
+/// [`apart_avx2`] for [`run_avx512`]'s lanes and features.
 #[target_feature(enable = "avx,avx2,fma,f16c,avx512f,avx512vl")]
 #[inline(never)]
-fn blocks_avx512<B: BlockBody, const N: usize>(body: &mut B, at: &mut Ladder) {
-    blocks_of::<Avx512, B, N>(body, at);
+fn apart_avx512<B: Body>(body: B) -> B::Output {
+    body.run::<Avx512>()
 }
 
 /// One 256-bit register of eight `f32`s, on a CPU with the features of
@@ -309,9 +302,9 @@ impl Lanes for Avx256 {
     }
 
     #[inline(always)]
-    fn blocks_apart<B: BlockBody, const N: usize>(body: &mut B, at: &mut Ladder) {
+    fn apart<B: Body>(body: B) -> B::Output {
         // SAFETY: see above the impl; the function needs the same features.
-        unsafe { blocks_avx2::<B, N>(body, at) }
+        unsafe { apart_avx2(body) }
     }
 }
 
@@ -492,11 +485,6 @@ impl Lanes for Avx512 {
     }
 
     #[inline(always)]
-    fn copy_row(dst: &mut [f32], src: &[f32]) {
-        Avx512::copy_by_lines(dst, src);
-    }
-
-    #[inline(always)]
     fn stream(dst: &mut [f32], src: Option<&[f32]>) {
         // 32-byte streaming stores: a whole line is written either way.
         // SAFETY: see above the impl (AVX at this level).
@@ -504,81 +492,11 @@ impl Lanes for Avx512 {
     }
 
     #[inline(always)]
-    fn blocks_apart<B: BlockBody, const N: usize>(body: &mut B, at: &mut Ladder) {
+    fn apart<B: Body>(body: B) -> B::Output {
         // SAFETY: see above the impl; the function needs the same features.
-        unsafe { blocks_avx512::<B, N>(body, at) }
+        unsafe { apart_avx512(body) }
     }
 }
-
-/// The shortest row, in bytes, that [`copy_by_lines`] copies with its
-/// stores aligned to lines; shorter rows take `row::copy_plain`. A gather
-/// into a caller's `Vec<f32>`, which glibc places 16 bytes past a page (as
-/// it places every allocation it maps), from a table placed so too, two
-/// threads, medians of 40 rounds (2026-11-26, the Intel host, a test
-/// program; docs/benchmarks.md, "Stores within lines, hints on row
-/// heads"): gpt2's 3 KiB rows 2 324-2 383 µs with aligned stores against
-/// 2 462-2 574 with 64-byte stores from each row's start (every one of
-/// them across two lines), minilm's 1.5 KiB rows 626 against 656,
-/// recsys's 512-byte rows 2 152 against 2 169. Rows of a few vectors would
-/// pay a masked copy at each end for few split stores saved.
-const LINE_COPY_MIN_BYTES: usize = 512;
-
-impl Avx512 {
-    /// [`Lanes::copy_row`] at the AVX-512 level: `dst = src` with every
-    /// 64-byte store inside one line, for rows of [`LINE_COPY_MIN_BYTES`] or
-    /// more. The values before `dst`'s first line boundary go in one masked
-    /// copy, then whole lines, then the rest in another masked copy; the
-    /// loads follow the stores, so they are aligned too where `src` sits at
-    /// `dst`'s offset within a line (both 16 bytes past a page, say). The
-    /// values written are `src`'s, whichever way they go. Rows of unequal
-    /// lengths (never passed) copy the shorter length.
-    #[inline(always)]
-    fn copy_by_lines(dst: &mut [f32], src: &[f32]) {
-        debug_assert_eq!(dst.len(), src.len());
-        let len = dst.len().min(src.len());
-        // In `f32`s; `align_offset` may answer `usize::MAX` (never on a
-        // pointer into memory, but allowed), and then the plain copy runs.
-        let head = dst.as_ptr().align_offset(LINE_BYTES);
-        if len * core::mem::size_of::<f32>() < LINE_COPY_MIN_BYTES || head >= SIXTEEN {
-            return super::row::copy_plain::<Avx512>(dst, src);
-        }
-        let (d_head, d_rest) = dst[..len].split_at_mut(head);
-        let (s_head, s_rest) = src[..len].split_at(head);
-        Avx512::copy_few(d_head, s_head);
-        let lines = d_rest.len() - d_rest.len() % SIXTEEN;
-        let (d_lines, d_tail) = d_rest.split_at_mut(lines);
-        let (s_lines, s_tail) = s_rest.split_at(lines);
-        for (d, s) in d_lines
-            .chunks_exact_mut(SIXTEEN)
-            .zip(s_lines.chunks_exact(SIXTEEN))
-        {
-            Avx512::load(s).store(d);
-        }
-        Avx512::copy_few(d_tail, s_tail);
-    }
-
-    /// `dst = src` for fewer than [`SIXTEEN`] values (the shorter length of
-    /// the two), by one masked load and one masked store.
-    #[inline(always)]
-    fn copy_few(dst: &mut [f32], src: &[f32]) {
-        let len = dst.len().min(src.len()).min(SIXTEEN);
-        let mask = ((1u32 << len) - 1) as u16;
-        // SAFETY: the intrinsics need AVX-512F, which every `Avx512` function
-        // runs with (see above its `Lanes` impl, whose `copy_row` is the only
-        // way here). The mask enables lanes `0..len` alone, and `len` is at
-        // most the length of either slice, so the load reads only `src`'s
-        // values and the store writes only `dst`'s; masked-off lanes are
-        // neither read nor written, and cannot fault. The pointers need no
-        // alignment (`loadu`, `storeu`).
-        unsafe {
-            let values = _mm512_maskz_loadu_ps(mask, src.as_ptr());
-            _mm512_mask_storeu_ps(dst.as_mut_ptr(), mask, values);
-        }
-    }
-}
-
-// `copy_by_lines` counts a line's `f32`s as one `Avx512` vector's lanes.
-const _: () = assert!(LINE_BYTES == SIXTEEN * core::mem::size_of::<f32>());
 
 /// [`Lanes::stream`] with 32-byte stores. A function of its own, compiled
 /// with AVX, so that the closure inside it is too (a closure is compiled

@@ -40,8 +40,6 @@ pub(crate) mod prefetch;
 pub(crate) mod row;
 pub(crate) mod stream;
 
-use crate::kernels::blocks::{BlockBody, Ladder};
-
 /// The most lanes a vector of any lane type holds: buffers that take one
 /// vector of any type are this long.
 pub(crate) const MAX_LANES: usize = 16;
@@ -122,21 +120,16 @@ pub(crate) trait Lanes: Copy + Send + Sync + 'static {
     fn from_f16(halves: &[u16]) -> Self;
     /// The first `WIDTH` `bf16`s (their bits) of `halves` as lanes, exactly.
     fn from_bf16(halves: &[u16]) -> Self;
-    /// `dst = src`, rows of the same length: [`row::copy_plain`] unless the
-    /// lane type has a faster way that writes the same values.
-    #[inline(always)]
-    fn copy_row(dst: &mut [f32], src: &[f32]) {
-        row::copy_plain::<Self>(dst, src);
-    }
     /// `dst = src`, or zeros when `src` is `None`, with non-temporal stores
     /// where `dst` is aligned for this register (see [`stream`]).
     fn stream(dst: &mut [f32], src: Option<&[f32]>);
-    /// [`blocks_of::<Self, B, N>`](crate::kernels::blocks::blocks_of), the run of a row's blocks of
-    /// `N` vectors, compiled as a function of its own with this lane type's
-    /// instruction set: for the AVX types a function with the features of
-    /// its level, called from the wrapper that made the lanes (see
-    /// `avx.rs`), so it needs no proof of its own.
-    fn blocks_apart<B: BlockBody, const N: usize>(body: &mut B, at: &mut Ladder);
+    /// `body` run with this lane type, compiled as a function of its own
+    /// (never inlined into its caller) with this lane type's instruction
+    /// set: for the AVX types a function with the features of its level,
+    /// called from code that already runs with those lanes (see `avx.rs`),
+    /// so it needs no proof of its own. What a large kernel uses to keep
+    /// LLVM's work on it in pieces (the bags' column blocks).
+    fn apart<B: Body>(body: B) -> B::Output;
 }
 
 /// Lanes per vector of the eight-lane types.

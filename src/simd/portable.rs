@@ -1,7 +1,6 @@
 //! [`Lanes`] for `wide::f32x8`: the instruction set the build targets.
 
-use super::{EIGHT, Lanes, first};
-use crate::kernels::blocks::{BlockBody, Ladder, blocks_of};
+use super::{Body, EIGHT, Lanes, first};
 use wide::f32x8;
 
 impl Lanes for f32x8 {
@@ -95,8 +94,8 @@ impl Lanes for f32x8 {
     }
 
     #[inline(never)]
-    fn blocks_apart<B: BlockBody, const N: usize>(body: &mut B, at: &mut Ladder) {
-        blocks_of::<f32x8, B, N>(body, at);
+    fn apart<B: Body>(body: B) -> B::Output {
+        body.run::<f32x8>()
     }
 }
 

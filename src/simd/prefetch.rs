@@ -14,10 +14,7 @@
 //! any CPU (a line a row fits those buffers, and into L1 such a bag ran
 //! faster), and of any rows on a CPU with a roomy L1 (Zen 5's 48 KiB); and
 //! on such a CPU the gathers whose rows ahead span 8 KiB or less
-//! (`tuning::gather_hints_in_l1`). On Intel with a roomy L1, gathers hint
-//! only a row's first 64 bytes and bags of `f32` rows one line a block
-//! ([`BagHints::Head`]): each software prefetch there waits for a fill
-//! buffer.
+//! (`tuning::gather_hints_in_l1`).
 
 /// Asks the cache for every 64-byte line `row` touches, ahead of use. A
 /// hint only: it reads nothing and cannot fault, and it compiles to nothing
@@ -123,11 +120,9 @@ pub(crate) fn bytes<L: Level>(base: *const u8, from: usize, len: usize) {
     let _ = (base, from, len);
 }
 
-/// How a bag hints the blocks of the rows it reads [`bag_ahead`] positions
-/// on: chosen once a call, from the row's bytes and the CPU
+/// How a bag hints the blocks of the rows it reads some positions on:
+/// chosen once a call, from the row's bytes and the CPU's L1 data cache
 /// ([`BagHints::for_rows`]).
-///
-/// [`bag_ahead`]: crate::kernels::tuning::bag_ahead
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum BagHints {
     /// Every row is one whole line (64 bytes from a line's start), so a
@@ -139,10 +134,6 @@ pub(crate) enum BagHints {
     L1,
     /// [`bytes`] into L2.
     L2,
-    /// One hint into L1 at the block's start, for the core's own
-    /// prefetchers to follow along the block (Intel: every software
-    /// prefetch there waits for one of L1's fill buffers).
-    Head,
 }
 
 impl BagHints {
@@ -158,23 +149,14 @@ impl BagHints {
     /// 0.85-0.95x the time in every format (docs/benchmarks.md, "Prefetch"
     /// and "Wide rows into L1 on a roomy L1"). The rule looks at the row, not
     /// the block, so a wide row's short last block follows its row.
-    ///
-    /// Where the reads hint heads (`heads`, `tuning::RowHeads`: on Intel,
-    /// for `f32` rows) and the L1 is roomy, a row wider than a line takes
-    /// one hint a block, at its start ([`BagHints::Head`]; measured on Intel
-    /// only); with a small L1 the hints go into L2 whatever `heads` says.
-    pub(crate) fn for_rows(row_bytes: usize, heads: bool) -> BagHints {
-        Self::rule(row_bytes, heads, roomy_l1())
+    pub(crate) fn for_rows(row_bytes: usize) -> BagHints {
+        Self::rule(row_bytes, roomy_l1())
     }
 
-    /// [`for_rows`](Self::for_rows) on a CPU whose bags hint block heads
-    /// (`heads`) or not, with a roomy L1 (`roomy`) or not.
-    pub(crate) fn rule(row_bytes: usize, heads: bool, roomy: bool) -> BagHints {
-        if row_bytes <= crate::memory::LINE_BYTES {
-            BagHints::L1
-        } else if heads && roomy {
-            BagHints::Head
-        } else if roomy {
+    /// [`for_rows`](Self::for_rows) on a CPU with a roomy L1 (`roomy`) or
+    /// not.
+    pub(crate) fn rule(row_bytes: usize, roomy: bool) -> BagHints {
+        if row_bytes <= crate::memory::LINE_BYTES || roomy {
             BagHints::L1
         } else {
             BagHints::L2
@@ -186,7 +168,7 @@ impl BagHints {
 #[inline(always)]
 pub(crate) fn bag_block(base: *const u8, from: usize, len: usize, hints: BagHints) {
     match hints {
-        BagHints::Line | BagHints::Head => L1::hint(base.wrapping_add(from) as usize),
+        BagHints::Line => L1::hint(base.wrapping_add(from) as usize),
         BagHints::L1 => bytes::<L1>(base, from, len),
         BagHints::L2 => bytes::<L2>(base, from, len),
     }
@@ -371,31 +353,19 @@ mod tests {
     }
 
     /// Rows of a line or less are hinted whole into L1 on every CPU; wider
-    /// ones a hint a block where the CPU hints heads and the L1 is roomy,
-    /// else whole into L1 on a roomy L1 and into L2 on a small one.
+    /// ones into L1 on a roomy L1 and into L2 on a small one.
     #[test]
     fn bag_hint_rule_in_every_case() {
-        for heads in [false, true] {
-            for roomy in [false, true] {
-                for bytes in [0, 1, 63, 64] {
-                    assert_eq!(BagHints::rule(bytes, heads, roomy), BagHints::L1);
-                }
-                let wide = match (heads, roomy) {
-                    (true, true) => BagHints::Head,
-                    (false, true) => BagHints::L1,
-                    (_, false) => BagHints::L2,
-                };
-                for bytes in [65, 136, 512, 3072, usize::MAX] {
-                    assert_eq!(BagHints::rule(bytes, heads, roomy), wide, "{bytes}");
-                }
+        for roomy in [false, true] {
+            for bytes in [0, 1, 63, 64] {
+                assert_eq!(BagHints::rule(bytes, roomy), BagHints::L1);
+            }
+            let wide = if roomy { BagHints::L1 } else { BagHints::L2 };
+            for bytes in [65, 136, 512, 3072, usize::MAX] {
+                assert_eq!(BagHints::rule(bytes, roomy), wide, "{bytes}");
             }
         }
-        for heads in [false, true] {
-            assert_eq!(
-                BagHints::for_rows(512, heads),
-                BagHints::rule(512, heads, roomy_l1())
-            );
-        }
+        assert_eq!(BagHints::for_rows(512), BagHints::rule(512, roomy_l1()));
     }
 
     /// Sizes read as Linux writes them, and nothing else.

@@ -21,15 +21,6 @@ fn whole<V: Lanes>(len: usize) -> usize {
     len - len % V::WIDTH
 }
 
-/// `dst = src`. The two rows must have the same length.
-///
-/// The lane type's own copy ([`Lanes::copy_row`]): [`copy_plain`], or at the
-/// AVX-512 level stores aligned to lines for long rows.
-#[inline(always)]
-pub(crate) fn copy<V: Lanes>(dst: &mut [f32], src: &[f32]) {
-    V::copy_row(dst, src);
-}
-
 /// `dst = src`, a vector at a time from the rows' starts, then a scalar
 /// tail. The two rows must have the same length.
 #[inline(always)]
@@ -157,7 +148,7 @@ mod tests {
         fn run<V: Lanes>(self) -> Vec<Vec<f32>> {
             let (a, b) = (self.0, self.1);
             let mut out = vec![vec![f32::NAN; a.len()]; 3];
-            copy::<V>(&mut out[0], a);
+            copy_plain::<V>(&mut out[0], a);
             scale::<V>(&mut out[1], a, 1.7);
             scale_add_rows::<V>(&mut out[2], a, Some(1.7), b);
             let mut plain = vec![f32::NAN; a.len()];
@@ -171,19 +162,19 @@ mod tests {
         }
     }
 
-    /// A copy of `src` into `dst`, by the lane type's own copy.
+    /// A copy of `src` into `dst` ([`copy_plain`]).
     struct CopyInto<'a>(&'a mut [f32], &'a [f32]);
 
     impl Body for CopyInto<'_> {
         type Output = ();
         fn run<V: Lanes>(self) {
-            copy::<V>(self.0, self.1);
+            copy_plain::<V>(self.0, self.1);
         }
     }
 
-    /// Rows copied into every offset within a line, from two offsets, on
-    /// either side of the length from which AVX-512 aligns its stores to
-    /// lines: each gets `src`'s bits, and nothing around it is written.
+    /// Rows copied into every offset within a line, from two offsets, of
+    /// lengths around a line and a few lines: each gets `src`'s bits, and
+    /// nothing around it is written.
     #[test]
     fn copies_write_the_row_alone_at_every_offset_on_every_isa() {
         for len in [

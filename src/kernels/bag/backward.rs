@@ -6,7 +6,7 @@
 use super::{Bags, check_backward_rows};
 use crate::buffer::{copied, zeroed};
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{Index, RowId, ValidIds};
+use crate::index::{AnyValidIds, Index, RowId, ValidIds, each_row_type};
 use crate::kernels::grouped::{self, Groups, RowRule, Source, Target};
 use crate::kernels::spare;
 use crate::optim::SparseOptimizer;
@@ -156,26 +156,29 @@ pub fn bag_backward_with<I: Index>(
     if pooling.mode == Mode::Max {
         return Err(EmbeddingError::MaxNeedsIndices);
     }
-    bag_backward_valid(par, grad_bags, dim, ids, bags, pooling, grad_table)
+    bag_backward_valid(par, grad_bags, dim, ids.by_row(), bags, pooling, grad_table)
 }
 
 /// The dense gradient of [`bag_backward_with`] once every argument is
 /// checked (sum or mean; `grad_table` whole rows of `dim` for the ids).
 ///
 /// Fails only when the allocator refuses its workspace, before any write.
-pub(crate) fn bag_backward_valid<I: RowId>(
+/// Not generic ([`ByRow`](crate::index::ByRow)): compiled here, once.
+pub(crate) fn bag_backward_valid(
     par: Parallelism,
     grad_bags: &[f32],
     dim: usize,
-    ids: ValidIds<'_, I>,
+    ids: AnyValidIds<'_>,
     bags: &Bags,
     pooling: &Pooling<'_>,
     grad_table: &mut [f32],
 ) -> Result<(), EmbeddingError> {
-    let source = bag_source(ids, bags, pooling, grad_bags, dim)?;
-    let keep = |p, r| source.keeps(p, r);
-    let divide = pooling.scale_grad_by_freq;
-    grouped::dense(par, ids, keep, &source, dim, divide, grad_table)
+    each_row_type!(ids, |ids| {
+        let source = bag_source(ids, bags, pooling, grad_bags, dim)?;
+        let keep = |p, r| source.keeps(p, r);
+        let divide = pooling.scale_grad_by_freq;
+        grouped::dense(par, ids, keep, &source, dim, divide, grad_table)
+    })
 }
 
 /// The coalesced sparse gradient of a sum or mean bag forward:
@@ -222,10 +225,24 @@ pub fn bag_sparse_backward_with<I: Index>(
     if pooling.mode == Mode::Max {
         return Err(EmbeddingError::MaxNeedsIndices);
     }
-    let source = bag_source(ids, bags, pooling, grad_bags, dim)?;
-    let keep = |p, r| source.keeps(p, r);
-    let divide = pooling.scale_grad_by_freq;
-    grouped::coalesce(par, ids, keep, &source, dim, divide)
+    bag_sparse_valid(par, grad_bags, dim, ids.by_row(), bags, pooling)
+}
+
+/// [`bag_sparse_backward_with`] after its checks. Not generic ([`ByRow`](crate::index::ByRow)): compiled here, once.
+fn bag_sparse_valid(
+    par: Parallelism,
+    grad_bags: &[f32],
+    dim: usize,
+    ids: AnyValidIds<'_>,
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+) -> Result<SparseGrad, EmbeddingError> {
+    each_row_type!(ids, |ids| {
+        let source = bag_source(ids, bags, pooling, grad_bags, dim)?;
+        let keep = |p, r| source.keeps(p, r);
+        let divide = pooling.scale_grad_by_freq;
+        grouped::coalesce(par, ids, keep, &source, dim, divide)
+    })
 }
 
 /// Backward and an optimiser step of a sum or mean bag batch in one pass over

@@ -5,9 +5,11 @@
 use super::{max, sum};
 use crate::bags::Bags;
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{IdsWindow, RowId, UncheckedIds, ValidIds};
+use crate::formats::TableRef;
+use crate::index::{AnyValidIds, ByRow, IdsWindow, RowId, UncheckedIds, ValidIds, each_row_type};
 use crate::kernels::blocks::Cols;
-use crate::kernels::row_format::{F32Rows, OnRows, RowFormat, RowSpan, Slot};
+use crate::kernels::row_format::{F32Rows, OnRows, RowFormat, RowSpan, dispatch};
+use crate::kernels::slot::Slot;
 use crate::kernels::tuning::{
     PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES, WHOLE_ROW_HINT_MAX_BYTES, bag_ahead,
     bags_per_task,
@@ -20,15 +22,15 @@ use core::mem::MaybeUninit;
 use core::ops::Range;
 use core::sync::atomic::{AtomicBool, Ordering};
 
-/// The forward after [`check_forward`](super::check_forward): it cannot
-/// fail.
+/// The forward after [`check_forward`](super::check_forward), on an `f32`
+/// table: it cannot fail. Not generic ([`ByRow`](crate::index::ByRow)): compiled here, once.
 // `bag_forward_with`'s arguments, with the ids checked.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn forward_valid<I: RowId>(
+pub(crate) fn forward_valid(
     par: Parallelism,
     table: &[f32],
     dim: usize,
-    ids: ValidIds<'_, I>,
+    ids: AnyValidIds<'_>,
     bags: &Bags,
     pooling: &Pooling<'_>,
     out: &mut [f32],
@@ -36,8 +38,35 @@ pub(crate) fn forward_valid<I: RowId>(
 ) {
     let isa = Isa::detect();
     let table = F32Rows { table, dim };
-    let ids = CallIds::Checked(ids);
-    forward_into(isa, par, table, ids, bags, pooling, out, max_indices);
+    each_row_type!(ids, |ids| {
+        let ids = CallIds::Checked(ids);
+        forward_into(isa, par, table, ids, bags, pooling, out, max_indices);
+    })
+}
+
+/// [`forward_valid`] on a table of any format.
+pub(crate) fn forward_table(
+    par: Parallelism,
+    table: &TableRef<'_>,
+    ids: AnyValidIds<'_>,
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    out: &mut [f32],
+    max_indices: &mut [i64],
+) {
+    let isa = Isa::detect();
+    each_row_type!(ids, |ids| {
+        let op = Forward {
+            isa,
+            par,
+            ids,
+            bags,
+            pooling,
+            out,
+            max_indices,
+        };
+        dispatch(table, op)
+    })
 }
 
 /// The ids of a bag forward: checked before the call, or checked by its
@@ -56,6 +85,32 @@ pub(crate) enum CallIds<'i, I: RowId> {
         ids: UncheckedIds<'i, I>,
         num_embeddings: usize,
     },
+}
+
+/// The ids of a bag forward, of either row type.
+pub(crate) type AnyCallIds<'i> = ByRow<CallIds<'i, u32>, CallIds<'i, u64>>;
+
+impl<'i, I: RowId> CallIds<'i, I> {
+    /// These ids as their row type, as one type ([`ByRow`]).
+    #[inline]
+    pub(crate) fn by_row(self) -> AnyCallIds<'i> {
+        match self {
+            CallIds::Checked(ids) => ids.by_row().map(CallIds::Checked, CallIds::Checked),
+            CallIds::InTasks {
+                ids,
+                num_embeddings,
+            } => ids.by_row().map(
+                |ids| CallIds::InTasks {
+                    ids,
+                    num_embeddings,
+                },
+                |ids| CallIds::InTasks {
+                    ids,
+                    num_embeddings,
+                },
+            ),
+        }
+    }
 }
 
 /// [`forward_valid`] into a fresh output: `values` (emptied, and reserved
@@ -363,65 +418,61 @@ impl<I: RowId, T: RowFormat> Rows<'_, I, T> {
     /// Most bags take the fast loop: no padding row, and the rows read ahead
     /// still among the call's ids (`bag.end + ahead <= limit`). It walks the
     /// bag's ids and the ids `ahead` on as two slices, so a position costs
-    /// two id loads, a hint and the block: no clamp, no index check, no
-    /// test. There a short row of several blocks hinted into L2 is hinted
-    /// whole in the pass over its first block, and its other passes cost an
-    /// id load and the block ([`fast_rows`](Self::fast_rows)). Fewer
-    /// instructions a row let more rows' loads be in flight at once, which
-    /// is what a bag of narrow rows waits on. Where the row is
-    /// this one block (`dim == N·V::WIDTH`: 16 columns on AVX-512, 128, …)
-    /// the loop is compiled with the row's length a constant, so a row's
-    /// offset is a shift and every bound a constant away from it (narrow's
-    /// bag sum, 16 columns: a fifth less time; docs/benchmarks.md, "A Zen 5
-    /// host, and rows of one block"). The other bags (near the call's end,
-    /// with a padding row, or without hints) take the general loop.
+    /// two id loads, the hints and the block: no clamp, no index check.
+    /// Fewer instructions a row let more rows' loads be in flight at once,
+    /// which is what a bag of narrow rows waits on. The other bags (near the
+    /// call's end, with a padding row, or without hints) take the general
+    /// loop.
+    ///
+    /// `ONE` says whether a row can be this one block (`dim ==
+    /// N·V::WIDTH`, read from column 0): only the bodies that see rows of
+    /// one block compile that case, a loop with the row's length and the
+    /// hint a constant, so that a row's offset is a shift and every bound a
+    /// constant away from it (a fifth less time on rows of 16 columns:
+    /// design.md, "Bags"). Every other case is one loop, the hints chosen
+    /// in it ([`Hints`]).
     #[inline(always)]
-    pub(super) fn blocks<V: Lanes, const N: usize, F: Visit<V, N>>(
+    pub(super) fn blocks<V: Lanes, const N: usize, const ONE: bool, F: Visit<V, N>>(
         &self,
         bag: Range<usize>,
         limit: usize,
         cols: Cols<N>,
         f: &mut F,
     ) -> usize {
-        if self.padding_idx.is_none() && self.ahead > 0 && bag.end + self.ahead <= limit {
-            // A block from column 0 as wide as the row is the whole row (a
-            // row's zero-padded tail block is narrower than one vector).
-            let width = N * V::WIDTH;
-            if cols.start == 0 && self.dim == width {
-                // One copy of the loop a kind of hint, each with its hint a
-                // constant: matched in the loop, the choice cost a test and
-                // two taken branches a row (narrow's sum: 0.97x the time).
-                let len = T::row_len(width);
-                match self.hints {
-                    BagHints::Line => self.fast_blocks(bag, len, cols, f, BagHints::Line),
-                    BagHints::L1 => self.fast_blocks(bag, len, cols, f, BagHints::L1),
-                    BagHints::L2 => self.fast_blocks(bag, len, cols, f, BagHints::L2),
-                    BagHints::Head => self.fast_blocks(bag, len, cols, f, BagHints::Head),
-                }
-            } else if self.hints == BagHints::L2
-                && self.table.row_bytes() <= WHOLE_ROW_HINT_MAX_BYTES
-            {
-                // A row of several blocks hinted into L2, and short: the
-                // whole row in the pass over its first block, nothing in
-                // the others (see `WHOLE_ROW_HINT_MAX_BYTES`).
-                let len = T::row_len(self.dim);
+        if self.padding_idx.is_some() || self.ahead == 0 || bag.end + self.ahead > limit {
+            return self.blocks_general(bag, limit, cols, f);
+        }
+        // A block from column 0 as wide as the row is the whole row (a
+        // row's zero-padded tail block is narrower than one vector).
+        let width = N * V::WIDTH;
+        if ONE && cols.start == 0 && self.dim == width {
+            let len = T::row_len(width);
+            return match self.hints {
+                BagHints::Line => self.fast_blocks(bag, len, cols, f, Hints::Block(BagHints::Line)),
+                BagHints::L1 => self.fast_blocks(bag, len, cols, f, Hints::Block(BagHints::L1)),
+                BagHints::L2 => self.fast_blocks(bag, len, cols, f, Hints::Block(BagHints::L2)),
+            };
+        }
+        let hints =
+            if self.hints == BagHints::L2 && self.table.row_bytes() <= WHOLE_ROW_HINT_MAX_BYTES {
+                // A row of several blocks hinted into L2, and short: the whole
+                // row in the pass over its first block, nothing in the others
+                // (see `WHOLE_ROW_HINT_MAX_BYTES`).
                 if cols.start == 0 {
-                    self.fast_rows(bag, len, cols, f, true)
+                    Hints::Row
                 } else {
-                    self.fast_rows(bag, len, cols, f, false)
+                    Hints::None
                 }
             } else {
-                self.fast_blocks(bag, T::row_len(self.dim), cols, f, self.hints)
-            }
-        } else {
-            self.blocks_general(bag, limit, cols, f)
-        }
+                Hints::Block(self.hints)
+            };
+        self.fast_blocks(bag, T::row_len(self.dim), cols, f, hints)
     }
 
     /// The fast loop of [`blocks`](Self::blocks), its rows `row_len` units
     /// long and hinted as `hints` says (constants when the caller passes
-    /// them). The caller checked that
-    /// the rows read ahead lie in the ids (`bag.end + ahead <= limit`).
+    /// them). The caller checked that the rows read ahead lie in the ids
+    /// (`bag.end + ahead <= limit`).
     #[inline(always)]
     fn fast_blocks<V: Lanes, const N: usize, F: Visit<V, N>>(
         &self,
@@ -429,42 +480,19 @@ impl<I: RowId, T: RowFormat> Rows<'_, I, T> {
         row_len: usize,
         cols: Cols<N>,
         f: &mut F,
-        hints: BagHints,
+        hints: Hints,
     ) -> usize {
         let (ahead, table) = (self.ahead, &self.table);
         let here = self.ids.slice(bag.clone());
         let next = self.ids.slice(bag.start + ahead..bag.end + ahead);
         for (p, (r, n)) in bag.clone().zip(here.rows().zip(next.rows())) {
-            table.prefetch_block::<V, N>(RowSpan::of(n, row_len), cols, hints);
+            let ahead = RowSpan::of(n, row_len);
+            match hints {
+                Hints::Block(hints) => table.prefetch_block::<V, N>(ahead, cols, hints),
+                Hints::Row => table.prefetch_row(ahead),
+                Hints::None => {}
+            }
             f.visit(p, table, RowSpan::of(r, row_len), cols);
-        }
-        bag.len()
-    }
-
-    /// The fast loop of [`blocks`](Self::blocks) hinting whole rows into L2
-    /// (`whole`, a constant where the caller passes one) or nothing: for a
-    /// row of several blocks, the pass over its first block and the others.
-    #[inline(always)]
-    fn fast_rows<V: Lanes, const N: usize, F: Visit<V, N>>(
-        &self,
-        bag: Range<usize>,
-        row_len: usize,
-        cols: Cols<N>,
-        f: &mut F,
-        whole: bool,
-    ) -> usize {
-        let table = &self.table;
-        let here = self.ids.slice(bag.clone());
-        if whole {
-            let next = self.ids.slice(bag.start + self.ahead..bag.end + self.ahead);
-            for (p, (r, n)) in bag.clone().zip(here.rows().zip(next.rows())) {
-                table.prefetch_row(RowSpan::of(n, row_len));
-                f.visit(p, table, RowSpan::of(r, row_len), cols);
-            }
-        } else {
-            for (p, r) in bag.clone().zip(here.rows()) {
-                f.visit(p, table, RowSpan::of(r, row_len), cols);
-            }
         }
         bag.len()
     }
@@ -481,29 +509,20 @@ impl<I: RowId, T: RowFormat> Rows<'_, I, T> {
         f: &mut F,
     ) -> usize {
         // `limit` is 0 for a call whose bags hold no id; then no loop below
-        // runs and `last` is never read.
+        // runs and `last` is never read. Without a padding row, no row is
+        // `usize::MAX` (rows lie below the table's row count).
         let last = limit.saturating_sub(1);
-        match self.padding_idx {
-            None => {
-                for p in bag.clone() {
-                    self.prefetch_block::<V, N>(p, last, cols);
-                    f.visit(p, &self.table, self.table.row(self.ids.row(p)), cols);
-                }
-                bag.len()
-            }
-            Some(padding) => {
-                let mut kept = 0;
-                for p in bag {
-                    self.prefetch_block::<V, N>(p, last, cols);
-                    let r = self.ids.row(p);
-                    if r != padding {
-                        f.visit(p, &self.table, self.table.row(r), cols);
-                        kept += 1;
-                    }
-                }
-                kept
+        let padding = self.padding_idx.unwrap_or(usize::MAX);
+        let mut kept = 0;
+        for p in bag {
+            self.prefetch_block::<V, N>(p, last, cols);
+            let r = self.ids.row(p);
+            if r != padding {
+                f.visit(p, &self.table, self.table.row(r), cols);
+                kept += 1;
             }
         }
+        kept
     }
 
     /// Prefetches block `cols` of the row `ahead` positions after `p` (at
@@ -527,6 +546,18 @@ pub(super) trait Visit<V: Lanes, const N: usize> {
     /// Takes block `cols` of `row` of `table`, the row at position `p`,
     /// decoding it with [`RowFormat::decode`] into a sink of its own.
     fn visit<T: RowFormat>(&mut self, p: usize, table: &T, row: RowSpan, cols: Cols<N>);
+}
+
+/// What the fast loop hints of the row `ahead` positions on
+/// ([`Rows::blocks`]).
+#[derive(Clone, Copy)]
+enum Hints {
+    /// The pass's block, as [`RowFormat::prefetch_block`] says.
+    Block(BagHints),
+    /// The whole row ([`RowFormat::prefetch_row`]).
+    Row,
+    /// Nothing (a pass over a later block of a row hinted whole).
+    None,
 }
 
 /// One task of the forward: the bags from `first_bag` whose rows `out` (and

@@ -3,8 +3,9 @@
 
 use super::forward::{Rows, Visit};
 use crate::index::RowId;
-use crate::kernels::blocks::{BlockBody, Cols, each_block};
-use crate::kernels::row_format::{Affine, RowFormat, RowSpan, Sink, Slot, value};
+use crate::kernels::blocks::{BlockBody, Cols, Widest, each_block};
+use crate::kernels::row_format::{Affine, RowFormat, RowSpan, Sink, value};
+use crate::kernels::slot::Slot;
 use crate::simd::{Lanes, MAX_LANES};
 use core::ops::Range;
 
@@ -48,6 +49,7 @@ struct Max<'r, 'i, I: RowId, T, S> {
 
 impl<I: RowId, T: RowFormat, S: Slot> BlockBody for Max<'_, '_, I, T, S> {
     const APART: bool = true;
+    const WIDEST: Widest = Widest::HalfRegisters;
 
     /// Columns `cols` of the bag's max into `dst` and the winners' ids into
     /// `args`; returns how many rows were kept (and writes nothing when none
@@ -67,7 +69,7 @@ impl<I: RowId, T: RowFormat, S: Slot> BlockBody for Max<'_, '_, I, T, S> {
         };
         // A copy the compiler keeps in registers, as in `Sum::block`.
         let rows = *self.rows;
-        let kept = rows.blocks::<V, N, _>(bag, self.limit, cols, &mut max);
+        let kept = rows.blocks::<V, N, true, _>(bag, self.limit, cols, &mut max);
         let Running {
             mut best, mut from, ..
         } = max;

@@ -52,9 +52,7 @@
 //!    hints are spread evenly over the passes; the count of hints per block
 //!    is a constant. Rows of one line or less go into L1 instead, and so do
 //!    all rows where the L1 data cache is 48 KiB or more; a row that is
-//!    exactly one line takes one hint (`prefetch::BagHints`). On Intel an
-//!    `f32` row wider than a line takes one hint a block, at its start
-//!    (`BagHints::Head`; half and packed rows still hint every line). The rows
+//!    exactly one line takes one hint (`prefetch::BagHints`). The rows
 //!    ahead may be the next task's, which then starts warm.
 //! 4. **Exact order.** Each bag is summed in position order, one rounded
 //!    product and one rounded sum per term (no fused multiply-add), from
@@ -86,12 +84,14 @@ mod sum;
 #[cfg(test)]
 mod tests;
 
+use crate::index::each_row_type;
 pub(crate) use backward::bag_backward_valid;
 pub(crate) use backward::bag_step;
 pub use backward::{
     bag_backward, bag_backward_with, bag_max_backward, bag_max_backward_with, bag_sparse_backward,
     bag_sparse_backward_with, bag_sparse_step, bag_sparse_step_with,
 };
+use forward::AnyCallIds;
 pub(crate) use forward::{CallIds, forward_valid};
 
 use crate::bags::Bags;
@@ -313,7 +313,16 @@ pub fn bag_forward_with<I: Index>(
 ) -> Result<(), EmbeddingError> {
     in_pool(check_splits(par, ids), || {
         let ids = check_forward(par, table, dim, ids, bags, pooling, out, max_indices)?;
-        forward_valid(par, table, dim, ids, bags, pooling, out, max_indices);
+        forward_valid(
+            par,
+            table,
+            dim,
+            ids.by_row(),
+            bags,
+            pooling,
+            out,
+            max_indices,
+        );
         Ok(())
     })
 }
@@ -331,43 +340,48 @@ pub fn bag_forward_with<I: Index>(
 /// empty (and `max_indices` holds nothing to read).
 // `forward_valid`'s arguments, the output a `Vec`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn forward_valid_fresh<I: RowId>(
+pub(crate) fn forward_valid_fresh(
     par: Parallelism,
     table: &[f32],
     dim: usize,
-    ids: CallIds<'_, I>,
+    ids: AnyCallIds<'_>,
     bags: &Bags,
     pooling: &Pooling<'_>,
     values: &mut Vec<f32>,
     max_indices: &mut [i64],
 ) -> Result<(), EmbeddingError> {
     let (isa, table) = (Isa::detect(), F32Rows { table, dim });
-    forward::forward_fresh(isa, par, table, ids, bags, pooling, values, max_indices)
+    each_row_type!(ids, |ids| {
+        forward::forward_fresh(isa, par, table, ids, bags, pooling, values, max_indices)
+    })
 }
 
 /// [`forward_valid_fresh`] over a table of any format.
 ///
 /// # Errors
 /// As [`forward_valid_fresh`].
-pub(crate) fn forward_fresh<I: RowId>(
+pub(crate) fn forward_fresh(
     par: Parallelism,
     table: TableRef<'_>,
-    ids: CallIds<'_, I>,
+    ids: AnyCallIds<'_>,
     bags: &Bags,
     pooling: &Pooling<'_>,
     values: &mut Vec<f32>,
     max_indices: &mut [i64],
 ) -> Result<(), EmbeddingError> {
-    let op = forward::FreshForward {
-        isa: Isa::detect(),
-        par,
-        ids,
-        bags,
-        pooling,
-        values,
-        max_indices,
-    };
-    dispatch(&table, op)
+    let isa = Isa::detect();
+    each_row_type!(ids, |ids| {
+        let op = forward::FreshForward {
+            isa,
+            par,
+            ids,
+            bags,
+            pooling,
+            values,
+            max_indices,
+        };
+        dispatch(&table, op)
+    })
 }
 
 /// Every check of a backward call into a table of `rows` rows, in order:
@@ -463,16 +477,7 @@ pub fn table_bag_forward_with<I: Index>(
     in_pool(check_splits(par, ids), || {
         let (rows, dim) = (table.rows(), table.dim());
         let ids = check_forward_rows(par, rows, dim, ids, bags, pooling, out, max_indices)?;
-        let op = forward::Forward {
-            isa: Isa::detect(),
-            par,
-            ids,
-            bags,
-            pooling,
-            out,
-            max_indices,
-        };
-        dispatch(&table, op);
+        forward::forward_table(par, &table, ids.by_row(), bags, pooling, out, max_indices);
         Ok(())
     })
 }

@@ -4,8 +4,9 @@
 use super::forward::{Rows, Visit};
 use crate::bags::Bags;
 use crate::index::RowId;
-use crate::kernels::blocks::{BlockBody, Cols, block_count, each_block};
-use crate::kernels::row_format::{Affine, RowFormat, RowSpan, Sink, Slot};
+use crate::kernels::blocks::{BlockBody, Cols, Widest, block_count, each_block};
+use crate::kernels::row_format::{Affine, RowFormat, RowSpan, Sink};
+use crate::kernels::slot::Slot;
 use crate::simd::Lanes;
 use core::ops::Range;
 
@@ -26,7 +27,7 @@ pub(super) fn pool<V: Lanes, I: RowId, T: RowFormat, S: Slot>(
     bag: Range<usize>,
     dst: &mut [S],
 ) {
-    let mut sum = Sum { terms, bag, dst };
+    let mut sum = Sum::<_, _, _, false> { terms, bag, dst };
     if each_block::<V, _>(terms.rows.dim, widest::<V, T>(terms.rows.dim), &mut sum) == 0 {
         S::zero(sum.dst);
     }
@@ -44,6 +45,15 @@ fn widest<V: Lanes, T: RowFormat>(dim: usize) -> usize {
         one_pass.min(V::DECODE_BLOCK)
     } else {
         one_pass
+    }
+}
+
+/// The kind of [`widest`]'s answer for rows of `T`.
+const fn widest_kind<T: RowFormat>() -> Widest {
+    if T::HALF {
+        Widest::Half
+    } else {
+        Widest::Sum { decodes: T::PACKED }
     }
 }
 
@@ -92,13 +102,14 @@ struct EachBag<'r, 'i, I: RowId, T, S> {
 
 impl<I: RowId, T: RowFormat, S: Slot> BlockBody for EachBag<'_, '_, I, T, S> {
     const APART: bool = true;
+    const WIDEST: Widest = widest_kind::<T>();
 
     /// Each bag's sum, as [`pool`] writes it, through the one block `cols`.
     // Inlined into its block wrapper, as `Sum::block`.
     #[inline(always)]
     fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize {
         for (k, dst) in self.out.chunks_exact_mut(self.terms.rows.dim).enumerate() {
-            let mut sum = Sum {
+            let mut sum = Sum::<_, _, _, true> {
                 terms: self.terms,
                 bag: self.bags.range(self.first_bag + k),
                 dst,
@@ -130,15 +141,18 @@ impl<I: RowId, T> Clone for Terms<'_, '_, I, T> {
 
 impl<I: RowId, T> Copy for Terms<'_, '_, I, T> {}
 
-/// One bag's sum: what it sums over, its positions, and where it goes.
-struct Sum<'r, 'i, I: RowId, T, S> {
+/// One bag's sum: what it sums over, its positions, and where it goes;
+/// `ONE` whether its rows may be one column block (only under
+/// [`pool_each`]: see [`Rows::blocks`]).
+struct Sum<'r, 'i, I: RowId, T, S, const ONE: bool> {
     terms: Terms<'r, 'i, I, T>,
     bag: Range<usize>,
     dst: &'r mut [S],
 }
 
-impl<I: RowId, T: RowFormat, S: Slot> BlockBody for Sum<'_, '_, I, T, S> {
+impl<I: RowId, T: RowFormat, S: Slot, const ONE: bool> BlockBody for Sum<'_, '_, I, T, S, ONE> {
     const APART: bool = true;
+    const WIDEST: Widest = widest_kind::<T>();
 
     /// Columns `cols` of the bag's sum into `dst`; returns how many rows
     /// were kept. The sums start from `-0.0`, so the first kept term comes
@@ -165,19 +179,25 @@ impl<I: RowId, T: RowFormat, S: Slot> BlockBody for Sum<'_, '_, I, T, S> {
         // loaded again after each hint, which LLVM counts as a possible
         // write to memory.
         let rows = *rows;
-        let (mut acc, kept) = match weights {
-            None => {
-                let mut plain = Plain([V::splat(T::SUM_FROM); N]);
-                let kept = rows.blocks::<V, N, _>(bag, limit, cols, &mut plain);
-                (plain.0, kept)
-            }
-            Some(weights) => {
-                let mut weighted = Weighted {
-                    acc: [V::splat(T::SUM_FROM); N],
-                    weights,
-                };
-                let kept = rows.blocks::<V, N, _>(bag, limit, cols, &mut weighted);
-                (weighted.acc, kept)
+        let from = [V::splat(T::SUM_FROM); N];
+        let (mut acc, kept) = if const { T::PACKED } {
+            // One loop for packed rows with or without weights: a weight of
+            // 1 scales the row's scale and bias to themselves.
+            let mut levels = Levels { acc: from, weights };
+            let kept = rows.blocks::<V, N, ONE, _>(bag, limit, cols, &mut levels);
+            (levels.acc, kept)
+        } else {
+            match weights {
+                None => {
+                    let mut values = Values(from);
+                    let kept = rows.blocks::<V, N, ONE, _>(bag, limit, cols, &mut values);
+                    (values.0, kept)
+                }
+                Some(weights) => {
+                    let mut scaled = Scaled { acc: from, weights };
+                    let kept = rows.blocks::<V, N, ONE, _>(bag, limit, cols, &mut scaled);
+                    (scaled.acc, kept)
+                }
             }
         };
         if mean && kept > 0 {
@@ -192,59 +212,64 @@ impl<I: RowId, T: RowFormat, S: Slot> BlockBody for Sum<'_, '_, I, T, S> {
     }
 }
 
-/// `acc += row`; for a packed row, FBGEMM's `acc = fma(scale, q, acc + bias)`.
-struct Plain<V, const N: usize>([V; N]);
+/// `acc += row`, for rows of values (`f32`, halves).
+struct Values<V, const N: usize>([V; N]);
 
-impl<V: Lanes, const N: usize> Visit<V, N> for Plain<V, N> {
+impl<V: Lanes, const N: usize> Visit<V, N> for Values<V, N> {
     #[inline(always)]
     fn visit<T: RowFormat>(&mut self, _p: usize, table: &T, row: RowSpan, cols: Cols<N>) {
-        match Affine::of(table.affine::<V>(row)) {
-            None => table.decode(row, cols, &mut AddValues(&mut self.0)),
-            Some(a) => table.decode(
-                row,
-                cols,
-                &mut AddLevels {
-                    acc: &mut self.0,
-                    a,
-                },
-            ),
-        }
+        debug_assert!(!T::PACKED);
+        table.decode(row, cols, &mut AddValues(&mut self.0));
     }
 }
 
-/// `acc += row × weights[p]`, the product rounded first; for a packed row
-/// FBGEMM's `acc = fma(w · scale, q, acc + w · bias)`.
-struct Weighted<'w, V, const N: usize> {
+/// `acc += row × weights[p]`, the product rounded first, for rows of
+/// values.
+struct Scaled<'w, V, const N: usize> {
     acc: [V; N],
     weights: &'w [f32],
 }
 
-impl<V: Lanes, const N: usize> Visit<V, N> for Weighted<'_, V, N> {
+impl<V: Lanes, const N: usize> Visit<V, N> for Scaled<'_, V, N> {
     #[inline(always)]
     fn visit<T: RowFormat>(&mut self, p: usize, table: &T, row: RowSpan, cols: Cols<N>) {
-        let w = self.weights[p];
-        match table.affine::<V>(row) {
-            None => {
-                let mut sink = AddScaled {
+        debug_assert!(!T::PACKED);
+        let mut sink = AddScaled {
+            acc: &mut self.acc,
+            w: V::splat(self.weights[p]),
+        };
+        table.decode(row, cols, &mut sink);
+    }
+}
+
+/// FBGEMM's `acc = fma(w · scale, q, acc + w · bias)` for packed rows, `w`
+/// the position's weight, or 1 without weights (`1 · x` is `x`, so the
+/// unweighted sum is `fma(scale, q, acc + bias)`).
+struct Levels<'w, V, const N: usize> {
+    acc: [V; N],
+    weights: Option<&'w [f32]>,
+}
+
+impl<V: Lanes, const N: usize> Visit<V, N> for Levels<'_, V, N> {
+    #[inline(always)]
+    fn visit<T: RowFormat>(&mut self, p: usize, table: &T, row: RowSpan, cols: Cols<N>) {
+        let w = match self.weights {
+            Some(weights) => weights[p],
+            None => 1.0,
+        };
+        if let Some((scale, bias)) = table.affine::<V>(row) {
+            let a = Affine {
+                scale: V::splat(w * scale),
+                bias: V::splat(w * bias),
+            };
+            table.decode(
+                row,
+                cols,
+                &mut AddLevels {
                     acc: &mut self.acc,
-                    w: V::splat(w),
-                };
-                table.decode(row, cols, &mut sink);
-            }
-            Some((scale, bias)) => {
-                let a = Affine {
-                    scale: V::splat(w * scale),
-                    bias: V::splat(w * bias),
-                };
-                table.decode(
-                    row,
-                    cols,
-                    &mut AddLevels {
-                        acc: &mut self.acc,
-                        a,
-                    },
-                );
-            }
+                    a,
+                },
+            );
         }
     }
 }

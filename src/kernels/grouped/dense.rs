@@ -12,7 +12,7 @@
 use super::plan::{Space, Task, TaskBody, carve, plan, run};
 use super::{Groups, PerPosition, Source, check_padding, sum_positions};
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{Index, RowId, ValidIds};
+use crate::index::{AnyValidIds, Index, RowId, ValidIds, each_row_type};
 use crate::kernels::tuning::{
     PARALLEL_MIN_BYTES, STREAM_MIN_BYTES, SWEEP_TASK_BYTES, prefetch_ahead,
 };
@@ -77,7 +77,7 @@ pub fn dense_backward_with<I: Index>(
         par,
         grad_output,
         dim,
-        ids,
+        ids.by_row(),
         padding_idx,
         scale_grad_by_freq,
         grad_table,
@@ -87,19 +87,22 @@ pub fn dense_backward_with<I: Index>(
 /// [`dense_backward_with`] once every argument is checked: a layer checks
 /// the ids against its own row count (which a table of width 0 cannot
 /// tell), then calls this. Fails only when the allocator refuses its
-/// workspace, before any write.
-pub(crate) fn dense_backward_valid<I: RowId>(
+/// workspace, before any write. Not generic ([`ByRow`](crate::index::ByRow)): compiled here, once.
+pub(crate) fn dense_backward_valid(
     par: Parallelism,
     grad_output: &[f32],
     dim: usize,
-    ids: ValidIds<'_, I>,
+    ids: AnyValidIds<'_>,
     padding_idx: Option<usize>,
     scale_grad_by_freq: bool,
     grad_table: &mut [f32],
 ) -> Result<(), EmbeddingError> {
     let source = PerPosition { grad_output, dim };
     let keep = |_, r| Some(r) != padding_idx;
-    dense(par, ids, keep, &source, dim, scale_grad_by_freq, grad_table)
+    let divide = scale_grad_by_freq;
+    each_row_type!(ids, |ids| dense(
+        par, ids, keep, &source, dim, divide, grad_table
+    ))
 }
 
 /// The dense gradient of any [`Source`], **overwriting** `grad_table` (whole

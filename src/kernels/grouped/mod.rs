@@ -75,7 +75,7 @@ pub(crate) use sparse::coalesce;
 pub use sparse::{sparse_backward, sparse_backward_with};
 
 use crate::error::EmbeddingError;
-use crate::kernels::row_format::Slot;
+use crate::kernels::slot::Slot;
 use crate::simd::{Lanes, MAX_LANES};
 use core::ops::Range;
 

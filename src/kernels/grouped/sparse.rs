@@ -6,8 +6,8 @@ use super::plan::{Space, Task, TaskBody, carve, plan, run};
 use super::{Groups, PerPosition, Source, check_padding, sum_positions};
 use crate::buffer::copied;
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{Index, RowId, ValidIds};
-use crate::kernels::row_format::Slot;
+use crate::index::{AnyValidIds, Index, RowId, ValidIds, each_row_type};
+use crate::kernels::slot::Slot;
 use crate::kernels::tuning::{GROUP_TASK_BYTES, PARALLEL_MIN_BYTES, prefetch_ahead};
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len};
@@ -64,9 +64,29 @@ pub fn sparse_backward_with<I: Index>(
     )?;
     check_padding(padding_idx, num_embeddings)?;
     let ids = ValidIds::new_with(par, ids, num_embeddings)?;
+    sparse_valid(
+        par,
+        grad_output,
+        dim,
+        ids.by_row(),
+        padding_idx,
+        scale_grad_by_freq,
+    )
+}
+
+/// [`sparse_backward_with`] after its checks. Not generic ([`ByRow`](crate::index::ByRow)): compiled here, once.
+fn sparse_valid(
+    par: Parallelism,
+    grad_output: &[f32],
+    dim: usize,
+    ids: AnyValidIds<'_>,
+    padding_idx: Option<usize>,
+    scale_grad_by_freq: bool,
+) -> Result<SparseGrad, EmbeddingError> {
     let source = PerPosition { grad_output, dim };
     let keep = |_, r| Some(r) != padding_idx;
-    coalesce(par, ids, keep, &source, dim, scale_grad_by_freq)
+    let divide = scale_grad_by_freq;
+    each_row_type!(ids, |ids| coalesce(par, ids, keep, &source, dim, divide))
 }
 
 /// The coalesced gradient of any [`Source`]: the positions `p` (with row
