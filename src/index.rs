@@ -286,10 +286,7 @@ impl<'a, R: RowId> UncheckedIds<'a, R> {
                 });
             }
         }
-        Ok(ValidIds {
-            ids: self.ids,
-            num_embeddings,
-        })
+        Ok(ValidIds::whole(self.ids, num_embeddings))
     }
 }
 
@@ -298,9 +295,15 @@ impl<'a, R: RowId> UncheckedIds<'a, R> {
 /// [`ValidIds::new`], which call it) and [`IdsWindow::check`] make one from
 /// unchecked ids, so a kernel that takes
 /// this type cannot be handed an unchecked id.
+///
+/// The ids sit in `ids` every `1 << shift` values: `shift` is 0 but for
+/// `u64` ids narrowed to `u32`s ([`ValidIds::by_row`]), whose rows are the
+/// low halves, every other `u32` of their memory.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ValidIds<'a, R: RowId> {
     ids: &'a [R],
+    shift: u32,
+    len: usize,
     num_embeddings: usize,
 }
 
@@ -410,32 +413,60 @@ impl<'a, R: RowId> ValidIds<'a, R> {
         UncheckedIds::of(ids).check(par, num_embeddings)
     }
 
+    /// `ids`, each one checked against `num_embeddings`.
+    #[inline]
+    fn whole(ids: &'a [R], num_embeddings: usize) -> Self {
+        ValidIds {
+            ids,
+            shift: 0,
+            len: ids.len(),
+            num_embeddings,
+        }
+    }
+
     /// How many ids there are.
     #[inline]
     pub(crate) fn len(&self) -> usize {
-        self.ids.len()
+        self.len
     }
 
-    /// These ids as their row type, as one type ([`ByRow`]).
+    /// These ids as the row type the kernels read, as one type ([`ByRow`]):
+    /// `u32`s as they are, and `u64`s as `u32`s where the table has at most
+    /// 2^32 rows (every id then fits the low half of its `u64`, which the
+    /// kernels read, every other `u32` of the ids' memory), so that every
+    /// kernel but those of larger tables runs on `u32` ids (see
+    /// [`run_rows`]).
     #[inline]
-    pub(crate) fn by_row(self) -> ByRow<ValidIds<'a, u32>, ValidIds<'a, u64>> {
-        let num_embeddings = self.num_embeddings;
-        R::by_row(self.ids).map(
-            |ids| ValidIds {
+    pub(crate) fn by_row(self) -> AnyValidIds<'a> {
+        let (shift, len, num_embeddings) = (self.shift, self.len, self.num_embeddings);
+        match R::by_row(self.ids) {
+            ByRow::U32(ids) => ByRow::U32(ValidIds {
                 ids,
+                shift,
+                len,
                 num_embeddings,
+            }),
+            ByRow::U64(ids) => match narrow(ids, num_embeddings) {
+                Some(ids) => ByRow::U32(ValidIds {
+                    ids,
+                    shift: shift + 1,
+                    len,
+                    num_embeddings,
+                }),
+                None => ByRow::U64(ValidIds {
+                    ids,
+                    shift,
+                    len,
+                    num_embeddings,
+                }),
             },
-            |ids| ValidIds {
-                ids,
-                num_embeddings,
-            },
-        )
+        }
     }
 
     /// Whether there are no ids.
     #[inline]
     pub(crate) fn is_empty(&self) -> bool {
-        self.ids.is_empty()
+        self.len == 0
     }
 
     /// The row count the ids were checked against.
@@ -451,33 +482,97 @@ impl<'a, R: RowId> ValidIds<'a, R> {
     #[inline(always)]
     pub(crate) fn row(&self, position: usize) -> usize {
         // Every id was checked to lie in `0..num_embeddings`, so its plain
-        // conversion is its row.
-        self.ids[position].checked_row()
+        // conversion (of its low half, narrowed) is its row. A position of
+        // `len` or more lies past `ids`, which holds `((len - 1) << shift)
+        // + 1` values.
+        self.ids[position << self.shift].checked_row()
     }
 
-    /// The ids themselves.
+    /// The ids themselves, where they are not narrowed.
     #[cfg(test)]
     pub(crate) fn as_slice(&self) -> &'a [R] {
+        assert_eq!(self.shift, 0, "narrowed ids");
         self.ids
     }
 
     /// The rows of all ids, in order.
     #[inline]
     pub(crate) fn rows(&self) -> impl ExactSizeIterator<Item = usize> + '_ {
-        self.ids.iter().map(|&id| id.checked_row())
+        self.ids
+            .iter()
+            .step_by(1 << self.shift)
+            .map(|&id| id.checked_row())
     }
 
     /// The ids of `range`, still checked.
+    ///
+    /// # Panics
+    /// If `range` does not lie in `0..self.len()`, like slice indexing.
     #[inline]
     pub(crate) fn slice(&self, range: core::ops::Range<usize>) -> ValidIds<'a, R> {
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "ids {range:?} of {}",
+            self.len
+        );
+        let ids = if range.is_empty() {
+            &self.ids[..0]
+        } else {
+            &self.ids[range.start << self.shift..((range.end - 1) << self.shift) + 1]
+        };
         ValidIds {
-            ids: &self.ids[range],
+            ids,
+            shift: self.shift,
+            len: range.len(),
             num_embeddings: self.num_embeddings,
         }
     }
 }
 
+/// Checked `u64` ids as `u32`s where a table of `num_embeddings` rows has
+/// at most 2^32 of them: the low half of each (which holds its row, the
+/// high half being zero), the first at index 0 and the others every second
+/// `u32` on; the last id's high half is left out.
+#[inline]
+fn narrow(ids: &[u64], num_embeddings: usize) -> Option<&[u32]> {
+    if num_embeddings as u64 > 1 << 32 {
+        return None;
+    }
+    let halves: &[u32] = bytemuck::cast_slice(ids);
+    // The low half of a `u64` comes first on little-endian targets.
+    let low = usize::from(cfg!(target_endian = "big"));
+    Some(match halves.len() {
+        0 => halves,
+        n => &halves[low..n - 1 + low],
+    })
+}
+
+/// Runs `body`, which reads ids of type `R`, on `isa`: on `u32` ids with
+/// the instruction set's lanes, on `u64` ids (a table of more than 2^32
+/// rows, whose ids [`ValidIds::by_row`] cannot narrow) with the portable
+/// lanes alone. Such a table is 16 GiB or more, so its rows come from
+/// memory and a kernel on it waits on memory, whatever its lanes; and its
+/// kernels are then compiled once, not for every instruction set.
+#[inline(always)]
+pub(crate) fn run_rows<R: RowId, B: Body>(isa: Isa, body: B) -> B::Output {
+    if const { R::BITS == 64 } {
+        Isa::run_portable(body)
+    } else {
+        isa.run(body)
+    }
+}
+
 impl<'a, R: RowId> IdsWindow<'a, R> {
+    /// The window as the row type the kernels read, as one type: its ids
+    /// narrowed as [`ValidIds::by_row`] narrows them.
+    #[inline]
+    pub(crate) fn by_row(self) -> ByRow<IdsWindow<'a, u32>, IdsWindow<'a, u64>> {
+        let base = self.base;
+        self.ids
+            .by_row()
+            .map(|ids| IdsWindow { ids, base }, |ids| IdsWindow { ids, base })
+    }
+
     /// All of a call's checked ids.
     #[inline]
     pub(crate) fn all(ids: ValidIds<'a, R>) -> Self {
@@ -500,10 +595,7 @@ impl<'a, R: RowId> IdsWindow<'a, R> {
         match bad {
             Some(_) => None,
             None => Some(IdsWindow {
-                ids: ValidIds {
-                    ids,
-                    num_embeddings,
-                },
+                ids: ValidIds::whole(ids, num_embeddings),
                 base,
             }),
         }
@@ -780,5 +872,108 @@ mod tests {
         assert!(
             matches!(err, EmbeddingError::IndexOutOfRange { index, .. } if index == u64::MAX as i128)
         );
+    }
+
+    /// `u64` ids of a table of at most 2^32 rows read as `u32`s, every
+    /// other half: each position, each window and each slice gives the
+    /// caller's rows; a table one row larger keeps them `u64`s.
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn u64_ids_narrow_to_their_low_halves_up_to_2_pow_32_rows() {
+        let ids: Vec<i64> = vec![0, 5, 3, 9, 4_294_967_295, 7];
+        let rows = |v: &ValidIds<'_, u32>| v.rows().collect::<Vec<_>>();
+        let want: Vec<usize> = ids.iter().map(|&id| id as usize).collect();
+        for num_embeddings in [4_294_967_296usize, 10_000_000_000] {
+            let small = num_embeddings == 1 << 32;
+            let checked = ValidIds::new(&ids, num_embeddings).unwrap();
+            match checked.by_row() {
+                ByRow::U32(narrow) => {
+                    assert!(small, "{num_embeddings} rows narrowed");
+                    assert_eq!((narrow.shift, narrow.len()), (1, ids.len()));
+                    assert_eq!(rows(&narrow), want);
+                    for (k, &row) in want.iter().enumerate() {
+                        assert_eq!(narrow.row(k), row);
+                    }
+                    for (from, to) in [(0, 6), (1, 4), (5, 6), (3, 3), (6, 6)] {
+                        let part = narrow.slice(from..to);
+                        assert_eq!(rows(&part), want[from..to], "{from}..{to}");
+                        assert_eq!(part.len(), to - from);
+                    }
+                    let window = IdsWindow {
+                        ids: checked,
+                        base: 2,
+                    };
+                    let ByRow::U32(window) = window.by_row() else {
+                        panic!("a narrowed window of u64s");
+                    };
+                    assert_eq!(window.row(4), want[2]);
+                    assert_eq!(rows(&window.slice(3..5)), want[1..3]);
+                }
+                ByRow::U64(wide) => {
+                    assert!(!small, "{num_embeddings} rows not narrowed");
+                    assert_eq!(wide.rows().collect::<Vec<_>>(), want);
+                }
+            }
+        }
+        let empty = ValidIds::new(&[] as &[u64], 10).unwrap().by_row();
+        assert!(matches!(empty, ByRow::U32(v) if v.is_empty() && v.rows().len() == 0));
+    }
+
+    /// A position past the narrowed ids is refused, as a slice refuses one.
+    #[test]
+    #[should_panic]
+    fn a_position_past_narrowed_ids_panics() {
+        let ids = [1u64, 2, 3];
+        let ByRow::U32(narrow) = ValidIds::new(&ids, 4).unwrap().by_row() else {
+            panic!("not narrowed");
+        };
+        narrow.row(3);
+    }
+
+    /// The kernels of a table too large to narrow its ids (its `u64`
+    /// bodies, on the portable lanes alone) give the bits of the narrowed
+    /// ones: a gather and a bag sum, with ids checked against a row count
+    /// past 2^32 that the table (of a few rows) stands in for.
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn kernels_on_wide_ids_give_the_bits_of_narrowed_ones() {
+        use crate::Parallelism;
+        use crate::bags::Bags;
+        use crate::pooling::{Mode, Pooling};
+        let (rows, dim) = (7, 37);
+        let table: Vec<f32> = (0..rows * dim).map(|k| (k as f32).sin() * 3.0).collect();
+        let ids: Vec<i64> = vec![6, 0, 3, 3, 5, 1, 2, 6, 4];
+        let bags = Bags::from_offsets(&[0i64, 2, 2, 5], ids.len(), false).unwrap();
+        let pooling = Pooling {
+            mode: Mode::Sum,
+            ..Pooling::default()
+        };
+        let run = |num_embeddings: usize| {
+            let checked = ValidIds::new(&ids, num_embeddings).unwrap().by_row();
+            let mut gathered = vec![f32::NAN; ids.len() * dim];
+            crate::kernels::gather_valid(Parallelism::Serial, &table, dim, checked, &mut gathered);
+            let mut pooled = vec![f32::NAN; bags.len() * dim];
+            crate::kernels::forward_valid(
+                Parallelism::Serial,
+                &table,
+                dim,
+                checked,
+                &bags,
+                &pooling,
+                &mut pooled,
+                &mut [],
+            );
+            let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+            (
+                matches!(checked, ByRow::U32(_)),
+                bits(gathered),
+                bits(pooled),
+            )
+        };
+        let (narrowed, gathered, pooled) = run(rows);
+        let (wide_narrowed, wide_gathered, wide_pooled) = run(10_000_000_000);
+        assert!(narrowed && !wide_narrowed);
+        assert_eq!(wide_gathered, gathered);
+        assert_eq!(wide_pooled, pooled);
     }
 }

@@ -46,7 +46,7 @@ use super::tuning::{
     PARALLEL_MIN_BYTES, PREFETCH_MIN_TABLE_BYTES, gather_ahead, gather_hints_in_l1, task_bytes,
 };
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{AnyValidIds, Index, RowId, ValidIds, check_splits, each_row_type};
+use crate::index::{AnyValidIds, Index, RowId, ValidIds, check_splits, each_row_type, run_rows};
 use crate::parallel::{Parallelism, for_each_chunk, in_pool};
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::prefetch::{self, L1, L2, Level};
@@ -300,12 +300,15 @@ pub(crate) fn drive<I: RowId, Op: RowOp>(
     let isa = Isa::detect();
     for_each_row_block(par, out, dim, dim * 4, |first, out| {
         let op = op.at(first);
-        isa.run(GatherBlock {
-            piece: Piece { table, ids, first },
-            dim,
-            out,
-            op,
-        });
+        run_rows::<I, _>(
+            isa,
+            GatherBlock {
+                piece: Piece { table, ids, first },
+                dim,
+                out,
+                op,
+            },
+        );
     });
 }
 

@@ -23,7 +23,7 @@ use super::row_format::{Affine, OnRows, RowFormat, RowSpan, Sink, dispatch, valu
 use super::tuning::{PREFETCH_MIN_TABLE_BYTES, prefetch_ahead};
 use crate::error::{EmbeddingError, Operand};
 use crate::formats::{Data, TableRef};
-use crate::index::{AnyValidIds, Index, RowId, ValidIds, check_splits, each_row_type};
+use crate::index::{AnyValidIds, Index, RowId, ValidIds, check_splits, each_row_type, run_rows};
 use crate::parallel::{Parallelism, in_pool};
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::prefetch::{self, L2};
@@ -107,7 +107,7 @@ impl<I: RowId> OnRows for Lookup<'_, '_, I> {
         let isa = Isa::detect();
         let task = |first: usize, out: &mut [f32]| {
             let ids = ids.slice(first..first + out.len() / dim);
-            isa.run(LookupTask { table, ids, out });
+            run_rows::<I, _>(isa, LookupTask { table, ids, out });
         };
         for_each_row_block(par, out, dim, dim * 4, task);
     }

@@ -57,7 +57,7 @@
 
 use super::tuning::{LINE_FLOATS, SCATTER_PARALLEL_MIN_BYTES, prefetch_ahead};
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{AnyValidIds, Index, RowId, ValidIds, each_row_type};
+use crate::index::{AnyValidIds, Index, RowId, ValidIds, each_row_type, run_rows};
 use crate::parallel::Parallelism;
 use crate::shape::{check_len, rows_len, table_rows};
 use crate::simd::prefetch::{L1, RowLines};
@@ -369,15 +369,18 @@ fn accumulate<I: RowId, R: ColumnRows, A: AddRow, P: PositionTableSink>(
     add: A,
     position_sink: P,
 ) {
-    Isa::detect().run(Accumulate {
-        grad_output,
-        dim,
-        ids,
-        cols,
-        table,
-        add,
-        position_sink,
-    });
+    run_rows::<I, _>(
+        Isa::detect(),
+        Accumulate {
+            grad_output,
+            dim,
+            ids,
+            cols,
+            table,
+            add,
+            position_sink,
+        },
+    );
 }
 
 /// The arguments of [`accumulate`], run as a [`Body`].

@@ -249,6 +249,13 @@ impl Isa {
         result
     }
 
+    /// Runs `body` with the portable lanes, whatever the CPU has: compiled
+    /// for those lanes alone.
+    #[inline(always)]
+    pub(crate) fn run_portable<B: Body>(body: B) -> B::Output {
+        body.run::<wide::f32x8>()
+    }
+
     /// Runs `body` with this instruction set's lanes.
     #[inline(always)]
     pub(crate) fn run<B: Body>(self, body: B) -> B::Output {

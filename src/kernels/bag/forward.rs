@@ -6,7 +6,9 @@ use super::{max, sum};
 use crate::bags::Bags;
 use crate::error::{EmbeddingError, Operand};
 use crate::formats::TableRef;
-use crate::index::{AnyValidIds, ByRow, IdsWindow, RowId, UncheckedIds, ValidIds, each_row_type};
+use crate::index::{
+    AnyValidIds, ByRow, IdsWindow, RowId, UncheckedIds, ValidIds, each_row_type, run_rows,
+};
 use crate::kernels::blocks::Cols;
 use crate::kernels::row_format::{F32Rows, OnRows, RowFormat, RowSpan, dispatch};
 use crate::kernels::slot::Slot;
@@ -330,14 +332,7 @@ fn forward_on<I: RowId, T: RowFormat, S: Slot>(
     } else {
         bag_ahead(table.row_bytes(), T::PACKED, table.bytes(), isa.lanes())
     };
-    let rows = |ids| Rows {
-        table,
-        dim,
-        ids,
-        padding_idx: pooling.padding_idx,
-        ahead,
-        hints: table.bag_hints(),
-    };
+    let (padding_idx, hints) = (pooling.padding_idx, table.bag_hints());
     let limit = bags.starts()[bags.len()];
     let stopped = AtomicBool::new(false);
     let task = |first_bag: usize, out: &mut [S], max_indices: &mut [i64]| {
@@ -363,14 +358,49 @@ fn forward_on<I: RowId, T: RowFormat, S: Slot>(
                 }
             }
         };
-        isa.run(BagTask {
-            rows: rows(ids),
-            bags,
-            pooling,
-            first_bag,
-            out,
-            max_indices,
-        });
+        // `u64` ids of a table of at most 2^32 rows are read as `u32`s
+        // (`ValidIds::by_row`), so the task's body is compiled for `u32`
+        // ids on every instruction set, for `u64` ids once.
+        match ids.by_row() {
+            ByRow::U32(ids) => {
+                let rows = Rows {
+                    table,
+                    dim,
+                    ids,
+                    padding_idx,
+                    ahead,
+                    hints,
+                };
+                let task = BagTask {
+                    rows,
+                    bags,
+                    pooling,
+                    first_bag,
+                    out,
+                    max_indices,
+                };
+                run_rows::<u32, _>(isa, task);
+            }
+            ByRow::U64(ids) => {
+                let rows = Rows {
+                    table,
+                    dim,
+                    ids,
+                    padding_idx,
+                    ahead,
+                    hints,
+                };
+                let task = BagTask {
+                    rows,
+                    bags,
+                    pooling,
+                    first_bag,
+                    out,
+                    max_indices,
+                };
+                run_rows::<u64, _>(isa, task);
+            }
+        }
     };
     // The work of a call is its values pooled, counted as the bytes of
     // their `f32`s (a packed or half row costs more to decode than its

@@ -12,7 +12,7 @@
 use super::plan::{Space, Task, TaskBody, carve, plan, run};
 use super::{Groups, PerPosition, Source, check_padding, sum_positions};
 use crate::error::{EmbeddingError, Operand};
-use crate::index::{AnyValidIds, Index, RowId, ValidIds, each_row_type};
+use crate::index::{AnyValidIds, Index, RowId, ValidIds, each_row_type, run_rows};
 use crate::kernels::tuning::{
     PARALLEL_MIN_BYTES, STREAM_MIN_BYTES, SWEEP_TASK_BYTES, prefetch_ahead,
 };
@@ -125,14 +125,17 @@ pub(crate) fn dense<I: RowId, S: Source>(
     }
     let bytes = core::mem::size_of_val(grad_table);
     if bytes < STREAM_MIN_BYTES {
-        Isa::detect().run(InCache {
-            ids,
-            keep,
-            source,
-            dim,
-            divide_by_count,
-            grad_table,
-        });
+        run_rows::<I, _>(
+            Isa::detect(),
+            InCache {
+                ids,
+                keep,
+                source,
+                dim,
+                divide_by_count,
+                grad_table,
+            },
+        );
         return Ok(());
     }
     let groups = Groups::new_kept(ids, keep)?;
