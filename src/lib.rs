@@ -100,9 +100,12 @@
 //! * **Exact results.** [`gather`] copies bits; [`gather_scaled`] does one
 //!   multiplication per value; [`scatter_add`] sums each row's gradients in
 //!   position order; the bag sum adds in position order from `-0.0`. They
-//!   equal the one-hot [`reference`](mod@reference) bit for bit (one
-//!   exception: the reference's `-0.0 + 1·x` quiets a signalling NaN in the
-//!   table, which `gather` copies unchanged).
+//!   equal the one-hot [`reference`](mod@reference) bit for bit.
+//! * **NaNs are NaNs.** A result that is NaN is NaN on every instruction
+//!   set, thread count and in the reference; where NaNs meet or one is
+//!   computed, which NaN comes out (sign and payload) is not specified, as
+//!   the compiler may keep either operand's. Every other value keeps its
+//!   bits; [`gather`] and the lookups copy a table's NaNs as they are.
 //! * **Determinism.** Results are the same bits for every thread count and
 //!   on every instruction set.
 //! * **Threads are the caller's.** Kernels run on the rayon pool they are

@@ -280,3 +280,238 @@ fn gathers_past_the_hint_threshold_equal_the_plain_loop() {
         }
     }
 }
+
+/// `a` and `b` hold the same values under the crate's rule for NaNs: the
+/// same bits wherever either is not NaN, and NaN where either is.
+fn same_but_nan_payloads(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| (x.is_nan() && y.is_nan()) || x.to_bits() == y.to_bits())
+}
+
+/// NaNs of every kind, where a table or a gradient may hold them: quiet and
+/// signalling, both signs, with payloads.
+const NAN_BITS: [u32; 6] = [
+    0x7fc0_0000,
+    0xffc0_0000,
+    0x7fc0_1234,
+    0xffa5_5a5a,
+    0x7f80_0001,
+    0xff80_4321,
+];
+
+/// `values` with one value in seven a NaN of [`NAN_BITS`].
+fn with_nans(mut values: Vec<f32>, seed: usize) -> Vec<f32> {
+    for (k, v) in values.iter_mut().enumerate() {
+        if (k + seed).is_multiple_of(7) {
+            *v = f32::from_bits(NAN_BITS[(k / 7 + seed) % NAN_BITS.len()]);
+        }
+    }
+    values
+}
+
+/// The crate's rule for NaNs: where NaNs meet, or where one is computed,
+/// the result is NaN on every instruction set and in the reference, its
+/// sign and payload unspecified; every other value keeps its bits. Tables,
+/// gradients, weights and scales full of NaNs of every kind, through each
+/// kernel that computes with them, on each instruction set, against the
+/// one-hot reference (the mean against the other instruction sets: the
+/// reference rounds it otherwise).
+#[test]
+fn nans_meet_as_nans_on_every_isa_and_in_the_reference() {
+    use crate::reference;
+    use crate::{Bags, Mode, Pooling};
+    let serial = Parallelism::Serial;
+    for (k, &dim) in DIMS.iter().enumerate() {
+        let (rows, n) = (12, 60);
+        let table = with_nans(values(rows * dim, 1000 + k as u64), k);
+        let grad = with_nans(values(n * dim, 1100 + k as u64), k + 3);
+        // No weight is zero: the reference's product skips a zero
+        // coefficient, where the kernel adds `0 × NaN` (its docs).
+        let weights: Vec<f32> = values(n, 1200 + k as u64)
+            .into_iter()
+            .map(|w| if w == 0.0 { 0.5 } else { w })
+            .collect();
+        let weights = with_nans(weights, k + 1);
+        let ids = ids(n, rows, 41 + k as u64);
+        let positions = with_nans(values(6 * dim, 1300 + k as u64), k + 2);
+        let bags = Bags::fixed(n / 6, 6).unwrap();
+        let nan_scale = f32::from_bits(0x7fc0_4242);
+        let run = || {
+            let mut outs = Vec::new();
+            for scale in [0.3, nan_scale] {
+                let mut scaled = vec![0.0; n * dim];
+                crate::gather_scaled_with(serial, &table, dim, &ids, scale, &mut scaled).unwrap();
+                let mut fused = vec![0.0; n * dim];
+                crate::embed_positions_with(
+                    serial,
+                    &table,
+                    &positions,
+                    dim,
+                    &ids,
+                    6,
+                    Some(scale),
+                    &mut fused,
+                )
+                .unwrap();
+                outs.extend([scaled, fused]);
+            }
+            let mut acc = table.clone();
+            crate::scatter_add_with(serial, &grad, dim, &ids, &mut acc).unwrap();
+            outs.push(acc);
+            for (mode, w) in [
+                (Mode::Sum, None),
+                (Mode::Sum, Some(&weights[..])),
+                (Mode::Max, None),
+                (Mode::Mean, None),
+            ] {
+                let pooling = Pooling {
+                    mode,
+                    per_sample_weights: w,
+                    ..Pooling::default()
+                };
+                let mut out = vec![0.0; bags.len() * dim];
+                let mut at = vec![0i64; if mode == Mode::Max { out.len() } else { 0 }];
+                crate::bag_forward_with(
+                    serial, &table, dim, &ids, &bags, &pooling, &mut out, &mut at,
+                )
+                .unwrap();
+                outs.push(out);
+                outs.push(at.iter().map(|&i| i as f32).collect());
+            }
+            outs
+        };
+        let isas = Isa::all();
+        let first = isas[0].force(run);
+        for &isa in &isas[1..] {
+            let other = isa.force(run);
+            for (j, (a, b)) in first.iter().zip(&other).enumerate() {
+                assert!(
+                    same_but_nan_payloads(a, b),
+                    "dim {dim}: output {j} on {isa:?}"
+                );
+            }
+        }
+        // The reference, for all but the mean (the last two outputs).
+        let mut want = Vec::new();
+        for scale in [0.3, nan_scale] {
+            let mut scaled = vec![0.0; n * dim];
+            reference::gather_scaled(&table, dim, &ids, scale, &mut scaled).unwrap();
+            // The fused kernel: the scaled row plus its position's row.
+            let mut fused = scaled.clone();
+            for (p, row) in fused.chunks_exact_mut(dim).enumerate() {
+                let at = (p % 6) * dim;
+                for (x, q) in row.iter_mut().zip(&positions[at..at + dim]) {
+                    *x += q;
+                }
+            }
+            want.extend([scaled, fused]);
+        }
+        let mut acc = table.clone();
+        reference::scatter_add(&grad, dim, &ids, &mut acc).unwrap();
+        want.push(acc);
+        for (mode, w) in [
+            (Mode::Sum, None),
+            (Mode::Sum, Some(&weights[..])),
+            (Mode::Max, None),
+        ] {
+            let pooling = Pooling {
+                mode,
+                per_sample_weights: w,
+                ..Pooling::default()
+            };
+            let mut out = vec![0.0; bags.len() * dim];
+            let mut at = vec![0i64; if mode == Mode::Max { out.len() } else { 0 }];
+            reference::bag_forward(&table, dim, &ids, &bags, &pooling, &mut out, &mut at).unwrap();
+            want.push(out);
+            want.push(at.iter().map(|&i| i as f32).collect());
+        }
+        for (j, (got, want)) in first.iter().zip(&want).enumerate() {
+            let diff = got
+                .iter()
+                .zip(want)
+                .position(|(x, y)| !((x.is_nan() && y.is_nan()) || x.to_bits() == y.to_bits()));
+            assert!(
+                same_but_nan_payloads(got, want),
+                "dim {dim}: output {j} against the reference, first at {diff:?}: {:?} against {:?}",
+                diff.map(|d| got[d]),
+                diff.map(|d| want[d])
+            );
+        }
+        assert!(first[0].iter().any(|x| x.is_nan()), "dim {dim}: no NaN met");
+    }
+}
+
+/// Half tables holding NaNs of every kind pool as their widened `f32`
+/// tables do, under the same rule, on every instruction set.
+#[test]
+fn half_tables_with_nans_pool_as_their_widened_tables() {
+    use crate::formats::TableRef;
+    use crate::{Bags, Mode, Pooling};
+    use half::{bf16, f16};
+    let serial = Parallelism::Serial;
+    let half_nans = [0x7e00u16, 0xfe00, 0x7e42, 0xfd5a, 0x7c01, 0xfc21];
+    for (k, &dim) in DIMS.iter().enumerate() {
+        let (rows, n) = (12, 48);
+        let base = values(rows * dim, 1400 + k as u64);
+        let halves: Vec<u16> = base
+            .iter()
+            .enumerate()
+            .map(|(j, &x)| match (j + k) % 5 {
+                0 => half_nans[(j / 5) % half_nans.len()],
+                _ => f16::from_f32(x).to_bits(),
+            })
+            .collect();
+        let f16s: Vec<f16> = halves.iter().map(|&b| f16::from_bits(b)).collect();
+        let bf16s: Vec<bf16> = halves.iter().map(|&b| bf16::from_bits(b)).collect();
+        let ids = ids(n, rows, 51 + k as u64);
+        let bags = Bags::fixed(n / 6, 6).unwrap();
+        for (name, table, widened) in [
+            (
+                "f16",
+                TableRef::f16(&f16s, dim).unwrap(),
+                f16s.iter().map(|h| h.to_f32()).collect::<Vec<_>>(),
+            ),
+            (
+                "bf16",
+                TableRef::bf16(&bf16s, dim).unwrap(),
+                bf16s.iter().map(|h| h.to_f32()).collect::<Vec<_>>(),
+            ),
+        ] {
+            for mode in [Mode::Sum, Mode::Max] {
+                let pooling = Pooling {
+                    mode,
+                    ..Pooling::default()
+                };
+                let len = bags.len() * dim;
+                let slots = if mode == Mode::Max { len } else { 0 };
+                let mut want = vec![0.0; len];
+                let mut want_at = vec![0i64; slots];
+                crate::reference::bag_forward(
+                    &widened,
+                    dim,
+                    &ids,
+                    &bags,
+                    &pooling,
+                    &mut want,
+                    &mut want_at,
+                )
+                .unwrap();
+                for isa in Isa::all() {
+                    let mut out = vec![0.0; len];
+                    let mut at = vec![0i64; slots];
+                    isa.force(|| {
+                        crate::table_bag_forward_with(
+                            serial, table, &ids, &bags, &pooling, &mut out, &mut at,
+                        )
+                    })
+                    .unwrap();
+                    let what = format!("{name} {mode:?} dim {dim} on {isa:?}");
+                    assert!(same_but_nan_payloads(&out, &want), "{what}");
+                    assert_eq!(at, want_at, "{what}");
+                }
+            }
+        }
+    }
+}
