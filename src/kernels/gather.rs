@@ -455,9 +455,9 @@ fn narrow_rows<V: Lanes, I: RowId, Op: RowOp>(
     // left in the call), `first + ahead` may lie past the ids.
     let from = end.min(first + ahead);
     let next = ids.slice(from..from + hinted);
-    for (dst, (r, q)) in with_hints
+    for (dst, (_, r, q)) in with_hints
         .chunks_exact_mut(dim)
-        .zip(here.rows().zip(next.rows()))
+        .zip(here.rows_beside(&next))
     {
         prefetch::bytes::<L2>(base, q * dim * 4, dim * 4);
         op.write::<V>(dst, &table[r * dim..r * dim + dim]);

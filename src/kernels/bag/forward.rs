@@ -515,7 +515,8 @@ impl<I: RowId, T: RowFormat> Rows<'_, I, T> {
         let (ahead, table) = (self.ahead, &self.table);
         let here = self.ids.slice(bag.clone());
         let next = self.ids.slice(bag.start + ahead..bag.end + ahead);
-        for (p, (r, n)) in bag.clone().zip(here.rows().zip(next.rows())) {
+        for (k, r, n) in here.rows_beside(&next) {
+            let p = bag.start + k;
             let ahead = RowSpan::of(n, row_len);
             match hints {
                 Hints::Block(hints) => table.prefetch_block::<V, N>(ahead, cols, hints),
