@@ -455,11 +455,11 @@ fn narrow_rows<V: Lanes, I: RowId, Op: RowOp>(
     // left in the call), `first + ahead` may lie past the ids.
     let from = end.min(first + ahead);
     let next = ids.slice(from..from + hinted);
-    for (dst, (_, r, q)) in with_hints
-        .chunks_exact_mut(dim)
-        .zip(here.rows_beside(&next))
-    {
+    // By the pairs' one count: zipped with the output's rows as well, each
+    // step would test both.
+    for (k, r, q) in here.rows_beside(&next) {
         prefetch::bytes::<L2>(base, q * dim * 4, dim * 4);
+        let dst = &mut with_hints[k * dim..k * dim + dim];
         op.write::<V>(dst, &table[r * dim..r * dim + dim]);
     }
     for (dst, r) in rest
