@@ -553,7 +553,10 @@ impl<'a, R: RowId> Rows<'a, R> {
         Rows {
             next: ids.as_ptr(),
             step: 1 << shift,
-            left: ids.len().div_ceil(1 << shift),
+            // The ids that start in the slice, `len.div_ceil(step)` by a
+            // shift: a division by a step known only at run time would
+            // cost a divide a call (tens of cycles, for each bag).
+            left: (ids.len() + (1 << shift) - 1) >> shift,
             ids: core::marker::PhantomData,
         }
     }
