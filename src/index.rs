@@ -533,8 +533,9 @@ impl<'a, R: RowId> ValidIds<'a, R> {
 /// value of their slice, a pointer stepped along it. The kernels' loops over
 /// a bag's rows read two ids a row (the row and the one hinted ahead); an
 /// iterator with a test of its own a step (`step_by`, or an index checked
-/// against the slice) made narrow's warm bag sums 1.3x slower than a slice
-/// iterator, which this one matches: one count and one add a step.
+/// against the slice) made the bags of narrow rows measurably slower than a
+/// slice iterator (design.md, "The shape of a kernel"), which this one
+/// matches: one count and one add a step.
 pub(crate) struct Rows<'a, R> {
     /// The next id's value.
     next: *const R,

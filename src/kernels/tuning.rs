@@ -159,11 +159,10 @@ pub(crate) fn gather_ahead(row_floats: usize) -> usize {
 /// into L1 rather than L2: where the L1 data cache is roomy
 /// ([`roomy_l1`](crate::simd::prefetch::roomy_l1), 48 KiB or more) and the
 /// rows hinted ahead ([`gather_ahead`] of them) span at most
-/// [`GATHER_L1_AHEAD_BYTES`]. On a 48 KiB L1, hints into L1 took minilm's
-/// gather (4 rows of 1.5 KiB ahead) and recsys's (8 of 512 bytes) to
-/// 0.87-0.89x the time, gpt2's (4 of 3 KiB) to 1.05-1.06x (design.md,
-/// "Prefetch"). Rows of one or two vectors take the gather's narrow loop,
-/// which hints into L2 whatever this says.
+/// [`GATHER_L1_AHEAD_BYTES`]: on a 48 KiB L1 hints into L1 paid for rows of
+/// up to 2 KiB and lost for wider ones (design.md, "Gather and prefetch").
+/// Rows of one or two vectors take the gather's narrow loop, which hints
+/// into L2 whatever this says.
 #[inline]
 pub(crate) fn gather_hints_in_l1(row_floats: usize) -> bool {
     hints_in_l1(row_floats, crate::simd::prefetch::roomy_l1())
