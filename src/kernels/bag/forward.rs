@@ -361,45 +361,18 @@ fn forward_on<I: RowId, T: RowFormat, S: Slot>(
         // `u64` ids of a table of at most 2^32 rows are read as `u32`s
         // (`ValidIds::by_row`), so the task's body is compiled for `u32`
         // ids on every instruction set, for `u64` ids once.
-        match ids.by_row() {
-            ByRow::U32(ids) => {
-                let rows = Rows {
-                    table,
-                    dim,
-                    ids,
-                    padding_idx,
-                    ahead,
-                    hints,
-                };
-                let task = BagTask {
-                    rows,
-                    bags,
-                    pooling,
-                    first_bag,
-                    out,
-                    max_indices,
-                };
-                run_rows::<u32, _>(isa, task);
-            }
-            ByRow::U64(ids) => {
-                let rows = Rows {
-                    table,
-                    dim,
-                    ids,
-                    padding_idx,
-                    ahead,
-                    hints,
-                };
-                let task = BagTask {
-                    rows,
-                    bags,
-                    pooling,
-                    first_bag,
-                    out,
-                    max_indices,
-                };
-                run_rows::<u64, _>(isa, task);
-            }
+        let rows = Rows {
+            table,
+            dim,
+            ids,
+            padding_idx,
+            ahead,
+            hints,
+        };
+        let (first, args) = (first_bag, max_indices);
+        match rows.ids.by_row() {
+            ByRow::U32(ids) => run_task(isa, rows.with(ids), bags, pooling, first, out, args),
+            ByRow::U64(ids) => run_task(isa, rows.with(ids), bags, pooling, first, out, args),
         }
     };
     // The work of a call is its values pooled, counted as the bytes of
@@ -426,6 +399,30 @@ fn forward_on<I: RowId, T: RowFormat, S: Slot>(
     !stopped.into_inner()
 }
 
+/// [`BagTask`] of `rows` on `isa` ([`run_rows`]: `u64` ids on the portable
+/// lanes alone).
+// `BagTask`'s fields and the instruction set.
+#[allow(clippy::too_many_arguments)]
+fn run_task<I: RowId, T: RowFormat, S: Slot>(
+    isa: Isa,
+    rows: Rows<'_, I, T>,
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    first_bag: usize,
+    out: &mut [S],
+    max_indices: &mut [i64],
+) {
+    let task = BagTask {
+        rows,
+        bags,
+        pooling,
+        first_bag,
+        out,
+        max_indices,
+    };
+    run_rows::<I, _>(isa, task);
+}
+
 /// What every block of every bag reads: the table, the checked ids, the
 /// padding row, the prefetch distance and how to hint.
 #[derive(Clone, Copy)]
@@ -440,7 +437,20 @@ pub(super) struct Rows<'i, I: RowId, T> {
     pub(super) hints: BagHints,
 }
 
-impl<I: RowId, T: RowFormat> Rows<'_, I, T> {
+impl<'i, I: RowId, T: RowFormat> Rows<'i, I, T> {
+    /// The same rows read through `ids` (the same ids, narrowed).
+    #[inline]
+    fn with<J: RowId>(self, ids: IdsWindow<'i, J>) -> Rows<'i, J, T> {
+        Rows {
+            table: self.table,
+            dim: self.dim,
+            ids,
+            padding_idx: self.padding_idx,
+            ahead: self.ahead,
+            hints: self.hints,
+        }
+    }
+
     /// Hands `f` columns `cols` of each kept row of `bag`, in order, and
     /// returns how many rows were kept. Before each position it prefetches
     /// the same block of the row `ahead` positions on.
