@@ -66,7 +66,7 @@
 //! registers, and the row operations written once over it),
 //! `kernels/tuning.rs` (every size the kernels tune by), and the shared
 //! vocabulary (`bags.rs`, `pooling.rs`, `sparse_grad.rs`, `parallel.rs`,
-//! `index.rs`, `error.rs`). Each kernel file opens with its algorithm and
+//! `index/`, `error.rs`). Each kernel file opens with its algorithm and
 //! its tricks; `docs/design.md` explains the choices.
 //!
 //! ```

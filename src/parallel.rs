@@ -139,10 +139,8 @@ pub(crate) const SHARE_MIN_BYTES: usize = 128 << 10;
 /// that `Auto` may share with a pool thread rather than hand to the pool,
 /// whatever its pool size says: reached only by a bag forward over a table
 /// under 2 MiB, whose pool size is the table's. From a thread outside the
-/// pool, on the Zen 5 host (2 vCPUs), shared bag sums over a 1.3 MB table
-/// took longer than one thread from 8 MiB of work on (131 072 ids of 16
-/// columns: 0.142 ms shared, 0.118 one thread, 0.071 in the pool; 262 144
-/// ids: 0.264-0.307, 0.232, 0.137): their ids, checked in the pool, leave
+/// pool, on 2 vCPUs, shared bag sums over a 1.3 MB table took longer than
+/// one thread from 8 MiB of work on: their ids, checked in the pool, leave
 /// both pool threads awake to contend with the two working ones for the
 /// two CPUs. At 4 MiB (65 536 ids, checked on the caller) the shared call
 /// was the fastest (0.035 ms against 0.041 in the pool); from a thread in

@@ -371,9 +371,9 @@ impl<I: RowId, Op: RowOp> Body for GatherBlock<'_, '_, I, Op> {
         // width a constant: a row's offset is a shift, its copy one or two
         // moves, its hints a fixed count, and the ids walked as two slices
         // with no test a row, where the general loop's multiply, tail test
-        // and hint count cost as much as the copy (narrow, 16 columns: a
-        // third less time; docs/benchmarks.md, "A Zen 5 host, and rows of
-        // one block"). Wider rows keep the general loop, which measured
+        // and hint count cost as much as the copy (a third less time on
+        // narrow's 16 columns: design.md, "Gather and prefetch"). Wider
+        // rows keep the general loop, which measured
         // faster on recsys and gpt2 than this one (their tasks are a few
         // rows, all hinted ahead).
         if dim == V::WIDTH {

@@ -2,7 +2,7 @@
 //! (Counts of rows appear only where a distance is naturally a row count,
 //! and say so.) Each constant carries the measurement that chose it. Two
 //! modules below the kernels keep their own: `parallel.rs` when a small call
-//! is shared, `index.rs` when the id check is split.
+//! is shared, `index/` when the id check is split.
 //!
 //! Words used here and across the kernels, one meaning each: a **task** is
 //! one piece of a call handed to a thread; a **column block** is a range of
@@ -41,13 +41,10 @@ pub(crate) const TASK_BYTES: usize = 16 << 10;
 /// to 8 threads (8 tasks a thread beyond): tasks of [`TASK_BYTES`] would be
 /// thousands (3 277 for gpt2's gather), and each one costs its hand-off and
 /// warms its first rows again, while with 8 tasks a thread the threads end
-/// within an eighth of a thread's share of each other. The crate's gather
-/// into a held buffer, two threads, tasks of 16 KiB against a sixty-fourth
-/// of the output (2026-11-26, the Zen 5 host, medians of 0.3 s, rounds 1-4
-/// of one process, a test program): minilm 247-260 → 230-236 µs, gpt2
-/// 2 294-2 358 → 2 166-2 225, recsys 1 741-1 796 → 1 664-1 722, narrow
-/// 831-858 → 818-846; a thirty-second and a hundred-and-twenty-eighth
-/// measured within ±3 % of a sixty-fourth.
+/// within an eighth of a thread's share of each other. Against tasks of 16
+/// KiB a sixty-fourth of the output was 2-7 % faster on the report's
+/// gathers, and a thirty-second or a hundred-and-twenty-eighth within 3 %
+/// of it (design.md, "Threads").
 pub(crate) const TASKS_PER_CALL: usize = 64;
 
 /// Tasks a thread of the current pool gets at least, when there are more
@@ -62,17 +59,11 @@ const TASKS_PER_THREAD: usize = 8;
 /// the other thread wrote last, so a task's cost is its hand-off as well as
 /// its rows: a sixty-fourth of tiny's 1 MiB gather is 16 KiB, about a
 /// microsecond of copying. Shared, the caller and one thread end within a
-/// task of each other, so a few tasks a thread balance the call. A test
-/// program of the shared gather on tiny's shape (the caller and one rayon
-/// thread, the crate's claiming, 2026-11-26, the Intel host, medians of
-/// 0.4 s, five rounds): 64 tasks 32.5-37.6 µs, 32 tasks 29.5-36.8,
-/// 16 tasks 26.3-36.1, 8 tasks 25.5-36.7 (the last round was slow for
-/// all). The report's warm loop, the two counts A/B in one build, three
-/// runs each: tiny's `gather` 28.4-35.0 µs with 64 tasks,
-/// 27.2-33.4 with 16; its `Embedding::forward` 22.6-25.4 against 20.8-22.5
-/// (docs/benchmarks.md, "Fewer tasks for shared calls"). A shared bag
-/// forward's tasks are cut from its output (a row a bag), so tiny's bags of
-/// 16 already made 4 tasks; the rule is the same for it, unmeasured.
+/// task of each other, so a few tasks a thread balance the call: sixteen
+/// were faster than 64 on tiny's shared gather and `Embedding::forward`,
+/// and eight no faster than sixteen (design.md, "Threads"). A shared bag
+/// forward's tasks are cut from its output (a row a bag); the rule is the
+/// same for it, unmeasured.
 pub(crate) const SHARED_TASKS: usize = 16;
 
 /// The bytes of a task of a gather or bag forward that reads or writes
@@ -101,8 +92,7 @@ const BAG_TASK_MIN_WORK: usize = 16 * TASK_BYTES;
 /// [`BAG_TASK_MIN_WORK`]). For bags of up to 16 ids the output's cut is the
 /// smaller; longer bags get the tasks their rows need. Cut by the output
 /// alone, 64 bags of 256 ids of 64 values (16 KiB out, 4 MiB of rows) made
-/// one task, so ran on one thread: 57 µs through Python on the Zen 5 host,
-/// against 34 µs for PyTorch's bag (docs/benchmarks.md, "Long bags").
+/// one task, so ran on one thread, behind PyTorch's bag.
 pub(crate) fn bags_per_task(plan: Plan, bags: usize, dim: usize, work: usize) -> usize {
     let row_out = dim.saturating_mul(core::mem::size_of::<f32>()).max(1);
     let by_output = task_bytes(plan, bags.saturating_mul(row_out)) / row_out;
@@ -133,18 +123,15 @@ pub(crate) const STREAM_MIN_BYTES: usize = 8 << 20;
 
 /// How far ahead the backward kernels and the packed lookup prefetch random
 /// rows, in bytes of rows: enough misses in flight to cover a DRAM round
-/// trip, few enough that the line buffers do not overflow. Chosen on
-/// recsys's bag sum (512-byte rows, a Zen 3 host): 32 rows ahead took 2.3
-/// ms against 3.2 ms at 8 rows (two threads).
+/// trip, few enough that the line buffers do not overflow: 32 of recsys's
+/// 512-byte rows ahead beat 8 on its bag sum by a quarter.
 const PREFETCH_BYTES: usize = 16 << 10;
 
 /// How far ahead [`gather`](crate::gather) (and the lookups that share its
 /// loop) prefetch, in bytes of rows. A gather writes as many bytes as it
-/// reads, and its writes need line buffers too: on the Zen 5 host, recsys's
-/// gather (512-byte rows) took 0.88-0.95x the time at 8 rows ahead (4 KiB)
-/// against 32 (16 KiB), minilm's (1.5 KiB rows) 0.88-0.97x at 3 or 4 rows
-/// against 10, and gpt2's was the same at 4 rows as at 5 (test program, two
-/// threads, warm; docs/benchmarks.md, "Further ahead for short rows").
+/// reads, and its writes need line buffers too: 4 KiB ahead beat 16 KiB by
+/// 5-12 % on recsys's and minilm's gathers and matched it on gpt2's
+/// (design.md, "Gather and prefetch").
 const GATHER_AHEAD_BYTES: usize = 4 << 10;
 
 /// The prefetch distance of [`gather`](crate::gather), in rows, for rows of
@@ -181,21 +168,16 @@ const GATHER_L1_AHEAD_BYTES: usize = 8 << 10;
 /// The widest row a bag hints whole, into L2, in its pass over the row's
 /// first column block, and not at all in the passes over its other blocks
 /// (`Rows::blocks`), where each pass hints its own block otherwise: fewer
-/// instructions a block. With eight lanes, warm, on a Zen 4 host: minilm's
-/// 8-bit rows (392 bytes) 0.95x the time, the 4-bit rows of minilm and gpt2
-/// (196, 388 bytes) 0.96x and 0.97x. Wider rows keep a block's hints a pass:
-/// hinted whole, gpt2's `f16` and bf16 rows (1 536 bytes) took 1.20-1.22x the
-/// time, minilm's (768) 1.05x, gpt2's 8-bit rows (776) 0.98x
-/// (docs/benchmarks.md, "Whole rows hinted once").
+/// instructions a block. Rows of 196-392 bytes took 3-5 % less time so;
+/// wider ones keep a block's hints a pass, as hinted whole gpt2's 1 536-byte
+/// half rows took a fifth longer (design.md, "Gather and prefetch").
 pub(crate) const WHOLE_ROW_HINT_MAX_BYTES: usize = 512;
 
 /// Tables smaller than this are read without prefetch hints (by the
-/// lookups): they sit in a core's L2 (512 KiB on Zen 3, 1 MiB on Zen 4) or
+/// lookups): they sit in a core's L2 (512 KiB or more on current cores) or
 /// at worst L3, and the hints (one per line of every row) only add
-/// instructions. On tiny (a 256 KiB table, 256-byte rows) a one-thread
-/// gather took 12.4 µs without them against 16.6 µs with, in a warm loop,
-/// and no longer in the report's round-robin (25.9-27.4 against 29.1-29.2
-/// µs); on narrow's 6.4 MB table the hints make the gather 2-3x faster.
+/// instructions: tiny's 256 KiB gather is a quarter faster without them,
+/// where on narrow's 6.4 MB table they make it 2-3x faster.
 pub(crate) const PREFETCH_MIN_TABLE_BYTES: usize = 512 << 10;
 
 /// How many positions ahead a bag prefetches its rows at least (a count of
@@ -204,17 +186,16 @@ pub(crate) const PREFETCH_MIN_TABLE_BYTES: usize = 512 << 10;
 /// Measured on gpt2 (768 columns) with a test program (medians of paired
 /// warm and cold rounds, two threads): 16 ahead took 0.76-0.85x the time of
 /// the rule by bytes above (5 rows of `f32`, 10 of `f16`), and 24 or 32
-/// ahead were no faster than 16. Into L1 instead (on Zen 4), 16 ahead was
-/// 1.3-1.5x slower than the rule by bytes; on narrow's 64-byte rows it was
-/// 0.86-0.92x the time into L2 (docs/benchmarks.md, "Prefetch").
+/// ahead were no faster than 16. Into L1 instead, on a 32 KiB L1, 16 ahead
+/// was 1.3-1.5x slower than the rule by bytes; on narrow's 64-byte rows it
+/// was 0.86-0.92x the time into L2 (design.md, "Gather and prefetch").
 const BAG_AHEAD_ROWS: usize = 16;
 
 /// How many positions ahead a bag of short plain rows prefetches at most,
 /// and the bytes of rows that many positions may span: 32 rows of at most
-/// 512 bytes. On the Zen 5 host, recsys's rows (128 columns) took 0.69-0.88x
-/// the time at 32 ahead in `f16` and `bf16` (one process of ten 1.05x),
-/// 0.89-0.97x in `f32`; gpt2, minilm and narrow were no faster, and packed
-/// rows (int8, int4) 0-5 % slower (docs/benchmarks.md, "Further ahead for short rows").
+/// 512 bytes: recsys's half rows (128 columns) took up to a third less time
+/// at 32 ahead, its `f32` rows up to a tenth; the other workloads were no
+/// faster, and packed rows 0-5 % slower (design.md, "Bags").
 const BAG_AHEAD_MAX_ROWS: usize = 32;
 
 /// The bytes of plain rows a bag looks ahead, at most: 32 rows of 512 bytes
@@ -224,15 +205,10 @@ const BAG_AHEAD_BYTES: usize = 16 << 10;
 /// The bytes of packed rows a bag looks ahead, at most, when the rows are
 /// decoded sixteen lanes at a time from a table past
 /// [`BAG_FAR_TABLE_BYTES`]: 60 of recsys's 8-bit rows (136 bytes), 64 of
-/// its 4-bit ones (68 bytes, [`BAG_AHEAD_PACKED_MAX_ROWS`]). On the Zen 5
-/// host, with the caches evicted before each call (test program, two
-/// threads, tables in huge pages), recsys's 8-bit bag sum took 0.42-0.44 ms
-/// at 64 rows ahead against 0.45-0.81 at 16, its 4-bit one 0.39-0.41
-/// against 0.43-0.77; warm, 0.97x and 1.03x the time. With eight lanes the
-/// 8-bit sum was slower at 60 ahead (1.09-1.17x the time, cold) where the
-/// 4-bit one was faster (0.86x), so eight lanes keep 16 (docs/benchmarks.md,
-/// "A bag's rows looked up once, and further ahead for packed rows from
-/// memory").
+/// its 4-bit ones (68 bytes, [`BAG_AHEAD_PACKED_MAX_ROWS`]). From memory,
+/// recsys's 8- and 4-bit bag sums were faster at 64 rows ahead than at 16,
+/// and the same warm; with eight lanes the 8-bit sum was slower at 60
+/// ahead, so eight lanes keep 16 (design.md, "Bags").
 const BAG_AHEAD_PACKED_BYTES: usize = 8 << 10;
 
 /// The most positions a bag of packed rows looks ahead

@@ -5,14 +5,13 @@
 //!
 //! Every function takes the cache a hint fills as a type, [`L1`] or [`L2`]:
 //! a row read many positions ahead goes to L2 (`prefetcht1`), a line written
-//! next (a gradient row) to L1 (`prefetcht0`). On the development machine
-//! (Zen 3), sending the rows of a lookup or a bag 16 positions ahead to L1
-//! was slower than sending the same rows to L2, by 10-35 % warm and cold
-//! (docs/benchmarks.md, "Prefetch"): hints into L1 take the line-fill buffers
-//! that the loads of the current row need, and evict lines still in use.
+//! next (a gradient row) to L1 (`prefetcht0`). On a 32 KiB L1, sending the
+//! rows of a lookup or a bag 16 positions ahead to L1 was 10-35 % slower
+//! than to L2, warm and cold: hints into L1 take the line-fill buffers that
+//! the loads of the current row need, and evict lines still in use.
 //! The exceptions are bags ([`BagHints`]): of rows of one line or less on
 //! any CPU (a line a row fits those buffers, and into L1 such a bag ran
-//! faster), and of any rows on a CPU with a roomy L1 (Zen 5's 48 KiB); and
+//! faster), and of any rows on a CPU with a roomy L1 (48 KiB or more); and
 //! on such a CPU the gathers whose rows ahead span 8 KiB or less
 //! (`tuning::gather_hints_in_l1`).
 
@@ -58,9 +57,9 @@ pub(crate) fn row<L: Level>(row: &[f32]) {
 /// at the same offset within a line, so the same part of each spans the same
 /// count of lines. Hinting that count from the first line of each row's
 /// part leaves the hot loop a fixed number of hints; [`row`], which works the
-/// count out from each row's address, took recsys's gather to 1.28-1.33x the
-/// time on the Zen 5 host, the hints' count then depending on the id just
-/// loaded (docs/benchmarks.md, "Masked row ends and a hint count a call").
+/// count out from each row's address, took recsys's gather about a third
+/// longer, the hints' count then depending on the id just loaded (design.md,
+/// "Gather and prefetch").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct RowLines(Option<usize>);
 
@@ -143,12 +142,11 @@ impl BagHints {
     ///
     /// A bag of narrow rows has a line or two a row in flight (two where a
     /// row straddles a line), which L1's miss buffers hold, and its loads
-    /// find the rows in L1. With wider rows it depends on the core: on Zen 3
-    /// and Zen 4 (32 KiB of L1 data) hints into L1 made the bags of wide rows
-    /// 1.05-2.4x slower than into L2; on Zen 5 (48 KiB) they made them
-    /// 0.85-0.95x the time in every format (docs/benchmarks.md, "Prefetch"
-    /// and "Wide rows into L1 on a roomy L1"). The rule looks at the row, not
-    /// the block, so a wide row's short last block follows its row.
+    /// find the rows in L1. With wider rows it depends on the L1: with 32 KiB
+    /// of L1 data hints into L1 made the bags of wide rows 1.05-2.4x slower
+    /// than into L2; with 48 KiB they made them 0.85-0.95x the time in every
+    /// format (design.md, "Gather and prefetch"). The rule looks at the row,
+    /// not the block, so a wide row's short last block follows its row.
     pub(crate) fn for_rows(row_bytes: usize) -> BagHints {
         Self::rule(row_bytes, roomy_l1())
     }
@@ -175,7 +173,7 @@ pub(crate) fn bag_block(base: *const u8, from: usize, len: usize, hints: BagHint
 }
 
 /// The L1 data cache size, in bytes, from which the bags send the hints of
-/// rows wider than a line into L1 ([`BagHints::for_rows`]): Zen 5's 48 KiB.
+/// rows wider than a line into L1 ([`BagHints::for_rows`]): 48 KiB.
 pub(crate) const ROOMY_L1_BYTES: usize = 48 << 10;
 
 /// Whether this CPU's L1 data cache holds [`ROOMY_L1_BYTES`] or more, as

@@ -261,10 +261,8 @@ impl<S: Source> TaskBody for Sweep<'_, S> {
 /// added in place, divided by the count for `scale_grad_by_freq`: the bits
 /// of [`sum_positions`], through a buffer in L1 rather than in registers.
 /// The sweep then streams `sum` to the table at once; summed in registers
-/// and stored just before that, recsys's dense backward (65 536 ids, rows of
-/// 128) took a median 16.3 ms against 14.1 on the Zen 5 host, nine
-/// alternations (docs/benchmarks.md, "Group sums in registers"), where the
-/// sparse and fused sums gained.
+/// and stored just before that, recsys's dense backward was slower, where
+/// the sparse and fused sums gained (design.md, "The grouped backward").
 #[inline(always)]
 fn add_positions<V: Lanes, S: Source>(
     source: &S,
