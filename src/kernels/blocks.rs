@@ -164,9 +164,10 @@ pub(crate) fn block_count<V: Lanes>(dim: usize, widest: usize) -> usize {
 /// it, [`Lanes::SUM_BLOCK`], [`Lanes::DECODE_BLOCK`]), at most what the
 /// body's [`BlockBody::WIDEST`] allows. The sizes a lane type or a body
 /// never reaches (24 without AVX-512, 16 and 12 without AVX, 12 with
-/// AVX-512, 16 and 24 for max, 12 but for decoded rows) are left out by
-/// constant tests, so they are never compiled for it. A size left out
-/// would only cost speed (the smaller ones cover the row).
+/// AVX-512, 16 and 24 for max, 12 but for decoded rows; 8 on
+/// [`Lanes::FALLBACK`] lanes) are left out by constant tests, so they are
+/// never compiled for it. A size left out would only cost speed (the
+/// smaller ones cover the row).
 #[inline(always)]
 pub(crate) fn each_block<V: Lanes, B: BlockBody>(dim: usize, widest: usize, body: &mut B) -> usize {
     debug_assert!(widest <= B::WIDEST.most::<V>() || widest == 12);
@@ -180,16 +181,16 @@ pub(crate) fn each_block<V: Lanes, B: BlockBody>(dim: usize, widest: usize, body
     // false one is dropped before its calls are collected, so their copies
     // are never made (a plain `V::REGISTERS >= 24` is folded only by LLVM,
     // after it has compiled them).
-    if const { B::WIDEST.most::<V>() >= 24 } && widest >= 24 {
+    if const { !V::FALLBACK && B::WIDEST.most::<V>() >= 24 } && widest >= 24 {
         run::<V, B, 24>(body, at);
     }
-    if const { B::WIDEST.most::<V>() >= 16 } && widest >= 16 {
+    if const { !V::FALLBACK && B::WIDEST.most::<V>() >= 16 } && widest >= 16 {
         run::<V, B, 16>(body, at);
     }
-    if const { B::WIDEST.twelve::<V>() } && widest == 12 {
+    if const { !V::FALLBACK && B::WIDEST.twelve::<V>() } && widest == 12 {
         run::<V, B, 12>(body, at);
     }
-    if const { B::WIDEST.most::<V>() >= 8 } && widest >= 8 {
+    if const { !V::FALLBACK && B::WIDEST.most::<V>() >= 8 } && widest >= 8 {
         run::<V, B, 8>(body, at);
     }
     run::<V, B, 4>(body, at);

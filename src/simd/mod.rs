@@ -75,6 +75,13 @@ pub(crate) trait Lanes: Copy + Send + Sync + 'static {
     /// and the block spills to the stack. A row of one block keeps the
     /// wider one: its one pass is worth the spills.
     const DECODE_BLOCK: usize = Self::SUM_BLOCK;
+    /// Whether these lanes are the target's fallback: on x86-64 the
+    /// portable lanes run only on a CPU without AVX2 and FMA, when forced,
+    /// and for ids of tables past 2^32 rows. A kernel compiles the fewest
+    /// variants it can for them (the block ladder starts at four vectors,
+    /// not eight), to keep the library's build small. A block of two stays:
+    /// a row of one cache line of `f32`s is one.
+    const FALLBACK: bool = false;
 
     /// `WIDTH` copies of `x`.
     fn splat(x: f32) -> Self;

@@ -6,6 +6,7 @@ use wide::f32x8;
 impl Lanes for f32x8 {
     const WIDTH: usize = EIGHT;
     const REGISTERS: usize = 8;
+    const FALLBACK: bool = cfg!(target_arch = "x86_64");
 
     #[inline(always)]
     fn splat(x: f32) -> Self {
