@@ -191,11 +191,11 @@ pub const LINE_BYTES: usize = 64;
 /// Why not a `Vec<f32>`: an allocator aligns a `Vec<f32>` to 16 bytes
 /// (glibc's large blocks start 16 bytes into a page), so a 512-byte row
 /// spans nine cache lines instead of eight, and every random row read moves
-/// a line more. Measured on recsys (a bag sum on two threads, eight
-/// alternating runs, same process): 3.15 ms on a line-aligned table against
-/// 3.50 ms on the same table 16 bytes off. A `Vec` cannot be handed a
-/// pointer of another alignment (it frees with the layout of `f32`), so
-/// this type owns its allocation.
+/// a line more: recsys's bag sum took less time on a line-aligned table
+/// than on the same table 16 bytes off (docs/design.md, "Memory: huge pages
+/// and aligned tables"). A `Vec` cannot be handed a pointer of another
+/// alignment (it frees with the layout of `f32`), so this type owns its
+/// allocation.
 pub struct AlignedTable {
     ptr: core::ptr::NonNull<f32>,
     len: usize,

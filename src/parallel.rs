@@ -132,27 +132,28 @@ impl Parallelism {
 
 /// The smallest call (in the bytes its `Auto` rule counts) that `Auto`
 /// shares with a pool thread: a task handed over takes the other thread
-/// 1 to 3 µs to start, about what one thread copies of 128 KiB.
+/// about as long to start as one thread takes to copy 128 KiB, so a smaller
+/// call would be done before its helper began (docs/design.md, "Threads").
 pub(crate) const SHARE_MIN_BYTES: usize = 128 << 10;
 
 /// The longest call (in the bytes its `Auto` rule counts for one thread)
 /// that `Auto` may share with a pool thread rather than hand to the pool,
 /// whatever its pool size says: reached only by a bag forward over a table
 /// under 2 MiB, whose pool size is the table's. From a thread outside the
-/// pool, on 2 vCPUs, shared bag sums over a 1.3 MB table took longer than
+/// pool, with two CPUs, shared bag sums over a small table took longer than
 /// one thread from 8 MiB of work on: their ids, checked in the pool, leave
 /// both pool threads awake to contend with the two working ones for the
-/// two CPUs. At 4 MiB (65 536 ids, checked on the caller) the shared call
-/// was the fastest (0.035 ms against 0.041 in the pool); from a thread in
-/// the pool the two ways are level (0.128 and 0.129 ms at 16 MiB).
-/// docs/benchmarks.md, "Large bag calls over small tables".
+/// two CPUs. Below that (ids checked on the caller) the shared call was
+/// faster than handing the call to the pool; from a thread in the pool the
+/// two ways are level (docs/design.md, "Threads").
 pub(crate) const SHARE_MAX_BYTES: usize = 8 << 20;
 
 /// How soon after the end of a call the next one counts as the same loop's
 /// (and the pool thread that shared the last one as still awake): an idle
-/// rayon worker yields its CPU 33 times before it sleeps, which measured 40
-/// to 80 µs on the development machine (tiny's shared gather stayed faster
-/// than one thread with 40 µs between calls and lost with 80).
+/// rayon worker yields its CPU 33 times before it sleeps, and this bound
+/// stays below the shortest time that took, so a call counted as in a loop
+/// finds its helper awake; past it a shared call pays the wake-up and loses
+/// to one thread (docs/design.md, "Threads").
 pub(crate) const AWAKE_NS: u64 = 30_000;
 
 /// When the last call that used threads, or could have, ended: nanoseconds
@@ -327,12 +328,11 @@ fn forced_share() -> bool {
 /// from the back, until the two meet.
 ///
 /// The calling thread starts at once, and the pool thread joins when it
-/// picks the job up: with the pool awake that is a microsecond or two, and
-/// each side then keeps the same half of the output from call to call (the
-/// same lines stay in the same core's cache), which measured faster than
-/// tasks dealt from one counter (tiny's gather 14.9 against 17.4 µs, a
-/// test program). With the pool asleep the caller does most of the tasks
-/// itself and then waits for the job to run.
+/// picks the job up: with the pool awake that is soon, and each side then
+/// keeps the same half of the output from call to call (the same lines stay
+/// in the same core's cache), which was faster than tasks dealt from one
+/// counter (docs/design.md, "Threads"). With the pool asleep the caller
+/// does most of the tasks itself and then waits for the job to run.
 fn share<P: Send>(tasks: Vec<P>, f: &(dyn Fn(usize, P) + Sync)) {
     let count = tasks.len();
     if count < 2 {

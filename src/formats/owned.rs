@@ -4,10 +4,10 @@
 //! The values of every format sit in one [`AlignedTable`]: each row starts
 //! where a `Vec` would put it plus nothing (the first row on a cache line),
 //! and a table of 2 MiB or more lies in transparent huge pages, as the `f32`
-//! layers keep theirs. On the development machine a bag sum over a table in
-//! 4 KiB pages took 1.1-1.5x the time of the same bytes in huge pages (the
-//! rows are read at random, so nearly every row is a TLB miss without them;
-//! docs/benchmarks.md, "Table formats").
+//! layers keep theirs. A bag sum over a table in 4 KiB pages took longer
+//! than over the same bytes in huge pages (the rows are read at random, so
+//! nearly every row is a TLB miss without them; docs/design.md, "Memory:
+//! huge pages and aligned tables").
 
 use super::table_ref::{Data, Format};
 use super::{PackedTable, TableRef, half_rows};

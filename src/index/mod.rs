@@ -323,7 +323,8 @@ const CHECK_BLOCK: usize = 1024;
 /// From this many bytes of ids on, `Auto` splits the check of the ids (the
 /// first thing a call does) across the pool: a call with that many ids is
 /// split next anyway, and the other threads would wait out a serial scan
-/// (measured on narrow's bag sum: design.md, "The shape of a kernel").
+/// (measured on narrow's bag sum: docs/design.md, "The shape of a
+/// kernel").
 const CHECK_PARALLEL_MIN_BYTES: usize = 1 << 20;
 
 /// How many blocks of [`CHECK_BLOCK`] ids a task of a split scan checks
@@ -361,7 +362,8 @@ fn first_bad_block<R: RowId>(par: Parallelism, ids: &[R], bound: R) -> Option<us
 /// [`CHECK_BLOCK`] ids that holds an id of `bound` or more. Compiled for
 /// the widest instruction set, like the kernels: the baseline x86-64
 /// target has no 64-bit compare, so there the scan of 64-bit ids is scalar,
-/// and it cost a third of a narrow bag sum.
+/// and it held a large share of a narrow bag sum's time (docs/design.md,
+/// "The shape of a kernel").
 struct FirstBadBlock<'a, R> {
     ids: &'a [R],
     bound: R,
@@ -530,7 +532,7 @@ impl<'a, R: RowId> ValidIds<'a, R> {
 /// a bag's rows read two ids a row (the row and the one hinted ahead); an
 /// iterator with a test of its own a step (`step_by`, or an index checked
 /// against the slice) made the bags of narrow rows measurably slower than a
-/// slice iterator (design.md, "The shape of a kernel"), which this one
+/// slice iterator (docs/design.md, "The shape of a kernel"), which this one
 /// matches: one count and one add a step.
 pub(crate) struct Rows<'a, R> {
     /// The next id's value.
@@ -552,7 +554,8 @@ impl<'a, R: RowId> Rows<'a, R> {
             step: 1 << shift,
             // The ids that start in the slice, `len.div_ceil(step)` by a
             // shift: a division by a step known only at run time would
-            // cost a divide a call (tens of cycles, for each bag).
+            // cost a divide a call (one of the slowest integer
+            // instructions, for each bag).
             left: (ids.len() + (1 << shift) - 1) >> shift,
             ids: core::marker::PhantomData,
         }

@@ -71,12 +71,11 @@ pub(crate) trait BlockBody {
     /// function of its own ([`Lanes::apart`]) rather than inlining
     /// them all into its caller. The bags' blocks are large, and a bag
     /// kernel holds up to eight sizes of each: inlined into one function,
-    /// they made LLVM's optimisation of the kernel superlinear in its size
-    /// (a bag sum over one id type and format took 5.1 CPU-minutes to
-    /// compile, 0.7 with its blocks apart: docs/benchmarks.md, "Blocks
-    /// apart"). One call runs all of a row's blocks of its size, so a row
-    /// costs a call per block size it holds (at most five), not one per
-    /// block.
+    /// they made LLVM's optimisation of the kernel superlinear in its size,
+    /// and a bag kernel compiled far faster with its blocks apart
+    /// (docs/design.md, "SIMD"). One call runs all of a row's blocks of its
+    /// size, so a row costs a call per block size it holds (at most five),
+    /// not one per block.
     const APART: bool = false;
 
     /// The widest block this body ever asks [`each_block`] for: the sizes

@@ -25,12 +25,13 @@
 //!    4 KiB of rows, between 4 and 32 rows (`gather_ahead`): 8 rows of
 //!    recsys's 512 bytes, 4 of minilm's 1.5 KiB. The writes need line
 //!    buffers as much as the reads, so a gather looks less far ahead than a
-//!    bag (the measurements that chose it are in docs/benchmarks.md). The
-//!    hints go into L2, or into L1 where the L1 data cache is 48 KiB or
-//!    more and the rows ahead span at most 8 KiB (`gather_hints_in_l1`);
+//!    bag (docs/design.md, "Gather and prefetch"). The hints go into L2,
+//!    or into L1 where the L1 data cache is 48 KiB or more and the rows
+//!    ahead span at most 8 KiB (`gather_hints_in_l1`);
 //!    rows of one or two vectors (their own loop, `narrow_rows`) always go
 //!    into L2. The plain stores write the output; streaming stores paid on
-//!    some CPUs and lost on others, so no gather takes them (design.md).
+//!    some CPUs and lost on others, so no gather takes them
+//!    (docs/design.md, "Gather and prefetch").
 //! 4. **Threads.** The output is cut into blocks of whole rows, about a
 //!    64th of the call each and at least `TASK_BYTES` (`task_bytes`); a 16th
 //!    for a call shared by its caller and one pool thread, where each block
@@ -371,9 +372,8 @@ impl<I: RowId, Op: RowOp> Body for GatherBlock<'_, '_, I, Op> {
         // width a constant: a row's offset is a shift, its copy one or two
         // moves, its hints a fixed count, and the ids walked as two slices
         // with no test a row, where the general loop's multiply, tail test
-        // and hint count cost as much as the copy (a third less time on
-        // narrow's 16 columns: design.md, "Gather and prefetch"). Wider
-        // rows keep the general loop, which measured
+        // and hint count cost as much as the copy (docs/design.md, "Gather
+        // and prefetch"). Wider rows keep the general loop, which was
         // faster on recsys and gpt2 than this one (their tasks are a few
         // rows, all hinted ahead).
         if dim == V::WIDTH {

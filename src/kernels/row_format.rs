@@ -267,7 +267,7 @@ impl<E: Element> RowFormat for PlainRows<'_, E> {
     /// else as [`BagHints::for_rows`] says: a hint per line of the block and
     /// one at its last byte. Wider rows keep the last byte's hint even where
     /// they start lines: without it `f32` rows were no faster and `f16` rows
-    /// slower (design.md, "Prefetch").
+    /// slower (docs/design.md, "Bags").
     fn bag_hints(&self) -> BagHints {
         if self.rows_are_lines() {
             BagHints::Line

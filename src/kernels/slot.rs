@@ -33,8 +33,8 @@ impl Slot for MaybeUninit<f32> {
     /// As arrays of 16 values, then of 8, then value by value: each array
     /// is one move of a known size, where a loop of `MaybeUninit::write`s
     /// of unknown length compiles to a set-up and a tail per row
-    /// (docs/benchmarks.md, "Fresh outputs written as arrays"). Every value
-    /// of `dst` is written once when `src` is as long.
+    /// (docs/design.md, "Memory: huge pages and aligned tables"). Every
+    /// value of `dst` is written once when `src` is as long.
     #[inline(always)]
     fn put(dst: &mut [MaybeUninit<f32>], src: &[f32]) {
         debug_assert_eq!(dst.len(), src.len());

@@ -4,10 +4,10 @@
 //! `Vec<usize>`s (half a megabyte each for recsys's 65 536 ids). Freshly
 //! allocated, such vectors come from `mmap` and every 4 KiB page faults on
 //! its first write; glibc hands the pages back on `free`, so the next call
-//! faults them in again. In a VM a fault costs microseconds: on the
-//! development machine the recsys grouping took 1.5 ms with fresh vectors
-//! and 0.6 ms with reused ones. So the vectors of a finished grouping wait
-//! here, on the thread that built it, for the next one.
+//! faults them in again. In a VM a fault is dear, and recsys's grouping
+//! spent most of its time faulting fresh vectors in (docs/design.md, "The
+//! grouped backward"). So the vectors of a finished grouping wait here, on
+//! the thread that built it, for the next one.
 //!
 //! What a thread keeps is bounded ([`SPARE_VECTORS`](super::tuning::SPARE_VECTORS) vectors,
 //! [`SPARE_BYTES`](super::tuning::SPARE_BYTES) in all); the largest are kept, the rest freed.

@@ -52,14 +52,12 @@
 //!    the scatter's loop feeds each gradient row to both tables, and a
 //!    column block's task owns the same columns of both: row `t` of
 //!    `grad_position_table` receives batch 0, 1, … in order, on any thread count.
-//!    On the development machine (2 vCPUs, shared; one thread, medians of
-//!    round-robin runs) the fused backward took 2.8 ms against 3.2 ms for
+//!    The fused backward took less time than
 //!    [`scatter_add_scaled`](super::scatter::scatter_add_scaled) plus a
-//!    separate position loop (8 192 ids × 384, `seq_len` 512), 4.7 against
-//!    5.5 ms (262 144 × 16) and 10.6 against 12.1 ms (16 384 × 768,
-//!    `seq_len` 1 024). The fused forward costs what `gather_scaled` costs,
-//!    within the noise; gathering and then adding took 1.3 to 1.6 times as
-//!    long.
+//!    separate position loop on narrow, medium and wide rows alike. The
+//!    fused forward costs what `gather_scaled` costs, within the noise;
+//!    gathering and then adding took longer, for the second pass over the
+//!    output (docs/design.md, "Token + position").
 //! 5. **Checks first, in a fixed order**, before anything is written: the
 //!    table (`grad_table` backward), the position table (`max_len` rows of
 //!    `dim`), the ids as whole sequences of `seq_len`, `seq_len ≤ max_len`,

@@ -1,8 +1,9 @@
 //! Every size the kernels tune by, in one place and in one unit: bytes.
 //! (Counts of rows appear only where a distance is naturally a row count,
-//! and say so.) Each constant carries the measurement that chose it. Two
-//! modules below the kernels keep their own: `parallel.rs` when a small call
-//! is shared, `index/` when the id check is split.
+//! and say so.) Each constant says why it was chosen, with a pointer to
+//! docs/design.md where the reason is a measurement. Two modules below the
+//! kernels keep their own: `parallel.rs` when a small call is shared,
+//! `index/` when the id check is split.
 //!
 //! Words used here and across the kernels, one meaning each: a **task** is
 //! one piece of a call handed to a thread; a **column block** is a range of
@@ -20,9 +21,10 @@ pub(crate) const LINE_FLOATS: usize = LINE_BYTES / core::mem::size_of::<f32>();
 
 /// Below this many bytes of output a gather, bag forward or grouped backward
 /// under [`Parallelism::Auto`](crate::Parallelism::Auto) stays on the
-/// calling thread. Waking a sleeping rayon pool from outside it costs 15 to
-/// 40 µs on the development machine, and in the `threshold` group of
-/// `benches/kernels.rs` the split first wins at 2 MiB (48 vs 54 µs).
+/// calling thread. Waking a sleeping rayon pool from outside it costs more
+/// than a smaller call gains from the split; in the `threshold` group of
+/// `benches/kernels.rs` the split first wins at 2 MiB (docs/design.md,
+/// "Threads").
 pub(crate) const PARALLEL_MIN_BYTES: usize = 2 << 20;
 
 /// The same for `scatter_add`, in bytes of output gradient. Its column
@@ -41,10 +43,10 @@ pub(crate) const TASK_BYTES: usize = 16 << 10;
 /// to 8 threads (8 tasks a thread beyond): tasks of [`TASK_BYTES`] would be
 /// thousands (3 277 for gpt2's gather), and each one costs its hand-off and
 /// warms its first rows again, while with 8 tasks a thread the threads end
-/// within an eighth of a thread's share of each other. Against tasks of 16
-/// KiB a sixty-fourth of the output was 2-7 % faster on the report's
-/// gathers, and a thirty-second or a hundred-and-twenty-eighth within 3 %
-/// of it (design.md, "Threads").
+/// within an eighth of a thread's share of each other. A sixty-fourth of
+/// the output was faster than tasks of 16 KiB on the report's gathers, and
+/// a thirty-second or a hundred-and-twenty-eighth no better than it
+/// (docs/design.md, "Threads").
 pub(crate) const TASKS_PER_CALL: usize = 64;
 
 /// Tasks a thread of the current pool gets at least, when there are more
@@ -57,13 +59,13 @@ const TASKS_PER_THREAD: usize = 8;
 /// The two threads claim tasks
 /// from the two ends of one list, each claim an atomic exchange on a line
 /// the other thread wrote last, so a task's cost is its hand-off as well as
-/// its rows: a sixty-fourth of tiny's 1 MiB gather is 16 KiB, about a
-/// microsecond of copying. Shared, the caller and one thread end within a
-/// task of each other, so a few tasks a thread balance the call: sixteen
-/// were faster than 64 on tiny's shared gather and `Embedding::forward`,
-/// and eight no faster than sixteen (design.md, "Threads"). A shared bag
-/// forward's tasks are cut from its output (a row a bag); the rule is the
-/// same for it, unmeasured.
+/// its rows: a sixty-fourth of tiny's 1 MiB gather is 16 KiB, so little
+/// copying that the hand-off counts. Shared, the caller and one thread end
+/// within a task of each other, so a few tasks a thread balance the call:
+/// sixteen were faster than 64 on tiny's shared gather and
+/// `Embedding::forward`, and eight no faster than sixteen (docs/design.md,
+/// "Threads"). A shared bag forward's tasks are cut from its output (a row
+/// a bag); the rule is the same for it, unmeasured.
 pub(crate) const SHARED_TASKS: usize = 16;
 
 /// The bytes of a task of a gather or bag forward that reads or writes
@@ -118,20 +120,22 @@ pub(crate) const SWEEP_TASK_BYTES: usize = 1 << 20;
 /// streaming stores, and below it the gradient is summed in place
 /// (`InCache` in `grouped/dense.rs`). Below, the table fits the caches that a streaming
 /// store would bypass, and plain stores are faster: on `tiny` (256 KiB)
-/// streaming took about twice as long as a memset and a scatter.
+/// streaming took longer than a memset and a scatter (docs/design.md, "The
+/// grouped backward").
 pub(crate) const STREAM_MIN_BYTES: usize = 8 << 20;
 
 /// How far ahead the backward kernels and the packed lookup prefetch random
 /// rows, in bytes of rows: enough misses in flight to cover a DRAM round
 /// trip, few enough that the line buffers do not overflow: 32 of recsys's
-/// 512-byte rows ahead beat 8 on its bag sum by a quarter.
+/// 512-byte rows ahead beat 8 on its bag sum (docs/design.md, "The grouped
+/// backward").
 const PREFETCH_BYTES: usize = 16 << 10;
 
 /// How far ahead [`gather`](crate::gather) (and the lookups that share its
 /// loop) prefetch, in bytes of rows. A gather writes as many bytes as it
-/// reads, and its writes need line buffers too: 4 KiB ahead beat 16 KiB by
-/// 5-12 % on recsys's and minilm's gathers and matched it on gpt2's
-/// (design.md, "Gather and prefetch").
+/// reads, and its writes need line buffers too: 4 KiB ahead beat 16 KiB on
+/// recsys's and minilm's gathers and matched it on gpt2's (docs/design.md,
+/// "Gather and prefetch").
 const GATHER_AHEAD_BYTES: usize = 4 << 10;
 
 /// The prefetch distance of [`gather`](crate::gather), in rows, for rows of
@@ -147,9 +151,9 @@ pub(crate) fn gather_ahead(row_floats: usize) -> usize {
 /// ([`roomy_l1`](crate::simd::prefetch::roomy_l1), 48 KiB or more) and the
 /// rows hinted ahead ([`gather_ahead`] of them) span at most
 /// [`GATHER_L1_AHEAD_BYTES`]: on a 48 KiB L1 hints into L1 paid for rows of
-/// up to 2 KiB and lost for wider ones (design.md, "Gather and prefetch").
-/// Rows of one or two vectors take the gather's narrow loop, which hints
-/// into L2 whatever this says.
+/// up to 2 KiB and lost for wider ones (docs/design.md, "Gather and
+/// prefetch"). Rows of one or two vectors take the gather's narrow loop,
+/// which hints into L2 whatever this says.
 #[inline]
 pub(crate) fn gather_hints_in_l1(row_floats: usize) -> bool {
     hints_in_l1(row_floats, crate::simd::prefetch::roomy_l1())
@@ -168,34 +172,36 @@ const GATHER_L1_AHEAD_BYTES: usize = 8 << 10;
 /// The widest row a bag hints whole, into L2, in its pass over the row's
 /// first column block, and not at all in the passes over its other blocks
 /// (`Rows::blocks`), where each pass hints its own block otherwise: fewer
-/// instructions a block. Rows of 196-392 bytes took 3-5 % less time so;
-/// wider ones keep a block's hints a pass, as hinted whole gpt2's 1 536-byte
-/// half rows took a fifth longer (design.md, "Gather and prefetch").
+/// instructions a block. Rows of 196-392 bytes took less time so; wider
+/// ones keep a block's hints a pass, as hinted whole gpt2's 1 536-byte half
+/// rows took longer (docs/design.md, "Gather and prefetch").
 pub(crate) const WHOLE_ROW_HINT_MAX_BYTES: usize = 512;
 
 /// Tables smaller than this are read without prefetch hints (by the
 /// lookups): they sit in a core's L2 (512 KiB or more on current cores) or
 /// at worst L3, and the hints (one per line of every row) only add
-/// instructions: tiny's 256 KiB gather is a quarter faster without them,
-/// where on narrow's 6.4 MB table they make it 2-3x faster.
+/// instructions: tiny's 256 KiB gather is faster without them, where
+/// narrow's 6.4 MB table, which fits L3 but not L2, still needs them
+/// (docs/design.md, "Gather and prefetch").
 pub(crate) const PREFETCH_MIN_TABLE_BYTES: usize = 512 << 10;
 
 /// How many positions ahead a bag prefetches its rows at least (a count of
 /// rows, for rows of any width), into L2, or into L1 where the whole row is
 /// one line or the L1 data cache is roomy (`simd::prefetch::BagHints`).
-/// Measured on gpt2 (768 columns) with a test program (medians of paired
-/// warm and cold rounds, two threads): 16 ahead took 0.76-0.85x the time of
-/// the rule by bytes above (5 rows of `f32`, 10 of `f16`), and 24 or 32
-/// ahead were no faster than 16. Into L1 instead, on a 32 KiB L1, 16 ahead
-/// was 1.3-1.5x slower than the rule by bytes; on narrow's 64-byte rows it
-/// was 0.86-0.92x the time into L2 (design.md, "Gather and prefetch").
+/// On gpt2 (768 columns), 16 ahead into L2 took less time than the rule by
+/// bytes above (5 rows of `f32`, 10 of `f16`), and 24 or 32 ahead were no
+/// faster than 16. Into L1 instead, on a 32 KiB L1, 16 ahead was slower
+/// than the rule by bytes; on narrow's 64-byte rows, a line each, whose
+/// misses fit L1's miss buffers, L1 beat L2 (docs/design.md, "Bags").
 const BAG_AHEAD_ROWS: usize = 16;
 
 /// How many positions ahead a bag of short plain rows prefetches at most,
 /// and the bytes of rows that many positions may span: 32 rows of at most
-/// 512 bytes: recsys's half rows (128 columns) took up to a third less time
-/// at 32 ahead, its `f32` rows up to a tenth; the other workloads were no
-/// faster, and packed rows 0-5 % slower (design.md, "Bags").
+/// 512 bytes: a short row is pooled quickly, so the same time ahead is
+/// more rows of it. recsys's half and `f32` rows (128 columns) took less
+/// time at 32 ahead; the other workloads were no faster, and packed rows,
+/// whose decoding sets their pace, a little slower (docs/design.md,
+/// "Bags").
 const BAG_AHEAD_MAX_ROWS: usize = 32;
 
 /// The bytes of plain rows a bag looks ahead, at most: 32 rows of 512 bytes
@@ -208,7 +214,7 @@ const BAG_AHEAD_BYTES: usize = 16 << 10;
 /// its 4-bit ones (68 bytes, [`BAG_AHEAD_PACKED_MAX_ROWS`]). From memory,
 /// recsys's 8- and 4-bit bag sums were faster at 64 rows ahead than at 16,
 /// and the same warm; with eight lanes the 8-bit sum was slower at 60
-/// ahead, so eight lanes keep 16 (design.md, "Bags").
+/// ahead, so eight lanes keep 16 (docs/design.md, "Bags").
 const BAG_AHEAD_PACKED_BYTES: usize = 8 << 10;
 
 /// The most positions a bag of packed rows looks ahead
@@ -216,10 +222,11 @@ const BAG_AHEAD_PACKED_BYTES: usize = 8 << 10;
 const BAG_AHEAD_PACKED_MAX_ROWS: usize = 64;
 
 /// Tables from which a bag of packed rows, decoded sixteen lanes at a time,
-/// looks [`BAG_AHEAD_PACKED_BYTES`] ahead: past the 32 MiB of L3 a Zen core
-/// shares, so their rows mostly come from memory. Smaller tables keep 16
-/// rows: minilm's 4-bit bag sum (6 MB) took 1.04x the time at 41 rows,
-/// narrow's 8-bit one (2.4 MB) 1.09x at 64, in a warm loop.
+/// looks [`BAG_AHEAD_PACKED_BYTES`] ahead: past the 32 MiB of L3 that a
+/// core of a current server CPU shares, so their rows mostly come from
+/// memory. Smaller tables keep 16 rows: their rows come from the caches,
+/// and looking further ahead made minilm's 4-bit and narrow's 8-bit bag
+/// sums slower in a warm loop (docs/design.md, "Bags").
 const BAG_FAR_TABLE_BYTES: usize = 32 << 20;
 
 /// How many positions ahead a bag prefetches rows of `row_bytes` bytes from

@@ -6,9 +6,10 @@
 //! Every function takes the cache a hint fills as a type, [`L1`] or [`L2`]:
 //! a row read many positions ahead goes to L2 (`prefetcht1`), a line written
 //! next (a gradient row) to L1 (`prefetcht0`). On a 32 KiB L1, sending the
-//! rows of a lookup or a bag 16 positions ahead to L1 was 10-35 % slower
-//! than to L2, warm and cold: hints into L1 take the line-fill buffers that
-//! the loads of the current row need, and evict lines still in use.
+//! rows of a lookup or a bag 16 positions ahead to L1 was slower than to
+//! L2, warm and cold: hints into L1 take the line-fill buffers that the
+//! loads of the current row need, and evict lines still in use
+//! (docs/design.md, "Gather and prefetch").
 //! The exceptions are bags ([`BagHints`]): of rows of one line or less on
 //! any CPU (a line a row fits those buffers, and into L1 such a bag ran
 //! faster), and of any rows on a CPU with a roomy L1 (48 KiB or more); and
@@ -33,8 +34,8 @@ pub(crate) fn row<L: Level>(row: &[f32]) {
         let lines = (last as *const f32 as usize - first) / 64 + 1;
         let hint = |k: usize| L::hint(first + 64 * k);
         // Four hints per step, not one per loop trip: the loop's own
-        // branches and counter cost more than the hints (measured in
-        // docs/benchmarks.md).
+        // branches and counter cost more than the hints (docs/design.md,
+        // "Gather and prefetch").
         let mut k = 0;
         while k + 4 <= lines {
             hint(k);
@@ -57,8 +58,8 @@ pub(crate) fn row<L: Level>(row: &[f32]) {
 /// at the same offset within a line, so the same part of each spans the same
 /// count of lines. Hinting that count from the first line of each row's
 /// part leaves the hot loop a fixed number of hints; [`row`], which works the
-/// count out from each row's address, took recsys's gather about a third
-/// longer, the hints' count then depending on the id just loaded (design.md,
+/// count out from each row's address, made recsys's gather slower, the
+/// hints' count then depending on the id just loaded (docs/design.md,
 /// "Gather and prefetch").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct RowLines(Option<usize>);
@@ -127,7 +128,7 @@ pub(crate) enum BagHints {
     /// Every row is one whole line (64 bytes from a line's start), so a
     /// block is that line and one hint into L1 at its start reaches it, not
     /// the two [`bytes`] gives a run that need not start a line
-    /// (docs/benchmarks.md, "One hint for a row of one line").
+    /// (docs/design.md, "Bags").
     Line,
     /// [`bytes`] into L1.
     L1,
@@ -143,9 +144,9 @@ impl BagHints {
     /// A bag of narrow rows has a line or two a row in flight (two where a
     /// row straddles a line), which L1's miss buffers hold, and its loads
     /// find the rows in L1. With wider rows it depends on the L1: with 32 KiB
-    /// of L1 data hints into L1 made the bags of wide rows 1.05-2.4x slower
-    /// than into L2; with 48 KiB they made them 0.85-0.95x the time in every
-    /// format (design.md, "Gather and prefetch"). The rule looks at the row,
+    /// of L1 data hints into L1 made the bags of wide rows slower than into
+    /// L2; with 48 KiB they made them faster in every format
+    /// (docs/design.md, "Gather and prefetch"). The rule looks at the row,
     /// not the block, so a wide row's short last block follows its row.
     pub(crate) fn for_rows(row_bytes: usize) -> BagHints {
         Self::rule(row_bytes, roomy_l1())

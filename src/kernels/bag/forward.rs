@@ -120,11 +120,11 @@ impl<'i, I: RowId> CallIds<'i, I> {
 /// once (no zeroing first), in huge pages when it spans one.
 ///
 /// With [`CallIds::InTasks`] the ids are checked inside the forward's tasks
-/// rather than by a pass of their own before it: a call of many ids on
-/// narrow rows (262 144 ids of 16 columns) spent about 15 % of its time on
-/// that pass and the hand-off to the pool it needed, and about half as much
-/// on the tasks' checks (docs/benchmarks.md, "Ids checked in the bag
-/// tasks"). The ids outside every bag are checked first, on this thread.
+/// rather than by a pass of their own before it: on a call of many ids
+/// over narrow rows that pass, and the hand-off to the pool it needed, cost
+/// more than the tasks' checks, which read the ids the tasks read anyway
+/// (docs/design.md, "Threads"). The ids outside every bag are checked
+/// first, on this thread.
 ///
 /// # Errors
 /// [`EmbeddingError::IndexOutOfRange`] for the first id that is not a row
@@ -272,8 +272,7 @@ impl<I: RowId> OnRows for Forward<'_, '_, I> {
 /// output (`MaybeUninit<f32>`), so that each bag loop is compiled once for
 /// both kinds of output rather than once for each: a crate that called the
 /// layers and the kernels compiled them twice, and unoptimised builds now
-/// reuse the library's copies (the integration tests' binary built in 35 s
-/// instead of 213; docs/design.md, "The shape of a kernel").
+/// reuse the library's copies (docs/design.md, "The shape of a kernel").
 // `forward_on`'s arguments.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn forward_into<I: RowId, T: RowFormat>(
@@ -468,9 +467,9 @@ impl<'i, I: RowId, T: RowFormat> Rows<'i, I, T> {
     /// N·V::WIDTH`, read from column 0): only the bodies that see rows of
     /// one block compile that case, a loop with the row's length and the
     /// hint a constant, so that a row's offset is a shift and every bound a
-    /// constant away from it (a fifth less time on rows of 16 columns:
-    /// design.md, "Bags"). Every other case is one loop, the hints chosen
-    /// in it ([`Hints`]).
+    /// constant away from it: fewer instructions a row, which paid on rows
+    /// of 16 columns (docs/design.md, "Bags"). Every other case is one
+    /// loop, the hints chosen in it ([`Hints`]).
     #[inline(always)]
     pub(super) fn blocks<V: Lanes, const N: usize, const ONE: bool, F: Visit<V, N>>(
         &self,
@@ -630,9 +629,8 @@ impl<I: RowId, T: RowFormat, S: Slot> Body for BagTask<'_, '_, I, T, S> {
         // The rows read ahead may lie in the bags of the next task (the
         // call's last position bounds them): a thread mostly takes its tasks
         // in order, and the next one then starts with its rows on the way,
-        // not cold (packed bag sums 0.94-1.00x the time of hints that stop
-        // at the task's end: docs/benchmarks.md, "Wide rows into L1 on a
-        // roomy L1"). Ids checked by the task cover those positions.
+        // not cold (docs/design.md, "Bags"). Ids checked by the task cover
+        // those positions.
         let limit = bags.starts()[bags.len()];
         // Warm the first rows: a task taken out of order starts cold.
         for p in first..limit.min(first + rows.ahead) {

@@ -19,8 +19,8 @@ use core::ops::Range;
 /// AVX-512, 16 with AVX, 8 without) for `f32` and packed rows. Half rows
 /// keep blocks of [`Lanes::REGISTERS`]: on AVX-512 their sums were slower
 /// in blocks of 24 than of 16, where `f32` and packed rows were faster
-/// (docs/benchmarks.md, "Blocks of 24 vectors"). A half or packed row of
-/// several blocks takes blocks of [`Lanes::DECODE_BLOCK`] ([`widest`]).
+/// (docs/design.md, "SIMD"). A half or packed row of several blocks takes
+/// blocks of [`Lanes::DECODE_BLOCK`] ([`widest`]).
 #[inline(always)]
 pub(super) fn pool<V: Lanes, I: RowId, T: RowFormat, S: Slot>(
     terms: Terms<'_, '_, I, T>,
@@ -69,11 +69,11 @@ pub(super) fn one_block<V: Lanes, T: RowFormat>(dim: usize) -> bool {
 /// the block, so the block's size is chosen, and its code entered, once for
 /// them all rather than once a bag.
 ///
-/// With 16 rows of one line a bag, the code outside the loop over a bag's
-/// rows held 28 % of the samples of narrow's bag sum (100 000 × 16, `perf
-/// record`), 20 % once the bags loop inside the block; narrow's `f32`,
-/// `f16` and 8-bit sums took 0.86-0.92x the time, recsys's `f16` and 8-bit
-/// ones 0.91x (docs/benchmarks.md, "One block a task"). A row of several
+/// With short bags of one-line rows, the code outside the loop over a
+/// bag's rows (choosing the block, entering its code, storing) held a
+/// large share of a bag sum's time; looping over the bags inside the block
+/// pays that once a task, and the sums of narrow and recsys took less time
+/// in every format measured (docs/design.md, "Bags"). A row of several
 /// blocks keeps a bag at a time: its blocks read the row while it is in
 /// cache.
 #[inline(always)]

@@ -166,8 +166,8 @@ pub(crate) fn dense<I: RowId, S: Source>(
 /// in the same order as the sweep, so the same bits; the zeroing happens in
 /// the cache, where it costs next to nothing, and the gradient is read front
 /// to back instead of in row order. (On narrow, 262 144 ids into a 6 MiB
-/// table, the sweep took 17 ms on one thread, most of it waiting on gradient
-/// rows read out of order.)
+/// table, the sweep spent most of its time waiting on gradient rows read
+/// out of order.)
 struct InCache<'a, 'i, I: RowId, K, S> {
     ids: ValidIds<'i, I>,
     keep: K,
@@ -262,7 +262,8 @@ impl<S: Source> TaskBody for Sweep<'_, S> {
 /// of [`sum_positions`], through a buffer in L1 rather than in registers.
 /// The sweep then streams `sum` to the table at once; summed in registers
 /// and stored just before that, recsys's dense backward was slower, where
-/// the sparse and fused sums gained (design.md, "The grouped backward").
+/// the sparse and fused sums gained (docs/design.md, "The grouped
+/// backward").
 #[inline(always)]
 fn add_positions<V: Lanes, S: Source>(
     source: &S,
