@@ -11,6 +11,7 @@ into its cached virtualenv, which this script refuses to time) and torch.
     python python/bench/compare.py                       # every workload and op
     python python/bench/compare.py --workloads tiny,minilm --ops forward,bag_max
     python python/bench/compare.py --json                # also the rows as JSON
+    python python/bench/compare.py --markdown FILE       # also the tables in Markdown
 
 The ops, each run by ``torch.nn``'s module and by ours with the same table
 (a copy each) and the same ids:
@@ -62,6 +63,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
 import warnings
 
@@ -290,6 +292,8 @@ def main():
     p.add_argument("--min-calls", type=int, default=10, help="timed calls per side and row, at least")
     p.add_argument("--no-overhead", action="store_true")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--markdown", metavar="FILE",
+                   help="also write the tables to FILE in Markdown, headed by the date and machine")
     args = p.parse_args()
     workloads, ops = args.workloads.split(","), args.ops.split(",")
     for w in workloads:
@@ -374,6 +378,57 @@ def main():
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
     if args.json:
         print(json.dumps(result, indent=1))
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(markdown(result, " ".join(["python", *sys.argv])))
+
+
+def cpu_model():
+    """The CPU's model name as Linux reports it, else what platform says."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def markdown(result, command):
+    """The run's tables in Markdown: the ops, then the per-call costs."""
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    lines = [
+        "## Through Python: `torch.nn` against `embedding_kernels.torch`",
+        "",
+        f"_{when} · {cpu_model()}, {os.cpu_count()} CPUs · torch {result['torch']}, "
+        f"{result['threads']} threads · `{command}`_",
+        "",
+        "Medians of per-call times in warm loops, the two sides taking turns; "
+        "ratio = PyTorch's time / ours (above 1: ours is faster).",
+        "",
+        "| workload | op | PyTorch ms | ours ms | ratio |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
+    for row in result["rows"]:
+        lines.append(
+            f"| {row['workload']} | `{row['op']}` | {row['torch']['median_ms']:.3f} | "
+            f"{row['ours']['median_ms']:.3f} | {row['ratio']:.2f} |"
+        )
+    costs = result.get("overhead_us")
+    if costs:
+        lines += [
+            "",
+            "Per-call cost on tiny (1000 × 64, 4096 ids), µs, median (10th-90th percentile):",
+            "",
+            "| call | µs |",
+            "| --- | ---: |",
+        ]
+        for side, c in costs.items():
+            lines.append(
+                f"| {side} | {c['median_ms']:.1f} ({c['p10_ms']:.1f}-{c['p90_ms']:.1f}) |"
+            )
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

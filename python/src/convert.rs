@@ -5,7 +5,7 @@
 //! non-contiguous array is refused with a `ValueError` rather than copied
 //! behind the caller's back (`np.ascontiguousarray` makes the copy where one
 //! is wanted). An output is the caller's `out` array, checked the same way
-//! and borrowed writable, or a fresh zeroed array.
+//! and borrowed writable, or a fresh one, not zeroed ([`output`]).
 //!
 //! The borrows go through NumPy's borrow tracking (`try_readonly`,
 //! `try_readwrite`), so an `out` that is also an input is refused before
@@ -253,9 +253,9 @@ pub(crate) fn grad_output<'py>(
 /// The output: the caller's `out` (float32, C-contiguous, exactly `shape`),
 /// or a fresh array of `shape` as `np.empty` makes it, not zeroed: every
 /// function that takes an output writes each of its elements before reading
-/// any (a caller's `out` holds anything), so zeroing it would only cost time
-/// (on the tiny workload's 1 MiB lookup, 18.7 µs a call against 9.7 into a
-/// held `out`).
+/// any (a caller's `out` holds anything), so zeroing it would only cost time:
+/// one more pass over the output (docs/design.md, "Memory: huge pages and
+/// aligned tables").
 pub(crate) fn output<'py>(
     py: Python<'py>,
     out: Option<&Bound<'py, PyAny>>,

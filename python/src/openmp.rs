@@ -3,9 +3,8 @@
 //! PyTorch's OpenMP threads (libgomp's, by default) keep spinning for several
 //! milliseconds after each of its ops. On a machine with as many cores as
 //! threads, the crate's rayon threads then share their cores with spinning
-//! threads, and a call made right after a torch op ran at the speed of one
-//! thread (minilm's bag sum: 210-220 µs in the 7 ms after a torch op, 90 µs
-//! later, on the project's 2-vCPU machine). Where the process has libgomp
+//! threads, and a call made right after a torch op runs at the speed of one
+//! thread (docs/design.md, "Threads"). Where the process has libgomp
 //! loaded (PyTorch loads it) and its team has two threads or more, a call
 //! reading or writing 256 KiB or more runs on that team instead ([`run`]):
 //! the crate cuts it into the tasks it would hand its rayon pool and, through
@@ -155,9 +154,8 @@ struct Job<'a> {
 /// The next task of a run, alone on its cache line (128 bytes: the line and
 /// the neighbour that the adjacent-line prefetcher fetches with it). A thread
 /// takes each task of its run from it; with the runs' counters side by side,
-/// every take moved the line from the other thread's core: tiny's lookup
-/// (4 096 ids, 64 tasks) took 10.5 µs on the team against 8.0 on the rayon
-/// pool, back to back (docs/benchmarks.md, "The team's counters").
+/// every take would move the line from the other thread's core, a cost that
+/// a small call's short tasks pay on each task.
 #[repr(align(128))]
 struct Next(AtomicUsize);
 
@@ -170,9 +168,8 @@ impl Job<'_> {
 
 /// Each thread of the team: the tasks of its own run first, in order, then
 /// whatever is left of the others'. A thread's tasks are neighbours, as
-/// rayon's halving keeps them: taking tasks from one counter in turns made
-/// minilm's bag sum through `EmbeddingBag` take 107-108 µs against 99-100
-/// in runs (the Zen 5 host, loops of 0.5 s; PyTorch's 92-94).
+/// rayon's halving keeps them: taking tasks from one counter in turns was
+/// slower than runs.
 extern "C" fn each_task(data: *mut c_void) {
     // SAFETY: `data` is the `&Job` that `Executor::run` passed to
     // `GOMP_parallel`, which returns only after every thread has run this.

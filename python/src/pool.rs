@@ -100,11 +100,10 @@ pub(crate) fn run<T: Send>(
 /// 0 for never), else [`DEFAULT_SPIN_US`].
 static SPIN_NS: AtomicU64 = AtomicU64::new(DEFAULT_SPIN_US * 1_000);
 
-/// rayon's idle threads sleep a few µs after their work runs out, and waking
-/// one costs a split call 20-30 µs on this project's machine: a NumPy bag
-/// sum on minilm took 93-95 µs back to back and 117-120 µs with 50 µs of
-/// busy waiting between calls, about what a module call spends around its
-/// kernel. 100 µs covers that with room; PyTorch's OpenMP threads spin for
+/// rayon's idle threads go to sleep soon after their work runs out, within
+/// the time a module call spends in Python around its kernel, and the next
+/// split call then waits for one to wake (docs/design.md, "Threads"). The
+/// default covers that gap with room; PyTorch's OpenMP threads spin for
 /// longer.
 const DEFAULT_SPIN_US: u64 = 100;
 
@@ -204,7 +203,7 @@ pub(crate) fn pool_spin_counts() -> (u64, u64) {
 /// optimised build never comes near (its largest kernel frame is 48 KiB),
 /// but an unoptimised one, as CI builds the extension, keeps every local of
 /// a kernel's body in a slot of its own: the bag sum's blocks, each size a
-/// function of its own (`Lanes::blocks_apart`), take up to 380 KB in the
+/// function of its own (`Lanes::apart`), take up to 380 KB in the
 /// crate's unoptimised test build. A thread
 /// that overflows its stack crashes the process (a segmentation fault, since
 /// a library has no handler for it), so the pool leaves room to spare.

@@ -3,11 +3,10 @@
 NumPy places a large array's data 16 bytes past the start of a 64-byte cache line
 (glibc's ``malloc`` header before ``mmap``-ed memory). A table there has every row of a
 whole number of lines (384 float32 values, 1 536 bytes, say) straddle one line more than
-it needs, and a 64-byte load of it cross two lines: the crate's bag sum over minilm's
-table (30 522 x 384, 8 192 ids in bags of 16, two threads) took 98.9 us from a NumPy
-array and 86.7 us from the same values on a line (docs/benchmarks.md, "Bare reads, the
-memcpy roofline, and PyTorch's spin through Python"). PyTorch's tensors already start on
-a line, so the modules of :mod:`embedding_kernels.torch` need none of this.
+it needs, and a 64-byte load of it cross two lines: the kernels read more lines than
+the rows hold (docs/design.md, "Memory: huge pages and aligned tables"). PyTorch's
+tensors already start on a line, so the modules of :mod:`embedding_kernels.torch` need
+none of this.
 """
 
 import operator

@@ -127,11 +127,10 @@ def _in_huge_pages(table: Tensor) -> None:
     (:func:`embedding_kernels.collapse_huge_pages`).
 
     PyTorch leaves a tensor in 4 KiB pages, and a lookup into a table much larger than
-    the TLB covers then walks the page tables for nearly every id: minilm's bag sum
-    (30 522 x 384) took 94-98 us through ``EmbeddingBag`` from a table in 4 KiB pages
-    and 90-91 from the same values in huge pages (docs/benchmarks.md, "The modules'
-    tables in huge pages"). Only a speed-up: a table without a NumPy view (on the meta
-    device, say) is left as it is."""
+    the TLB covers then walks the page tables for nearly every id; in 2 MiB pages the
+    TLB covers far more of it (docs/design.md, "Memory: huge pages and aligned tables").
+    Only a speed-up: a table without a NumPy view (on the meta device, say) is left as
+    it is."""
     if not (table.is_cpu and table.is_contiguous()):
         return
     try:
@@ -456,8 +455,8 @@ class EmbeddingBag(_Table):
             # NumPy views, refuses any other dtype or a bad id before it writes, and
             # allocates the output. The torch-level checks (the device, the dtype,
             # the layout of each tensor) run only when it fails, to raise their
-            # precise error instead of its own: they cost 0.5 us of the 6.5 a small
-            # bag took (docs/benchmarks.md, "The modules' inference path").
+            # precise error instead of its own: on a small bag they are a fair share
+            # of the call's time.
             try:
                 out, _ = _bag_forward(weight, per_sample_weights, input, offsets, options)
                 return torch.from_numpy(out)

@@ -47,7 +47,7 @@ def _array(tensor: Tensor):
         if tensor.dtype == torch.float32:
             # Into NumPy's memory (huge pages for large arrays, see `_fresh`): the
             # gradient of `out.sum()` is one row expanded to the output's shape, and
-            # its copy by `.contiguous()` into fresh 4 KiB pages took longer than the
+            # its copy by `.contiguous()` into fresh 4 KiB pages costs more than the
             # backward's kernel.
             copy = _fresh(tuple(tensor.shape))
             torch.from_numpy(copy).copy_(tensor)
@@ -61,8 +61,8 @@ def _weight_of(module) -> Tensor:
     where something else holds it (a parametrization, a plain tensor).
 
     ``module.weight`` reaches a parameter through ``nn.Module.__getattr__``, after
-    Python's own lookup has failed: 1.6 us a read on the Zen 3 host against 0.14 for
-    ``_parameters["weight"]`` (2026-11-30), a tenth of a small inference call there.
+    Python's own lookup has failed: far slower than ``_parameters["weight"]``, and a
+    fair share of a small inference call.
     (A subclass that defines a ``weight`` property while the parameter stays registered
     would get the parameter here, not its property.)"""
     weight = module._parameters.get("weight")
@@ -77,9 +77,9 @@ def _fresh(shape) -> "np.ndarray":
     passed as ``out`` (or copied into) so that the tests can hand the modules NaN-filled arrays instead and
     check that nothing of them survives. On an error the array is dropped, so nobody sees
     what it held. NumPy's allocation, not ``torch.empty``:
-    NumPy asks for huge pages for large arrays (``madvise``), and the first touch of a
-    fresh 48 MB output in 4 KiB pages took twice as long (gpt2's lookup, 33 against 13 ms,
-    2026-11-24)."""
+    NumPy asks for huge pages for large arrays (``madvise``), so the first touch of a
+    large fresh output faults in a page per 2 MiB rather than per 4 KiB
+    (docs/design.md, "Memory: huge pages and aligned tables")."""
     return np.empty(shape, dtype=np.float32)
 
 
@@ -100,9 +100,9 @@ def _dense_grad(shape) -> "np.ndarray":
     (the training loop's ``zero_grad()`` dropped the tensor made from it), else a new
     one from ``_fresh``, kept for the next time. A step that frees its gradient and
     makes another one every time then writes into memory it has written before: a
-    fresh array's first touch, one page fault per page, took minilm's dense backward
-    (30 522 x 384) from 2.4-2.9 ms into a held array to 8.9-12.4 ms. Two tables of one
-    shape get an array each."""
+    fresh array's first touch, one page fault per page, costs the dense backward more
+    than its own work (docs/design.md, "The grouped backward"). Two tables of one shape
+    get an array each."""
     probe = _PROBE
     for spare in _spare_grads:
         # Held by the list and by `spare`, as `probe` by the module and by `probe`: by
