@@ -115,9 +115,13 @@
 //! # SIMD
 //!
 //! Row arithmetic is written once over a lane trait and runs, chosen at run
-//! time, in 256-bit AVX registers where the CPU has AVX, and otherwise with
-//! `wide::f32x8` (two SSE2 halves in a default x86-64 build). No kernel
-//! fuses a multiply and an add, so both give the same bits. `unsafe` is
+//! time, in sixteen-lane AVX-512 registers where the CPU has AVX-512F and
+//! AVX-512VL, in eight-lane AVX2 registers (with FMA and F16C) where it has
+//! those, and otherwise with `wide::f32x8` (two SSE2 halves in a default
+//! x86-64 build). Every path does the same operations in the same order: a
+//! multiply and an add are fused only where every path fuses them (the
+//! packed formats' sums, as FBGEMM computes them, with `mul_add` on the
+//! portable lanes), so all give the same bits. `unsafe` is
 //! confined to the intrinsics (`simd/`), the prefetch hints, the column
 //! blocks of the parallel scatter, the aligned tables of [`memory`], the
 //! `set_len` of each fresh output written in place and the bag forward's
