@@ -17,8 +17,9 @@ END = "<!-- generated: end -->"
 
 
 def demote(text):
-    """Headings one level down, so a file's `#` title sits under `##`."""
-    return re.sub(r"^(#+) ", r"#\1 ", text, flags=re.M)
+    """Headings two levels down, so a file's `#` title sits under the
+    `## Current figures` that holds it."""
+    return re.sub(r"^(#+) ", r"##\1 ", text, flags=re.M)
 
 
 def body(name):

@@ -399,7 +399,7 @@ def markdown(result, command):
     """The run's tables in Markdown: the ops, then the per-call costs."""
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     lines = [
-        "## Through Python: `torch.nn` against `embedding_kernels.torch`",
+        "# Through Python: `torch.nn` against `embedding_kernels.torch`",
         "",
         f"_{when} · {cpu_model()}, {os.cpu_count()} CPUs · torch {result['torch']}, "
         f"{result['threads']} threads · `{command}`_",
