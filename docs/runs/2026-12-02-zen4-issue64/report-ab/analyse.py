@@ -1,6 +1,13 @@
 """Geometric mean of new/old median times over the report's kernel, layer and
-format rows, three rounds alternating; the median ratio per row."""
-import json, math, statistics, sys, glob
+format rows, three rounds alternating; the median ratio per row.
+
+    python3 analyse.py [DIR [OLD NEW]]
+
+reads DIR/OLD-<round>.json and DIR/NEW-<round>.json (default: this script's
+directory, `old` and `new`), as `report --json` wrote them."""
+import json, math, statistics, sys, glob, os
+DIR = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
+OLD, NEW = sys.argv[2:4] if len(sys.argv) > 3 else ('old', 'new')
 def rows(path):
     d = json.load(open(path))
     out = {}
@@ -11,10 +18,10 @@ def rows(path):
     for r in d['format_rows']:
         out[('format', r['workload'], r['op'], r['format'])] = r['median_us']
     return out
-rounds = sorted({p.split('-')[-1].split('.')[0] for p in glob.glob('/tmp/ab/old-*.json')})
+rounds = sorted({p.split('-')[-1].split('.')[0] for p in glob.glob(f'{DIR}/{OLD}-*.json')})
 ratios = {}
 for k in rounds:
-    old, new = rows(f'/tmp/ab/old-{k}.json'), rows(f'/tmp/ab/new-{k}.json')
+    old, new = rows(f'{DIR}/{OLD}-{k}.json'), rows(f'{DIR}/{NEW}-{k}.json')
     for key in old.keys() & new.keys():
         if old[key] > 0 and new[key] > 0:
             ratios.setdefault(key, []).append(new[key] / old[key])
