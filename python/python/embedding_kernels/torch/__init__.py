@@ -10,9 +10,12 @@ coalesced ``torch.sparse_coo_tensor`` that PyTorch's optimisers accept.
 Tensors reach the kernels as NumPy views (``tensor.numpy()``), without a copy
 when they are contiguous (a contiguous copy otherwise, as PyTorch would make;
 for float32, into NumPy's memory). Only CPU float32 tables and gradients are supported, with int32 or
-int64 ids; any other device or dtype raises ``ValueError``. An id out of range
+int64 ids; any other device or dtype raises ``ArgumentError``. An id out of range
 (negative ones included) raises ``IndexError`` naming its flat position and
-value, before anything is written.
+value, before anything is written. The other errors are ``ValueError``s that are
+also the type ``torch.nn`` raises for the same mistake (``_errors.py``):
+``ArgumentError`` a ``RuntimeError``, ``PaddingIdxError`` an ``AssertionError``,
+``NotSupportedError`` a ``NotImplementedError``.
 
 Each module asks Linux to keep its table in transparent huge pages: a fresh one from its
 first write, a ``_weight`` (and ``from_pretrained``'s ``embeddings``, shared with the caller
@@ -36,6 +39,7 @@ from torch import Tensor, nn
 from torch.nn import init
 
 from .. import _native, collapse_huge_pages
+from ._errors import ArgumentError, NotSupportedError, PaddingIdxError, torch_error
 from ._arrays import (
     _array,
     _check_ids,
@@ -56,15 +60,22 @@ from ._autograd import (
     _check_rates,
 )
 
-__all__ = ["Embedding", "EmbeddingBag", "empty_cache"]
+__all__ = [
+    "ArgumentError",
+    "Embedding",
+    "EmbeddingBag",
+    "NotSupportedError",
+    "PaddingIdxError",
+    "empty_cache",
+]
 
 
 def _check_factory(device, dtype) -> None:
     """Refuses a ``device`` or ``dtype`` the kernels cannot serve."""
     if device is not None and torch.device(device).type != "cpu":
-        raise ValueError(f"embedding_kernels runs on the CPU only, got device={device}")
+        raise ArgumentError(f"embedding_kernels runs on the CPU only, got device={device}")
     if dtype is not None and dtype != torch.float32:
-        raise ValueError(f"embedding_kernels needs float32 tables, got dtype={dtype}")
+        raise ArgumentError(f"embedding_kernels needs float32 tables, got dtype={dtype}")
 
 
 def _padding_row(padding_idx: Optional[int], num_embeddings: int) -> Optional[int]:
@@ -72,32 +83,36 @@ def _padding_row(padding_idx: Optional[int], num_embeddings: int) -> Optional[in
     if padding_idx is None:
         return None
     if not -num_embeddings <= padding_idx < num_embeddings:
-        raise ValueError(
+        raise PaddingIdxError(
             f"padding_idx {padding_idx} must be within [-{num_embeddings}, {num_embeddings})"
         )
     return padding_idx + num_embeddings if padding_idx < 0 else padding_idx
 
 
 def _check_lookup(weight: Tensor, input: Tensor) -> None:
-    """Raises ValueError unless `Embedding.forward`'s tensors suit the kernels."""
+    """Raises ArgumentError unless `Embedding.forward`'s tensors suit the kernels."""
     _check_table(weight)
     _check_ids(input, "input")
 
 
-def _check_bag(weight, input, offsets, per_sample_weights) -> None:
-    """Raises ValueError unless `EmbeddingBag.forward`'s tensors suit the kernels."""
+def _check_bag(weight, input, offsets, per_sample_weights, mode) -> None:
+    """Raises ArgumentError unless `EmbeddingBag.forward`'s tensors suit the kernels."""
     _check_table(weight)
     _check_ids(input, "input")
     if offsets is not None:
         _check_ids(offsets, "offsets")
     if per_sample_weights is not None:
         _check_table(per_sample_weights, "per_sample_weights")
+        if mode != "sum":
+            raise NotSupportedError(
+                f"per_sample_weights are only supported for mode sum, not {mode}"
+            )
 
 
 def _pretrained_shape(embeddings: Tensor):
-    """``from_pretrained``'s table shape, ``(rows, cols)``; ValueError unless 2-D."""
+    """``from_pretrained``'s table shape, ``(rows, cols)``; ArgumentError unless 2-D."""
     if embeddings.dim() != 2:
-        raise ValueError(f"embeddings must be 2-D, got {embeddings.dim()}-D")
+        raise ArgumentError(f"embeddings must be 2-D, got {embeddings.dim()}-D")
     rows, cols = embeddings.shape
     return rows, cols
 
@@ -113,7 +128,7 @@ def _parameter(
         _in_huge_pages(fresh)
         return nn.Parameter(fresh, requires_grad=requires_grad)
     if list(weight.shape) != [num_embeddings, embedding_dim]:
-        raise ValueError(
+        raise ArgumentError(
             f"_weight has shape {list(weight.shape)}, expected [{num_embeddings}, {embedding_dim}]"
         )
     _check_table(weight, "_weight")
@@ -191,7 +206,7 @@ class _Table(nn.Module):
         ``backward`` steps twice (the same sum for SGD without weight decay), and
         a table that the graph also reads elsewhere (a tied output layer) must not
         use it: the step bumps the table's autograd version, so such a graph
-        raises in its backward. The table must be contiguous (``ValueError`` in
+        raises in its backward. The table must be contiguous (``ArgumentError`` in
         the backward otherwise). A bag layer must pool with ``"sum"`` or
         ``"mean"``. Replaces an Adagrad step set before. Returns the module."""
         if lr is None:
@@ -247,14 +262,14 @@ class _Table(nn.Module):
         else:
             state_sum, step = state["sum"], int(state["step"])
             if not isinstance(state_sum, Tensor) or state_sum.dtype != torch.float32:
-                raise ValueError("state['sum'] must be a float32 tensor")
+                raise ArgumentError("state['sum'] must be a float32 tensor")
             if tuple(state_sum.shape) != shape or not state_sum.is_contiguous():
-                raise ValueError(
+                raise ArgumentError(
                     f"state['sum'] must be a contiguous tensor of weight's shape {list(shape)}, "
                     f"got {list(state_sum.shape)}"
                 )
             if state_sum.device.type != "cpu" or step < 0:
-                raise ValueError("state['sum'] must be on the CPU and state['step'] >= 0")
+                raise ArgumentError("state['sum'] must be on the CPU and state['step'] >= 0")
         self._step_in_backward = _Adagrad(
             float(lr), float(lr_decay), float(weight_decay), float(eps), state_sum, step
         )
@@ -275,8 +290,9 @@ class Embedding(_Table):
 
     Differences from PyTorch: CPU float32 only; ``embedding_dim`` must be
     positive; a bad id raises ``IndexError`` (PyTorch: ``IndexError`` too, with
-    another message), a bad argument ``ValueError`` (PyTorch: ``AssertionError``
-    for ``padding_idx``); ``sparse=True`` gradients come coalesced.
+    another message), a bad argument a ``ValueError`` that is also PyTorch's type
+    for it (``ArgumentError``, a ``RuntimeError``; ``PaddingIdxError``, an
+    ``AssertionError``); ``sparse=True`` gradients come coalesced.
     """
 
     __constants__ = [
@@ -306,7 +322,7 @@ class Embedding(_Table):
         super().__init__()
         _check_factory(device, dtype)
         if embedding_dim <= 0:
-            raise ValueError(f"embedding_dim must be positive, got {embedding_dim}")
+            raise ArgumentError(f"embedding_dim must be positive, got {embedding_dim}")
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
         self.padding_idx = _padding_row(padding_idx, num_embeddings)
@@ -319,6 +335,12 @@ class Embedding(_Table):
             self.reset_parameters()
 
     def forward(self, input: Tensor) -> Tensor:
+        try:
+            return self._forward(input)
+        except ValueError as e:
+            raise torch_error(e) from None
+
+    def _forward(self, input: Tensor) -> Tensor:
         weight = _weight_of(self)
         if self.max_norm is None and not _needs_graph(weight):
             # The inference call, checked only if it fails (see `EmbeddingBag.forward`).
@@ -418,11 +440,11 @@ class EmbeddingBag(_Table):
         super().__init__()
         _check_factory(device, dtype)
         if embedding_dim <= 0:
-            raise ValueError(f"embedding_dim must be positive, got {embedding_dim}")
+            raise ArgumentError(f"embedding_dim must be positive, got {embedding_dim}")
         if mode not in ("sum", "mean", "max"):
-            raise ValueError(f'mode must be "sum", "mean" or "max", got {mode!r}')
+            raise ArgumentError(f'mode must be "sum", "mean" or "max", got {mode!r}')
         if sparse and mode == "max":
-            raise ValueError('sparse gradients are not supported with mode="max" (as in PyTorch)')
+            raise ArgumentError('sparse gradients are not supported with mode="max" (as in PyTorch)')
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
         self.max_norm = max_norm
@@ -442,6 +464,12 @@ class EmbeddingBag(_Table):
         offsets: Optional[Tensor] = None,
         per_sample_weights: Optional[Tensor] = None,
     ) -> Tensor:
+        try:
+            return self._forward(input, offsets, per_sample_weights)
+        except ValueError as e:
+            raise torch_error(e) from None
+
+    def _forward(self, input, offsets, per_sample_weights) -> Tensor:
         weight = _weight_of(self)
         options = (
             self.mode,
@@ -462,9 +490,9 @@ class EmbeddingBag(_Table):
                 return torch.from_numpy(out)
             except Exception as e:
                 refused = e
-            _check_bag(weight, input, offsets, per_sample_weights)
+            _check_bag(weight, input, offsets, per_sample_weights, self.mode)
             raise refused
-        _check_bag(weight, input, offsets, per_sample_weights)
+        _check_bag(weight, input, offsets, per_sample_weights, self.mode)
         if self.max_norm is not None:
             # Every argument and id is checked before the table changes.
             _bag_forward(weight, per_sample_weights, input, offsets, options)
@@ -481,7 +509,7 @@ class EmbeddingBag(_Table):
 
     def _check_fused(self) -> None:
         if self.mode == "max":
-            raise ValueError('a fused step needs mode "sum" or "mean": max\'s gradient is not fused')
+            raise ArgumentError('a fused step needs mode "sum" or "mean": max\'s gradient is not fused')
 
     def extra_repr(self) -> str:
         s = f"{self.num_embeddings}, {self.embedding_dim}"

@@ -14,28 +14,29 @@ import torch
 from torch import Tensor
 
 from .. import _native
+from ._errors import ArgumentError
 
 
 def _check_table(weight: Tensor, name: str = "weight") -> None:
-    """Raises ValueError unless ``weight`` is a CPU float32 tensor."""
+    """Raises ArgumentError unless ``weight`` is a CPU float32 tensor."""
     if not weight.is_cpu:
-        raise ValueError(
+        raise ArgumentError(
             f"embedding_kernels runs on the CPU only, but {name} is on {weight.device}"
         )
     if weight.dtype is not torch.float32:
-        raise ValueError(f"embedding_kernels needs a float32 {name}, got {weight.dtype}")
+        raise ArgumentError(f"embedding_kernels needs a float32 {name}, got {weight.dtype}")
     if weight.layout != torch.strided:
-        raise ValueError(f"embedding_kernels needs a dense {name}, got {weight.layout}")
+        raise ArgumentError(f"embedding_kernels needs a dense {name}, got {weight.layout}")
 
 
 def _check_ids(ids: Tensor, name: str) -> None:
-    """Raises ValueError unless ``ids`` is a CPU int32 or int64 tensor."""
+    """Raises ArgumentError unless ``ids`` is a CPU int32 or int64 tensor."""
     if not isinstance(ids, Tensor):
-        raise ValueError(f"{name} must be a tensor of int32 or int64 ids, got {type(ids).__name__}")
+        raise ArgumentError(f"{name} must be a tensor of int32 or int64 ids, got {type(ids).__name__}")
     if not ids.is_cpu:
-        raise ValueError(f"embedding_kernels runs on the CPU only, but {name} is on {ids.device}")
+        raise ArgumentError(f"embedding_kernels runs on the CPU only, but {name} is on {ids.device}")
     if ids.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"{name} must hold int32 or int64 ids, got {ids.dtype}")
+        raise ArgumentError(f"{name} must hold int32 or int64 ids, got {ids.dtype}")
 
 
 def _array(tensor: Tensor):

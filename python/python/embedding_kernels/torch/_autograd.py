@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from .. import _native
+from ._errors import ArgumentError, torch_errors
 from ._arrays import (
     _array,
     _check_table,
@@ -30,6 +31,7 @@ class _EmbeddingFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch_errors
     def backward(ctx, grad_out):
         if not ctx.needs_input_grad[0]:
             return None, None, None, None, None
@@ -173,7 +175,7 @@ class _Adagrad:
 
 def _step_table(step, table: Tensor, batch: _Batch) -> None:
     """Runs `step` on `table`'s own memory (never a copy: a non-contiguous
-    table is refused by the step, ValueError, rather than updated in a copy
+    table is refused by the step, ArgumentError, rather than updated in a copy
     thrown away), then bumps its autograd version: written behind autograd's
     back, so that a graph that saved the table elsewhere (a tied layer)
     raises instead of using new values."""
@@ -198,6 +200,7 @@ class _StepInBackward(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch_errors
     def backward(ctx, grad_out):
         (ids,) = ctx.saved_tensors
         padding_idx, scale_grad_by_freq, step = ctx.options
@@ -210,7 +213,7 @@ class _StepInBackward(torch.autograd.Function):
 def _check_rates(**values: float) -> None:
     for name, value in values.items():
         if not value >= 0.0 or value == float("inf"):
-            raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+            raise ArgumentError(f"{name} must be a finite number >= 0, got {value}")
 
 
 class _BagFunction(torch.autograd.Function):
@@ -230,6 +233,7 @@ class _BagFunction(torch.autograd.Function):
         return torch.from_numpy(out)
 
     @staticmethod
+    @torch_errors
     def backward(ctx, grad_out):
         weight, per_sample_weights, ids, offsets, max_indices = ctx.saved_tensors
         _, include_last_offset, padding_idx, _, sparse = ctx.options
@@ -267,6 +271,7 @@ class _BagStepInBackward(torch.autograd.Function):
         return torch.from_numpy(out)
 
     @staticmethod
+    @torch_errors
     def backward(ctx, grad_out):
         per_sample_weights, ids, offsets = ctx.saved_tensors
         options, step = ctx.options
