@@ -62,6 +62,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?)?;
     m.add_function(wrap_pyfunction!(openmp::openmp_threads, m)?)?;
     m.add_function(wrap_pyfunction!(openmp::openmp_executor_runs, m)?)?;
+    m.add_function(wrap_pyfunction!(openmp::torch_call_threads, m)?)?;
     m.add_function(wrap_pyfunction!(formats::prepack, m)?)?;
     m.add_function(wrap_pyfunction!(formats::dequantize, m)?)?;
     m.add_function(wrap_pyfunction!(formats::table_embedding, m)?)?;

@@ -11,8 +11,10 @@
 //! its [`Executor`] hook, hands them to the team's threads, the ones already
 //! spinning. The same tasks give the same bits, every id is checked before
 //! any task writes, and a panic is carried back to the calling thread rather
-//! than unwound through libgomp's C frames. `EMBEDDING_KERNELS_OPENMP=0`, set
-//! before the first call, keeps every call on the crate's rayon pool.
+//! than unwound through libgomp's C frames. Where PyTorch has one thread
+//! (`torch.set_num_threads(1)`), every call runs on its calling thread alone.
+//! `EMBEDDING_KERNELS_OPENMP=0`, set before the first call, keeps every call
+//! on the crate's rayon pool, whatever PyTorch's count.
 
 use crate::pool;
 use embedding_kernels::{EmbeddingError, Executor, Parallelism, with_executor};
@@ -103,14 +105,55 @@ fn find() -> Option<&'static Gomp> {
 /// libgomp's team for a call reading or writing `bytes`, where this path
 /// applies: a large enough call, libgomp loaded, two threads or more.
 pub(crate) fn team(bytes: usize) -> Option<Team> {
-    if bytes < MIN_BYTES || disabled() {
+    match torch_threads(bytes) {
+        Some(Threads::Team(team)) => Some(team),
+        _ => None,
+    }
+}
+
+/// Where PyTorch's thread count decides how a call runs.
+enum Threads {
+    /// On libgomp's team of two threads or more.
+    Team(Team),
+    /// On the calling thread alone: PyTorch was asked for one thread
+    /// (`torch.set_num_threads(1)` sets libgomp's count), and one means one.
+    One,
+}
+
+/// How PyTorch's thread count has a call reading or writing `bytes` run,
+/// where libgomp is loaded; `None` leaves it to the crate's pool. A small
+/// call looks only at a libgomp already found by a large one, so that a
+/// process without PyTorch pays no lookup on each small call.
+fn torch_threads(bytes: usize) -> Option<Threads> {
+    if disabled() {
         return None;
     }
-    let gomp = find()?;
+    let gomp = if bytes < MIN_BYTES {
+        GOMP.get()?
+    } else {
+        find()?
+    };
     // SAFETY: libgomp's `omp_get_max_threads`, no arguments.
-    let threads = unsafe { (gomp.max_threads)() };
-    let threads = usize::try_from(threads).ok().filter(|&t| t >= 2)?;
-    Some(Team { gomp, threads })
+    let threads = usize::try_from(unsafe { (gomp.max_threads)() }).ok()?;
+    match threads {
+        0 => None,
+        1 => Some(Threads::One),
+        _ if bytes < MIN_BYTES => None,
+        _ => Some(Threads::Team(Team { gomp, threads })),
+    }
+}
+
+/// How many threads PyTorch's count gives calls of `nbytes` now: 1 on the
+/// calling thread alone, the team's size on libgomp's team, 0 on the crate's
+/// pool; for tests.
+#[pyfunction]
+#[pyo3(signature = (nbytes=MIN_BYTES))]
+pub(crate) fn torch_call_threads(nbytes: usize) -> usize {
+    match torch_threads(nbytes) {
+        Some(Threads::Team(team)) => team.threads,
+        Some(Threads::One) => 1,
+        None => 0,
+    }
 }
 
 /// Whether calls of `bytes` would run on libgomp's team now, and on how many
@@ -124,16 +167,20 @@ pub(crate) fn openmp_threads(nbytes: usize) -> usize {
 /// Runs a kernel call `f` with the GIL released, and its error as the Python
 /// exception. When a call reading or writing `bytes` qualifies ([`team`]), on
 /// libgomp's team as the crate's executor, split whatever its size
-/// (`f(Parallelism::Rayon)`); else on the crate's rayon pool, which decides
-/// ([`pool::run`], `f(Parallelism::Auto)`).
+/// (`f(Parallelism::Rayon)`); where PyTorch has one thread, on the calling
+/// thread (`f(Parallelism::Serial)`); else on the crate's rayon pool, which
+/// decides ([`pool::run`], `f(Parallelism::Auto)`).
 pub(crate) fn run<T: Send>(
     py: Python<'_>,
     bytes: usize,
     f: impl Send + FnOnce(Parallelism) -> Result<T, EmbeddingError>,
 ) -> PyResult<T> {
-    match team(bytes) {
-        Some(team) => py
+    match torch_threads(bytes) {
+        Some(Threads::Team(team)) => py
             .detach(|| with_executor(Arc::new(team), || f(Parallelism::Rayon)))
+            .map_err(crate::convert::error),
+        Some(Threads::One) => py
+            .detach(|| f(Parallelism::Serial))
             .map_err(crate::convert::error),
         None => pool::run(py, || f(Parallelism::Auto)),
     }

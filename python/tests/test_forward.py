@@ -637,6 +637,32 @@ def test_forwards_on_pytorchs_openmp_threads_give_the_bits_of_the_pool():
     assert _python(alone + _FORWARDS, RAYON_NUM_THREADS="2") == one_thread
 
 
+def test_pytorchs_thread_count_is_followed():
+    # torch.set_num_threads(1) puts every call on its calling thread, small or
+    # large, once a large call has found libgomp; two threads put large calls on the
+    # team and leave small ones to the pool; the count is read at each call; the
+    # bits are the pool's either way.
+    code = (
+        "import torch; torch.set_num_threads(1)\n"
+        "import embedding_kernels as ek\n"
+        "big, small = 1 << 20, 1 << 10\n"
+        "seen = [ek._native.torch_call_threads(small)]\n"
+        + _FORWARDS.replace("print(", "digest = (", 1)
+        + "seen += [ek._native.torch_call_threads(big), ek._native.torch_call_threads(small)]\n"
+        "torch.set_num_threads(2)\n"
+        "seen += [ek._native.torch_call_threads(big), ek._native.torch_call_threads(small)]\n"
+        "print(digest)\n"
+        "print(*seen)\n"
+    )
+    pool = _python(_FORWARDS, RAYON_NUM_THREADS="2")
+    digest, seen = _python(code).splitlines()
+    assert digest == pool
+    # Before a large call, a small one does not look for libgomp (0: the pool).
+    assert seen == "0 1 1 2 0"
+    off = _python(code, EMBEDDING_KERNELS_OPENMP="0").splitlines()
+    assert off == [pool, "0 0 0 0 0"]
+
+
 def _team_against_one_thread(setup, calls, result):
     """Runs `setup`, then each of `calls` (statements), then hashes the arrays of
     `result` (an expression), in a subprocess: with one rayon thread, where no call
