@@ -406,9 +406,11 @@ def test_the_extension_names_its_optimisation_level():
 
 
 def _run(code, **env):
-    """Runs `code` in a fresh interpreter with `env` added (and the pool's opt-out
-    only if `env` sets it)."""
-    base = {k: v for k, v in os.environ.items() if k != "EMBEDDING_KERNELS_CALLER_WAITS"}
+    """Runs `code` in a fresh interpreter with `env` added (and the pool's and
+    PyTorch's team's opt-outs only if `env` sets them: conftest.py sets the second for
+    this process)."""
+    inherited = ("EMBEDDING_KERNELS_CALLER_WAITS", "EMBEDDING_KERNELS_OPENMP")
+    base = {k: v for k, v in os.environ.items() if k not in inherited}
     return subprocess.run(
         [sys.executable, "-c", code],
         env=dict(base, **env),
