@@ -36,6 +36,7 @@ from typing import Optional
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 from torch.nn import init
 
 from .. import _native, collapse_huge_pages
@@ -71,8 +72,9 @@ __all__ = [
 
 
 def _check_factory(device, dtype) -> None:
-    """Refuses a ``device`` or ``dtype`` the kernels cannot serve."""
-    if device is not None and torch.device(device).type != "cpu":
+    """Refuses a ``device`` or ``dtype`` the kernels cannot serve: the CPU, or the meta
+    device (shapes only, for deferred initialisation), and float32."""
+    if device is not None and torch.device(device).type not in ("cpu", "meta"):
         raise ArgumentError(f"embedding_kernels runs on the CPU only, got device={device}")
     if dtype is not None and dtype != torch.float32:
         raise ArgumentError(f"embedding_kernels needs float32 tables, got dtype={dtype}")
@@ -118,13 +120,17 @@ def _pretrained_shape(embeddings: Tensor):
 
 
 def _parameter(
-    num_embeddings: int, embedding_dim: int, weight: Optional[Tensor], requires_grad: bool
+    num_embeddings: int,
+    embedding_dim: int,
+    weight: Optional[Tensor],
+    requires_grad: bool,
+    device=None,
 ) -> nn.Parameter:
     """A module's table: a fresh float32 one (for `reset_parameters`), or `weight` (the
     `_weight` argument, shared as PyTorch's modules share it), checked against the
     module's shape; in huge pages either way (`_in_huge_pages`)."""
     if weight is None:
-        fresh = torch.empty((num_embeddings, embedding_dim), dtype=torch.float32)
+        fresh = torch.empty((num_embeddings, embedding_dim), dtype=torch.float32, device=device)
         _in_huge_pages(fresh)
         return nn.Parameter(fresh, requires_grad=requires_grad)
     if list(weight.shape) != [num_embeddings, embedding_dim]:
@@ -163,6 +169,17 @@ class _Table(nn.Module):
     padding_idx: Optional[int]
     # The optimiser step run as the backward (`sgd_in_backward`, `adagrad_in_backward`).
     _step_in_backward: Optional[object] = None
+
+    def _apply(self, fn, recurse=True):
+        """``nn.Module._apply`` (``.to()``, ``.double()``, ``.half()``, ``.cuda()``,
+        ``to_empty()``), refusing a conversion of the table to a dtype or device the
+        kernels cannot serve before anything is converted: where ``fn`` takes a table
+        shows on an empty tensor like it."""
+        weight = self._parameters.get("weight")
+        if weight is not None:
+            probe = fn(torch.empty(0, dtype=weight.dtype, device=weight.device))
+            _check_factory(probe.device, probe.dtype)
+        return super()._apply(fn, recurse)
 
     def reset_parameters(self) -> None:
         """Draws the table from N(0, 1) and zeroes the padding row, as PyTorch does."""
@@ -330,7 +347,7 @@ class Embedding(_Table):
         self.norm_type = norm_type
         self.scale_grad_by_freq = scale_grad_by_freq
         self.sparse = sparse
-        self.weight = _parameter(num_embeddings, embedding_dim, _weight, not _freeze)
+        self.weight = _parameter(num_embeddings, embedding_dim, _weight, not _freeze, device)
         if _weight is None:
             self.reset_parameters()
 
@@ -348,8 +365,12 @@ class Embedding(_Table):
                 return _lookup(weight, input, self.padding_idx)
             except Exception as e:
                 refused = e
+            if weight.is_meta:
+                return self._on_meta(weight, input)
             _check_lookup(weight, input)  # its own error, not chained to the kernel's
             raise refused
+        if weight.is_meta:
+            return self._on_meta(weight, input)
         _check_lookup(weight, input)
         if self.max_norm is not None:
             # Every id is checked before the table changes.
@@ -364,6 +385,14 @@ class Embedding(_Table):
             )
         return _EmbeddingFunction.apply(
             weight, input, self.padding_idx, self.scale_grad_by_freq, self.sparse
+        )
+
+    def _on_meta(self, weight: Tensor, input: Tensor) -> Tensor:
+        """The forward of a table on the meta device (made there for deferred
+        initialisation): PyTorch's own op, which gives the output's shape and dtype."""
+        return F.embedding(
+            input, weight, self.padding_idx, self.max_norm, self.norm_type,
+            self.scale_grad_by_freq, self.sparse,
         )
 
     def extra_repr(self) -> str:
@@ -454,7 +483,7 @@ class EmbeddingBag(_Table):
         self.sparse = sparse
         self.include_last_offset = include_last_offset
         self.padding_idx = _padding_row(padding_idx, num_embeddings)
-        self.weight = _parameter(num_embeddings, embedding_dim, _weight, True)
+        self.weight = _parameter(num_embeddings, embedding_dim, _weight, True, device)
         if _weight is None:
             self.reset_parameters()
 
@@ -490,8 +519,12 @@ class EmbeddingBag(_Table):
                 return torch.from_numpy(out)
             except Exception as e:
                 refused = e
+            if weight.is_meta:
+                return self._on_meta(weight, input, offsets, per_sample_weights)
             _check_bag(weight, input, offsets, per_sample_weights, self.mode)
             raise refused
+        if weight.is_meta:
+            return self._on_meta(weight, input, offsets, per_sample_weights)
         _check_bag(weight, input, offsets, per_sample_weights, self.mode)
         if self.max_norm is not None:
             # Every argument and id is checked before the table changes.
@@ -510,6 +543,15 @@ class EmbeddingBag(_Table):
     def _check_fused(self) -> None:
         if self.mode == "max":
             raise ArgumentError('a fused step needs mode "sum" or "mean": max\'s gradient is not fused')
+
+    def _on_meta(self, weight, input, offsets, per_sample_weights) -> Tensor:
+        """The forward of a table on the meta device: PyTorch's own op, for the output's
+        shape and dtype (see `Embedding._on_meta`)."""
+        return F.embedding_bag(
+            input, weight, offsets, self.max_norm, self.norm_type, self.scale_grad_by_freq,
+            self.mode, self.sparse, per_sample_weights, self.include_last_offset,
+            self.padding_idx,
+        )
 
     def extra_repr(self) -> str:
         s = f"{self.num_embeddings}, {self.embedding_dim}"
