@@ -44,13 +44,12 @@ class NanOutputs:
 
     @classmethod
     def install(cls, monkeypatch):
-        """One stand-in for the modules' two callers of the forward kernels
-        (``_arrays._lookup`` and ``_autograd._bag_forward``)."""
+        """A stand-in for the kernels the modules' operators call (``_ops._lookup`` and
+        ``_ops._bag`` among them)."""
         import embedding_kernels.torch as ekt
 
-        stand_in = cls(ekt._arrays._native)
-        monkeypatch.setattr(ekt._arrays, "_native", stand_in)
-        monkeypatch.setattr(ekt._autograd, "_native", stand_in)
+        stand_in = cls(ekt._ops._native)
+        monkeypatch.setattr(ekt._ops, "_native", stand_in)
         return stand_in
 
     def __getattr__(self, name):

@@ -3,9 +3,14 @@
 ``Embedding`` and ``EmbeddingBag`` take PyTorch's constructor arguments, hold
 their table in a ``weight`` ``nn.Parameter`` (so ``state_dict()`` and
 ``load_state_dict()`` move tables between these modules and PyTorch's, both
-ways), and train through ``torch.autograd.Function``s whose forward and
-backward are the crate's kernels: a dense gradient, or with ``sparse=True`` a
-coalesced ``torch.sparse_coo_tensor`` that PyTorch's optimisers accept.
+ways), and call the crate's kernels as PyTorch operators
+(``torch.ops.embedding_kernels.*``, ``_ops.py``) with their autograd formulas: a
+dense gradient, or with ``sparse=True`` a coalesced ``torch.sparse_coo_tensor``
+that PyTorch's optimisers accept. ``torch.compile`` (``fullgraph=True`` included),
+``torch.export`` and ``torch.jit.trace`` see those operators as nodes of their
+graphs; ``torch.jit.script`` is refused with a message (``NotSupportedError``).
+An inference call in eager mode skips the operator's dispatch and calls the same
+kernel directly.
 
 Tensors reach the kernels as NumPy views (``tensor.numpy()``), without a copy
 when they are contiguous (a contiguous copy otherwise, as PyTorch would make;
@@ -27,9 +32,9 @@ as it was; a tensor assigned to ``weight`` later is left as it is.
 with PyTorch's own ``torch.embedding_renorm_`` (the crate renormalises only
 tables it owns, not a borrowed one), after the crate has checked every id.
 
-Here are the modules; ``_autograd.py`` holds their autograd functions and fused
-optimiser steps, ``_arrays.py`` the tensors' NumPy views and the arrays the
-kernels write into.
+Here are the modules; ``_ops.py`` holds the operators, their autograd formulas and
+the fused optimiser steps, ``_arrays.py`` the tensors' NumPy views and the arrays
+the kernels write into.
 """
 
 from typing import Optional
@@ -39,27 +44,11 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.nn import init
 
-from .. import _native, collapse_huge_pages
+from .. import collapse_huge_pages
 from ._errors import ArgumentError, NotSupportedError, PaddingIdxError, torch_error
-from ._arrays import (
-    _array,
-    _check_ids,
-    _check_table,
-    _lookup,
-    _needs_graph,
-    _weight_of,
-    empty_cache,
-)
-from ._autograd import (
-    _Adagrad,
-    _BagFunction,
-    _BagStepInBackward,
-    _EmbeddingFunction,
-    _Sgd,
-    _StepInBackward,
-    _bag_forward,
-    _check_rates,
-)
+from ._arrays import _check_ids, _check_table, _needs_graph, _weight_of, empty_cache
+from . import _ops
+from ._ops import Adagrad, Sgd, _bag, _direct, _lookup
 
 __all__ = [
     "ArgumentError",
@@ -109,6 +98,12 @@ def _check_bag(weight, input, offsets, per_sample_weights, mode) -> None:
             raise NotSupportedError(
                 f"per_sample_weights are only supported for mode sum, not {mode}"
             )
+
+
+def _check_rates(**values: float) -> None:
+    for name, value in values.items():
+        if not value >= 0.0 or value == float("inf"):
+            raise ArgumentError(f"{name} must be a finite number >= 0, got {value}")
 
 
 def _pretrained_shape(embeddings: Tensor):
@@ -231,7 +226,7 @@ class _Table(nn.Module):
             return self
         self._check_fused()
         _check_rates(lr=lr, weight_decay=weight_decay)
-        self._step_in_backward = _Sgd(float(lr), float(weight_decay))
+        self._step_in_backward = Sgd(float(lr), float(weight_decay))
         return self
 
     def adagrad_in_backward(
@@ -275,9 +270,9 @@ class _Table(nn.Module):
         shape = tuple(self.weight.shape)
         if state is None:
             state_sum = torch.full(shape, float(initial_accumulator_value), dtype=torch.float32)
-            step = 0
+            step = torch.tensor(0.0)
         else:
-            state_sum, step = state["sum"], int(state["step"])
+            state_sum, step = state["sum"], state["step"]
             if not isinstance(state_sum, Tensor) or state_sum.dtype != torch.float32:
                 raise ArgumentError("state['sum'] must be a float32 tensor")
             if tuple(state_sum.shape) != shape or not state_sum.is_contiguous():
@@ -285,21 +280,33 @@ class _Table(nn.Module):
                     f"state['sum'] must be a contiguous tensor of weight's shape {list(shape)}, "
                     f"got {list(state_sum.shape)}"
                 )
-            if state_sum.device.type != "cpu" or step < 0:
+            if not isinstance(step, Tensor) or step.numel() != 1 or step.is_floating_point() is False:
+                # A number, or a tensor the step cannot count in: counted in a tensor of our own.
+                step = torch.tensor(float(step))
+            if state_sum.device.type != "cpu" or step.device.type != "cpu" or not step >= 0:
                 raise ArgumentError("state['sum'] must be on the CPU and state['step'] >= 0")
-        self._step_in_backward = _Adagrad(
+        self._step_in_backward = Adagrad(
             float(lr), float(lr_decay), float(weight_decay), float(eps), state_sum, step
         )
         return self
 
     def adagrad_state(self) -> Optional[dict]:
         """The Adagrad step's state, ``{"step": tensor, "sum": tensor}`` as
-        ``torch.optim.Adagrad`` keeps it (the ``sum`` tensor itself, not a copy);
-        ``None`` unless :meth:`adagrad_in_backward` is on."""
+        ``torch.optim.Adagrad`` keeps it (the tensors themselves, which each step
+        updates, not copies); ``None`` unless :meth:`adagrad_in_backward` is on."""
         step = self._step_in_backward
-        if not isinstance(step, _Adagrad):
+        if not isinstance(step, Adagrad):
             return None
-        return {"step": torch.tensor(float(step.step)), "sum": step.sum}
+        return {"step": step.step, "sum": step.sum}
+
+    def __prepare_scriptable__(self):
+        """``torch.jit.script`` asks this of every module it scripts: these modules
+        call Python operators, which TorchScript cannot compile."""
+        raise NotSupportedError(
+            f"{type(self).__name__} from embedding_kernels cannot be scripted by "
+            "torch.jit.script: use torch.compile or torch.export (torch.jit.trace also "
+            "records its operators)"
+        )
 
 
 class Embedding(_Table):
@@ -359,8 +366,8 @@ class Embedding(_Table):
 
     def _forward(self, input: Tensor) -> Tensor:
         weight = _weight_of(self)
-        if self.max_norm is None and not _needs_graph(weight):
-            # The inference call, checked only if it fails (see `EmbeddingBag.forward`).
+        if self.max_norm is None and not _needs_graph(weight) and _direct():
+            # The eager inference call, checked only if it fails (see `EmbeddingBag.forward`).
             try:
                 return _lookup(weight, input, self.padding_idx)
             except Exception as e:
@@ -373,17 +380,13 @@ class Embedding(_Table):
             return self._on_meta(weight, input)
         _check_lookup(weight, input)
         if self.max_norm is not None:
-            # Every id is checked before the table changes.
-            _native.embedding(_array(weight), _array(input))
-            with torch.no_grad():
-                torch.embedding_renorm_(weight, input, self.max_norm, self.norm_type)
-        if not _needs_graph(weight):
-            return _lookup(weight, input, self.padding_idx)
-        if self._step_in_backward is not None:
-            return _StepInBackward.apply(
-                weight, input, self.padding_idx, self.scale_grad_by_freq, self._step_in_backward
+            _ops.embedding_renorm_(weight, input, self.max_norm, self.norm_type)
+        step = self._step_in_backward
+        if step is not None and _needs_graph(weight):
+            return _ops.embedding_with_step(
+                weight, input, self.padding_idx, self.scale_grad_by_freq, *step.args()
             )
-        return _EmbeddingFunction.apply(
+        return _ops.embedding(
             weight, input, self.padding_idx, self.scale_grad_by_freq, self.sparse
         )
 
@@ -500,23 +503,16 @@ class EmbeddingBag(_Table):
 
     def _forward(self, input, offsets, per_sample_weights) -> Tensor:
         weight = _weight_of(self)
-        options = (
-            self.mode,
-            self.include_last_offset,
-            self.padding_idx,
-            self.scale_grad_by_freq,
-            self.sparse,
-        )
-        if self.max_norm is None and not _needs_graph(weight, per_sample_weights):
-            # The inference call, straight to the kernel, which reads the tensors'
+        bag = (self.mode, self.include_last_offset, self.padding_idx)
+        if self.max_norm is None and not _needs_graph(weight, per_sample_weights) and _direct():
+            # The eager inference call, straight to the kernel, which reads the tensors'
             # NumPy views, refuses any other dtype or a bad id before it writes, and
             # allocates the output. The torch-level checks (the device, the dtype,
             # the layout of each tensor) run only when it fails, to raise their
             # precise error instead of its own: on a small bag they are a fair share
             # of the call's time.
             try:
-                out, _ = _bag_forward(weight, per_sample_weights, input, offsets, options)
-                return torch.from_numpy(out)
+                return _bag(weight, input, offsets, per_sample_weights, *bag)[0]
             except Exception as e:
                 refused = e
             if weight.is_meta:
@@ -527,18 +523,21 @@ class EmbeddingBag(_Table):
             return self._on_meta(weight, input, offsets, per_sample_weights)
         _check_bag(weight, input, offsets, per_sample_weights, self.mode)
         if self.max_norm is not None:
-            # Every argument and id is checked before the table changes.
-            _bag_forward(weight, per_sample_weights, input, offsets, options)
-            with torch.no_grad():
-                torch.embedding_renorm_(weight, input, self.max_norm, self.norm_type)
-        if not _needs_graph(weight, per_sample_weights):
-            out, _ = _bag_forward(weight, per_sample_weights, input, offsets, options)
-            return torch.from_numpy(out)
-        if self._step_in_backward is not None and weight.requires_grad:
-            return _BagStepInBackward.apply(
-                weight, per_sample_weights, input, offsets, options, self._step_in_backward
+            _ops.embedding_renorm_(
+                weight, input, self.max_norm, self.norm_type, offsets, per_sample_weights,
+                self.mode, self.include_last_offset,
             )
-        return _BagFunction.apply(weight, per_sample_weights, input, offsets, options)
+        step = self._step_in_backward
+        if step is not None and weight.requires_grad and _needs_graph(weight, per_sample_weights):
+            return _ops.embedding_bag_with_step(
+                weight, input, offsets, per_sample_weights, *bag, self.scale_grad_by_freq,
+                *step.args(),
+            )
+        out, _ = _ops.embedding_bag(
+            weight, input, offsets, per_sample_weights, *bag, self.scale_grad_by_freq,
+            self.sparse,
+        )
+        return out
 
     def _check_fused(self) -> None:
         if self.mode == "max":

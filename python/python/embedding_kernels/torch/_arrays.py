@@ -1,9 +1,8 @@
 """Tensors as the NumPy arrays the kernels read, and the arrays they write.
 
 The checks that the modules' tensors suit the kernels (CPU, float32 tables, int32
-or int64 ids), the NumPy views of tensors, the lookup, fresh unzeroed arrays, the dense
-gradient arrays kept for reuse, and the crate's sparse gradient as a
-``torch.sparse_coo_tensor``.
+or int64 ids), the NumPy views of tensors, fresh unzeroed arrays and the dense
+gradient arrays kept for reuse.
 """
 
 import sys
@@ -13,7 +12,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .. import _native
 from ._errors import ArgumentError
 
 
@@ -130,12 +128,6 @@ def empty_cache() -> None:
     _spare_grads.clear()
 
 
-def _lookup(weight: Tensor, ids: Tensor, padding_idx: Optional[int]) -> Tensor:
-    """``weight[ids]`` by the crate's gather, into an array it allocates unzeroed and
-    writes whole (NumPy's allocation: huge pages for large outputs, see ``_fresh``)."""
-    return torch.from_numpy(_native.embedding(_array(weight), _array(ids), padding_idx))
-
-
 def _needs_graph(weight: Tensor, per_sample_weights: Optional[Tensor] = None) -> bool:
     """Whether autograd records a call on ``weight`` (and ``per_sample_weights``): grad
     mode is on and one of them requires grad.
@@ -148,15 +140,3 @@ def _needs_graph(weight: Tensor, per_sample_weights: Optional[Tensor] = None) ->
     if weight.requires_grad:
         return True
     return per_sample_weights is not None and per_sample_weights.requires_grad
-
-
-def _sparse(rows, values, num_embeddings: int, embedding_dim: int) -> Tensor:
-    """The crate's coalesced ``(rows, values)`` as a sparse COO gradient of the table's shape."""
-    return torch.sparse_coo_tensor(
-        torch.from_numpy(rows).unsqueeze(0),
-        torch.from_numpy(values),
-        (num_embeddings, embedding_dim),
-        is_coalesced=True,
-        # The crate's rows are distinct, ascending and in range: nothing to check.
-        check_invariants=False,
-    )

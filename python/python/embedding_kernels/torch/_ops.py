@@ -1,0 +1,783 @@
+"""The crate's kernels as PyTorch operators, ``torch.ops.embedding_kernels.*``.
+
+Each is a ``torch.library.custom_op``: a kernel that takes plain CPU tensors and
+reaches the crate through their NumPy views (no copy for contiguous ones), a fake
+kernel that gives the output's shape and dtype to ``torch.compile``, ``torch.export``
+and the meta device, and, for the forwards, a registered autograd formula whose
+backward is again an operator. A compiled or exported graph therefore holds these
+operators as single nodes, and a ``torch.jit.trace`` records them.
+
+============================  =====================================================
+operator                      what it is
+============================  =====================================================
+``embedding``                 the lookup; its backward is one of the next two
+``embedding_dense_backward``  the dense gradient of the table
+``embedding_sparse_backward`` the coalesced gradient ``(rows, values)``
+``embedding_bag``             the bag forward, ``(output, max_indices)``
+``embedding_bag_backward``    the dense gradient of a bag forward
+``embedding_bag_sparse_backward``  its coalesced gradient
+``embedding_with_step``       the lookup whose backward is a fused optimiser step
+``embedding_bag_with_step``   the bag forward whose backward is one
+``sgd_step_``                 the fused SGD step on a table, in place
+``adagrad_step_``             the fused Adagrad step on a table and its state
+``embedding_renorm_``         ``max_norm``: checks the batch, then renormalises
+============================  =====================================================
+
+The modules call them, except for an inference call in eager mode (autograd off
+or nothing requiring grad, no compiler or tracer running), which goes straight to
+the same kernel (`_direct`): an operator costs some microseconds of dispatch,
+which is most of a small lookup's time.
+
+Errors are the modules' (``_errors.py``): ``IndexError`` for a bad id, an
+``ArgumentError`` (also a ``RuntimeError``) for the rest, raised before anything is
+written.
+"""
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .. import _native
+from ._arrays import _array, _check_ids, _check_table, _dense_grad
+from ._errors import ArgumentError, torch_errors
+
+_NS = "embedding_kernels"
+
+
+def _direct() -> bool:
+    """Whether a call may skip the operators: no ``torch.compile`` or ``torch.export``
+    tracing it (``is_compiling`` first: those read it as a constant), no
+    ``torch.jit.trace`` recording, and no ``TorchDispatchMode`` (``make_fx``) watching."""
+    if torch.compiler.is_compiling():
+        return False
+    return torch._C._get_tracing_state() is None and torch._C._len_torch_dispatch_stack() == 0
+
+
+def _check_fake(weight: Tensor, indices: Tensor, name: str = "weight") -> None:
+    """The fake kernels' checks: what the real kernel would refuse of the dtypes and
+    layouts, on the CPU or on the meta device (shapes only)."""
+    if weight.device.type not in ("cpu", "meta"):
+        raise ArgumentError(f"embedding_kernels runs on the CPU only, but {name} is on {weight.device}")
+    if weight.dtype is not torch.float32:
+        raise ArgumentError(f"embedding_kernels needs a float32 {name}, got {weight.dtype}")
+    if indices.dtype not in (torch.int32, torch.int64):
+        raise ArgumentError(f"indices must hold int32 or int64 ids, got {indices.dtype}")
+
+
+# --- The lookup -------------------------------------------------------------------
+
+
+@torch.library.custom_op(f"{_NS}::embedding", mutates_args=())
+@torch_errors
+def embedding(
+    weight: Tensor,
+    indices: Tensor,
+    padding_idx: Optional[int] = None,
+    scale_grad_by_freq: bool = False,
+    sparse: bool = False,
+) -> Tensor:
+    """``weight[indices]`` (``F.embedding``); the last three arguments shape the backward."""
+    _check_table(weight)
+    _check_ids(indices, "indices")
+    return _lookup(weight, indices, padding_idx)
+
+
+@embedding.register_fake
+def _(weight, indices, padding_idx=None, scale_grad_by_freq=False, sparse=False):
+    _check_fake(weight, indices)
+    return weight.new_empty((*indices.shape, weight.shape[1]))
+
+
+def _lookup(weight: Tensor, ids: Tensor, padding_idx: Optional[int]) -> Tensor:
+    """``weight[ids]`` by the crate's gather, into an array it allocates unzeroed and
+    writes whole (NumPy's allocation: huge pages for large outputs, see ``_arrays._fresh``)."""
+    return torch.from_numpy(_native.embedding(_array(weight), _array(ids), padding_idx))
+
+
+def _embedding_setup(ctx, inputs, output) -> None:
+    weight, indices, padding_idx, scale_grad_by_freq, sparse = inputs
+    ctx.save_for_backward(indices)
+    ctx.num_weights = weight.shape[0]
+    ctx.options = (padding_idx, scale_grad_by_freq, sparse)
+
+
+def _embedding_backward(ctx, grad_output):
+    (indices,) = ctx.saved_tensors
+    padding_idx, scale_grad_by_freq, sparse = ctx.options
+    grad = None
+    if _needs_grad(ctx, 0):
+        args = (grad_output, indices, ctx.num_weights, padding_idx, scale_grad_by_freq)
+        if sparse:
+            rows, values = embedding_sparse_backward(*args)
+            grad = _coo(rows, values, ctx.num_weights, grad_output.shape[-1])
+        else:
+            grad = embedding_dense_backward(*args)
+    return grad, None, None, None, None
+
+
+embedding.register_autograd(_embedding_backward, setup_context=_embedding_setup)
+
+
+def _needs_grad(ctx, i: int) -> bool:
+    """Whether input ``i`` of the operator needs its gradient. (The dispatcher drops
+    trailing arguments left at their defaults, and ``needs_input_grad`` with them.)"""
+    return i < len(ctx.needs_input_grad) and ctx.needs_input_grad[i]
+
+
+def _coo(rows: Tensor, values: Tensor, num_weights, embedding_dim) -> Tensor:
+    """The crate's coalesced ``(rows, values)`` as a sparse COO gradient of the table's shape."""
+    return torch.sparse_coo_tensor(
+        rows.unsqueeze(0),
+        values,
+        (num_weights, embedding_dim),
+        is_coalesced=True,
+        # The crate's rows are distinct, ascending and in range: nothing to check.
+        check_invariants=False,
+    )
+
+
+@torch.library.custom_op(f"{_NS}::embedding_dense_backward", mutates_args=())
+@torch_errors
+def embedding_dense_backward(
+    grad_output: Tensor,
+    indices: Tensor,
+    num_weights: int,
+    padding_idx: Optional[int] = None,
+    scale_grad_by_freq: bool = False,
+) -> Tensor:
+    """The lookup's dense gradient, ``[num_weights, embedding_dim]`` (``aten``'s op of
+    the same name): row ``r`` sums ``grad_output`` where ``indices == r``."""
+    _check_table(grad_output, "grad_output")
+    batch = _lookup_batch(indices, grad_output, padding_idx, scale_grad_by_freq)
+    # Every row is written (untouched ones with zeros): no need to zero it first.
+    grad = _dense_grad((num_weights, grad_output.shape[-1]))
+    batch.dense_backward(num_weights, grad)
+    return torch.from_numpy(grad)
+
+
+@embedding_dense_backward.register_fake
+def _(grad_output, indices, num_weights, padding_idx=None, scale_grad_by_freq=False):
+    _check_fake(grad_output, indices, "grad_output")
+    return grad_output.new_empty((num_weights, grad_output.shape[-1]))
+
+
+@torch.library.custom_op(f"{_NS}::embedding_sparse_backward", mutates_args=())
+@torch_errors
+def embedding_sparse_backward(
+    grad_output: Tensor,
+    indices: Tensor,
+    num_weights: int,
+    padding_idx: Optional[int] = None,
+    scale_grad_by_freq: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """The lookup's coalesced gradient: the distinct rows (int64, ascending, less
+    ``padding_idx``) and their summed gradient rows, with the dense gradient's bits."""
+    _check_table(grad_output, "grad_output")
+    batch = _lookup_batch(indices, grad_output, padding_idx, scale_grad_by_freq)
+    rows, values = batch.sparse_backward(num_weights)
+    return torch.from_numpy(rows), torch.from_numpy(values)
+
+
+def _sparse_fake(grad_output, indices):
+    """A coalesced gradient's shapes: as many rows as distinct ids, known only when run."""
+    _check_fake(grad_output, indices, "grad_output")
+    rows = torch.library.get_ctx().new_dynamic_size()
+    return (
+        indices.new_empty((rows,), dtype=torch.int64),
+        grad_output.new_empty((rows, grad_output.shape[-1])),
+    )
+
+
+@embedding_sparse_backward.register_fake
+def _(grad_output, indices, num_weights, padding_idx=None, scale_grad_by_freq=False):
+    return _sparse_fake(grad_output, indices)
+
+
+# --- Bags ---------------------------------------------------------------------------
+
+
+def _num_bags(indices: Tensor, offsets: Optional[Tensor], include_last_offset: bool):
+    if indices.dim() == 2:
+        return indices.shape[0]
+    if offsets is None:
+        raise ArgumentError("1-D ids need offsets (or pass 2-D ids [B, N], one bag per row)")
+    return offsets.shape[0] - int(include_last_offset)
+
+
+@torch.library.custom_op(f"{_NS}::embedding_bag", mutates_args=())
+@torch_errors
+def embedding_bag(
+    weight: Tensor,
+    indices: Tensor,
+    offsets: Optional[Tensor] = None,
+    per_sample_weights: Optional[Tensor] = None,
+    mode: str = "mean",
+    include_last_offset: bool = False,
+    padding_idx: Optional[int] = None,
+    scale_grad_by_freq: bool = False,
+    sparse: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """The bags' pooled rows (``F.embedding_bag``), ``[num_bags, embedding_dim]``, and
+    in max mode the id each value came from (``max_indices``, int64, the same shape;
+    empty in the other modes). ``scale_grad_by_freq`` and ``sparse`` shape the backward."""
+    _check_bag(weight, indices, offsets, per_sample_weights)
+    out, max_indices = _bag(
+        weight, indices, offsets, per_sample_weights, mode, include_last_offset, padding_idx
+    )
+    if max_indices is None:
+        return out, _no_indices(indices)
+    return out, max_indices
+
+
+def _no_indices(indices: Tensor) -> Tensor:
+    return indices.new_empty((0,), dtype=torch.int64)
+
+
+@embedding_bag.register_fake
+def _(
+    weight, indices, offsets=None, per_sample_weights=None, mode="mean",
+    include_last_offset=False, padding_idx=None, scale_grad_by_freq=False, sparse=False,
+):
+    _check_fake(weight, indices)
+    shape = (_num_bags(indices, offsets, include_last_offset), weight.shape[1])
+    out = weight.new_empty(shape)
+    if mode == "max":
+        return out, indices.new_empty(shape, dtype=torch.int64)
+    return out, _no_indices(indices)
+
+
+def _check_bag(weight, indices, offsets, per_sample_weights) -> None:
+    _check_table(weight)
+    _check_ids(indices, "indices")
+    if offsets is not None:
+        _check_ids(offsets, "offsets")
+    if per_sample_weights is not None:
+        _check_table(per_sample_weights, "per_sample_weights")
+
+
+def _bag(weight, indices, offsets, per_sample_weights, mode, include_last_offset, padding_idx):
+    """The crate's bag forward: ``(out, max_indices or None)`` as tensors, ``out``
+    allocated unzeroed by the kernel, which writes it whole."""
+    out, max_indices = _native.embedding_bag(
+        _array(weight),
+        _array(indices),
+        None if offsets is None else _array(offsets),
+        mode,
+        None if per_sample_weights is None else _array(per_sample_weights),
+        include_last_offset,
+        padding_idx,
+    )
+    return torch.from_numpy(out), None if max_indices is None else torch.from_numpy(max_indices)
+
+
+def _bag_setup(ctx, inputs, output) -> None:
+    weight, indices, offsets, per_sample_weights, *options = inputs
+    ctx.save_for_backward(weight, indices, offsets, per_sample_weights, output[1])
+    ctx.options = options
+
+
+def _bag_backward(ctx, grad_output, _grad_max_indices):
+    weight, indices, offsets, per_sample_weights, max_indices = ctx.saved_tensors
+    mode, include_last_offset, padding_idx, scale_grad_by_freq, sparse = ctx.options
+    num_weights = weight.shape[0]
+    grad = grad_weights = None
+    if _needs_grad(ctx, 0):
+        args = (grad_output, indices, offsets, per_sample_weights)
+        options = (num_weights, mode, include_last_offset, padding_idx, scale_grad_by_freq)
+        if sparse:
+            rows, values = embedding_bag_sparse_backward(*args, *options)
+            grad = _coo(rows, values, num_weights, grad_output.shape[-1])
+        else:
+            grad = embedding_bag_backward(*args, max_indices, *options)
+    if _needs_grad(ctx, 3):
+        grad_weights = _sample_weights_grad(
+            grad_output, weight, indices, offsets, include_last_offset, padding_idx
+        )
+    return grad, None, None, grad_weights, None, None, None, None, None
+
+
+embedding_bag.register_autograd(_bag_backward, setup_context=_bag_setup)
+
+
+@torch.library.custom_op(f"{_NS}::embedding_bag_backward", mutates_args=())
+@torch_errors
+def embedding_bag_backward(
+    grad_output: Tensor,
+    indices: Tensor,
+    offsets: Optional[Tensor],
+    per_sample_weights: Optional[Tensor],
+    max_indices: Tensor,
+    num_weights: int,
+    mode: str = "mean",
+    include_last_offset: bool = False,
+    padding_idx: Optional[int] = None,
+    scale_grad_by_freq: bool = False,
+) -> Tensor:
+    """A bag forward's dense gradient, ``[num_weights, embedding_dim]``; max mode
+    takes the forward's ``max_indices``."""
+    _check_table(grad_output, "grad_output")
+    batch = _bag_batch(
+        indices, offsets, grad_output, per_sample_weights, mode, include_last_offset,
+        padding_idx, scale_grad_by_freq,
+    )
+    grad = _dense_grad((num_weights, grad_output.shape[-1]))
+    batch.dense_backward(num_weights, grad, _array(max_indices) if mode == "max" else None)
+    return torch.from_numpy(grad)
+
+
+@embedding_bag_backward.register_fake
+def _(
+    grad_output, indices, offsets, per_sample_weights, max_indices, num_weights, mode="mean",
+    include_last_offset=False, padding_idx=None, scale_grad_by_freq=False,
+):
+    _check_fake(grad_output, indices, "grad_output")
+    return grad_output.new_empty((num_weights, grad_output.shape[-1]))
+
+
+@torch.library.custom_op(f"{_NS}::embedding_bag_sparse_backward", mutates_args=())
+@torch_errors
+def embedding_bag_sparse_backward(
+    grad_output: Tensor,
+    indices: Tensor,
+    offsets: Optional[Tensor],
+    per_sample_weights: Optional[Tensor],
+    num_weights: int,
+    mode: str = "mean",
+    include_last_offset: bool = False,
+    padding_idx: Optional[int] = None,
+    scale_grad_by_freq: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """A bag forward's coalesced gradient ``(rows, values)`` (sum and mean)."""
+    _check_table(grad_output, "grad_output")
+    batch = _bag_batch(
+        indices, offsets, grad_output, per_sample_weights, mode, include_last_offset,
+        padding_idx, scale_grad_by_freq,
+    )
+    rows, values = batch.sparse_backward(num_weights)
+    return torch.from_numpy(rows), torch.from_numpy(values)
+
+
+@embedding_bag_sparse_backward.register_fake
+def _(
+    grad_output, indices, offsets, per_sample_weights, num_weights, mode="mean",
+    include_last_offset=False, padding_idx=None, scale_grad_by_freq=False,
+):
+    return _sparse_fake(grad_output, indices)
+
+
+def _sample_weights_grad(grad_out, weight, ids, offsets, include_last_offset, padding_idx):
+    """d loss / d per_sample_weights[p] = <grad_out[bag(p)], weight[ids[p]]>; 0 off any
+    bag or at padding. PyTorch's own ops, which the compilers trace."""
+    flat = ids.reshape(-1).long()
+    num_bags = grad_out.shape[0]
+    if ids.dim() == 2:
+        bag_of = torch.arange(ids.shape[0]).repeat_interleave(ids.shape[1])
+    else:
+        starts = offsets.long()
+        bag_of = torch.searchsorted(starts, torch.arange(flat.numel()), right=True) - 1
+    kept = bag_of < num_bags
+    if padding_idx is not None:
+        kept &= flat != padding_idx
+    if num_bags == 0:
+        return torch.zeros(ids.shape, dtype=grad_out.dtype)
+    rows = weight.detach()[flat]
+    grads = grad_out[bag_of.clamp(max=num_bags - 1)]
+    return ((grads * rows).sum(1) * kept).reshape(ids.shape)
+
+
+# --- What a backward or a fused step needs of a batch ----------------------------
+
+
+class _Batch:
+    """A batch as NumPy arrays: the ids, the output gradient, and for bags
+    (``bag`` not ``None``) their offsets and ``mode``, ``per_sample_weights``
+    and ``include_last_offset``."""
+
+    def __init__(self, ids, grad_out, padding_idx, scale_grad_by_freq, bag=None) -> None:
+        self.ids, self.grad_out, self.bag = ids, grad_out, bag
+        self.options = {"padding_idx": padding_idx, "scale_grad_by_freq": scale_grad_by_freq}
+
+    def sparse_backward(self, num_embeddings: int):
+        if self.bag is None:
+            return _native.embedding_sparse_backward(
+                self.grad_out, self.ids, num_embeddings, **self.options
+            )
+        offsets, options = self.bag
+        return _native.embedding_bag_sparse_backward(
+            self.grad_out, self.ids, num_embeddings, offsets, **options, **self.options
+        )
+
+    def dense_backward(self, num_embeddings: int, out, max_indices=None) -> None:
+        """Into ``out``; a max bag takes the forward's ``max_indices``."""
+        if self.bag is None:
+            _native.embedding_dense_backward(
+                self.grad_out, self.ids, num_embeddings, **self.options, out=out
+            )
+        else:
+            offsets, options = self.bag
+            _native.embedding_bag_backward(
+                self.grad_out, self.ids, num_embeddings, offsets, **options, **self.options,
+                max_indices=max_indices, out=out,
+            )
+
+    def sgd(self, table, lr: float, weight_decay: float) -> None:
+        if self.bag is None:
+            _native.embedding_sparse_sgd_step(
+                table, self.ids, self.grad_out, lr, weight_decay, **self.options
+            )
+        else:
+            offsets, options = self.bag
+            _native.embedding_bag_sparse_sgd_step(
+                table, self.ids, offsets, self.grad_out, lr, weight_decay,
+                **options, **self.options,
+            )
+
+    def adagrad(self, table, state, step: int, lr: float, rule: dict) -> None:
+        if self.bag is None:
+            _native.embedding_sparse_adagrad_step(
+                table, state, self.ids, self.grad_out, lr, step, **rule, **self.options
+            )
+        else:
+            offsets, options = self.bag
+            _native.embedding_bag_sparse_adagrad_step(
+                table, state, self.ids, offsets, self.grad_out, lr, step,
+                **rule, **options, **self.options,
+            )
+
+
+def _bag_batch(
+    ids, offsets, grad_out, per_sample_weights, mode, include_last_offset, padding_idx,
+    scale_grad_by_freq,
+) -> _Batch:
+    bag = {
+        "mode": mode,
+        "per_sample_weights": None if per_sample_weights is None else _array(per_sample_weights),
+        "include_last_offset": include_last_offset,
+    }
+    offsets = None if offsets is None else _array(offsets)
+    return _Batch(_array(ids), _array(grad_out), padding_idx, scale_grad_by_freq, (offsets, bag))
+
+
+def _lookup_batch(ids: Tensor, grad_out: Tensor, padding_idx, scale_grad_by_freq) -> _Batch:
+    """The lookup's batch for its backward or fused step.
+
+    Autograd often hands the lookup a gradient that repeats rows: ``out.sum()``
+    gives one value broadcast to every element, ``out.mean(1)`` each
+    sequence's row broadcast over its positions (stride 0 along the repeated
+    dimensions). Copied out, such a gradient is as large as the output (50 MB
+    for 16 384 ids of 768 values). Instead the distinct rows are taken, ``M``
+    of them each repeated over ``T`` consecutive positions, and the ids read
+    as ``M`` bags of ``T``: a sum bag's gradient hands each position its bag's
+    row, summed per table row in the same order, so the result has the same
+    bits (tests/test_backward.py checks it) without the copy."""
+    shape, strides = grad_out.shape[:-1], grad_out.stride()[:-1]
+    k = len(shape)
+    while k > 0 and (strides[k - 1] == 0 or shape[k - 1] == 1):
+        k -= 1
+    repeats = math.prod(shape[k:])
+    if repeats <= 1 or grad_out.numel() == 0:
+        return _Batch(_array(ids), _array(grad_out), padding_idx, scale_grad_by_freq)
+    sequences = math.prod(shape[:k])
+    rows = _array(grad_out[(slice(None),) * k + (0,) * (len(shape) - k)])
+    bags = (None, {"mode": "sum", "per_sample_weights": None, "include_last_offset": False})
+    return _Batch(
+        _array(ids).reshape(sequences, repeats),
+        rows.reshape(sequences, grad_out.shape[-1]),
+        padding_idx,
+        scale_grad_by_freq,
+        bags,
+    )
+
+
+# --- Fused optimiser steps -------------------------------------------------------
+
+
+def _step_batch(indices, offsets, per_sample_weights, grad_output, mode, include_last_offset,
+                padding_idx, scale_grad_by_freq) -> _Batch:
+    """The batch of a step: the lookup's when ``mode`` is ``None``, else a bag's."""
+    _check_table(grad_output, "grad_output")
+    if mode is None:
+        return _lookup_batch(indices, grad_output, padding_idx, scale_grad_by_freq)
+    return _bag_batch(
+        indices, offsets, grad_output, per_sample_weights, mode, include_last_offset,
+        padding_idx, scale_grad_by_freq,
+    )
+
+
+def _table(weight: Tensor, name: str = "weight"):
+    """``weight``'s own memory as NumPy sees it (never a copy: a non-contiguous table
+    is refused by the step, ``ArgumentError``, rather than updated in a copy thrown
+    away)."""
+    _check_table(weight, name)
+    return weight.detach().numpy()
+
+
+@torch.library.custom_op(f"{_NS}::sgd_step_", mutates_args=("weight",))
+@torch_errors
+def sgd_step_(
+    weight: Tensor,
+    indices: Tensor,
+    offsets: Optional[Tensor],
+    per_sample_weights: Optional[Tensor],
+    grad_output: Tensor,
+    mode: Optional[str],
+    include_last_offset: bool,
+    padding_idx: Optional[int],
+    scale_grad_by_freq: bool,
+    lr: float,
+    weight_decay: float = 0.0,
+) -> None:
+    """One SGD step of a batch's gradient on the rows it touched, in place: the
+    lookup's batch (``mode=None``) or a bag forward's (``"sum"``, ``"mean"``)."""
+    batch = _step_batch(indices, offsets, per_sample_weights, grad_output, mode,
+                        include_last_offset, padding_idx, scale_grad_by_freq)
+    batch.sgd(_table(weight), lr, weight_decay)
+
+
+@sgd_step_.register_fake
+def _(weight, indices, offsets, per_sample_weights, grad_output, mode, include_last_offset,
+      padding_idx, scale_grad_by_freq, lr, weight_decay=0.0):
+    _check_fake(weight, indices)
+    return None
+
+
+@torch.library.custom_op(f"{_NS}::adagrad_step_", mutates_args=("weight", "state_sum", "state_step"))
+@torch_errors
+def adagrad_step_(
+    weight: Tensor,
+    state_sum: Tensor,
+    state_step: Tensor,
+    indices: Tensor,
+    offsets: Optional[Tensor],
+    per_sample_weights: Optional[Tensor],
+    grad_output: Tensor,
+    mode: Optional[str],
+    include_last_offset: bool,
+    padding_idx: Optional[int],
+    scale_grad_by_freq: bool,
+    lr: float,
+    lr_decay: float = 0.0,
+    weight_decay: float = 0.0,
+    eps: float = 1e-10,
+) -> None:
+    """One Adagrad step (``torch.optim.Adagrad``'s rule) on the touched rows of
+    ``weight`` and of their accumulators ``state_sum``, in place; ``state_step``
+    (a tensor of one number, as ``torch.optim.Adagrad`` keeps it) counts the steps
+    taken and goes up by one once this one is."""
+    batch = _step_batch(indices, offsets, per_sample_weights, grad_output, mode,
+                        include_last_offset, padding_idx, scale_grad_by_freq)
+    if state_step.numel() != 1:
+        raise ArgumentError(f"state_step must hold one number, got shape {list(state_step.shape)}")
+    step = int(state_step.item()) + 1
+    rule = {"lr_decay": lr_decay, "weight_decay": weight_decay, "eps": eps}
+    batch.adagrad(_table(weight), _table(state_sum, "state_sum"), step, lr, rule)
+    # Counted only once the step is taken: a refused step changes nothing.
+    state_step.fill_(step)
+
+
+@adagrad_step_.register_fake
+def _(weight, state_sum, state_step, indices, offsets, per_sample_weights, grad_output, mode,
+      include_last_offset, padding_idx, scale_grad_by_freq, lr, lr_decay=0.0,
+      weight_decay=0.0, eps=1e-10):
+    _check_fake(weight, indices)
+    return None
+
+
+class Sgd:
+    """The fused SGD step of `sgd_in_backward`: its rates."""
+
+    def __init__(self, lr: float, weight_decay: float) -> None:
+        self.lr, self.weight_decay = lr, weight_decay
+
+    def args(self):
+        """The step's arguments to `embedding_with_step` / `embedding_bag_with_step`."""
+        return ("sgd", self.lr, 0.0, self.weight_decay, 0.0, None, None)
+
+
+class Adagrad:
+    """The fused Adagrad step of `adagrad_in_backward`, and its state: the
+    accumulators (``sum``) and the number of steps taken (``step``, a float32
+    tensor of one number), as ``torch.optim.Adagrad`` keeps them for a parameter."""
+
+    def __init__(self, lr, lr_decay, weight_decay, eps, state_sum: Tensor, step: Tensor) -> None:
+        self.lr, self.lr_decay, self.weight_decay, self.eps = lr, lr_decay, weight_decay, eps
+        self.sum, self.step = state_sum, step
+
+    def args(self):
+        return ("adagrad", self.lr, self.lr_decay, self.weight_decay, self.eps, self.sum, self.step)
+
+
+def _step(ctx, grad_output, indices, offsets, per_sample_weights, mode, include_last_offset):
+    """The fused backward: the step ``ctx`` holds, on the table it saved."""
+    weight, state_sum, state_step = ctx.table
+    optimizer, lr, lr_decay, weight_decay, eps = ctx.step
+    batch = (indices, offsets, per_sample_weights, grad_output, mode, include_last_offset,
+             *ctx.options)
+    if optimizer == "sgd":
+        sgd_step_(weight, *batch, lr, weight_decay)
+    else:
+        adagrad_step_(weight, state_sum, state_step, *batch, lr, lr_decay, weight_decay, eps)
+
+
+def _check_optimizer(optimizer: str, state_sum, state_step) -> None:
+    if optimizer == "adagrad":
+        if state_sum is None or state_step is None:
+            raise ArgumentError("the adagrad step needs state_sum and state_step")
+    elif optimizer != "sgd":
+        raise ArgumentError(f'optimizer must be "sgd" or "adagrad", got {optimizer!r}')
+
+
+@torch.library.custom_op(f"{_NS}::embedding_with_step", mutates_args=())
+@torch_errors
+def embedding_with_step(
+    weight: Tensor,
+    indices: Tensor,
+    padding_idx: Optional[int],
+    scale_grad_by_freq: bool,
+    optimizer: str,
+    lr: float,
+    lr_decay: float,
+    weight_decay: float,
+    eps: float,
+    state_sum: Optional[Tensor] = None,
+    state_step: Optional[Tensor] = None,
+) -> Tensor:
+    """The lookup whose backward is a fused optimiser step on ``weight`` (``"sgd"`` or
+    ``"adagrad"``, the latter with its state), which returns no gradient for it."""
+    _check_table(weight)
+    _check_ids(indices, "indices")
+    _check_optimizer(optimizer, state_sum, state_step)
+    return _lookup(weight, indices, padding_idx)
+
+
+@embedding_with_step.register_fake
+def _(weight, indices, padding_idx, scale_grad_by_freq, optimizer, lr, lr_decay, weight_decay,
+      eps, state_sum=None, state_step=None):
+    _check_fake(weight, indices)
+    _check_optimizer(optimizer, state_sum, state_step)
+    return weight.new_empty((*indices.shape, weight.shape[1]))
+
+
+def _with_step_setup(ctx, inputs, output) -> None:
+    weight, indices, padding_idx, scale_grad_by_freq, *step, state_sum, state_step = inputs
+    # The table itself, not a copy: the step writes into it. Its version is checked
+    # as the backward unpacks it, before the step bumps it.
+    ctx.save_for_backward(weight, indices, state_sum, state_step)
+    ctx.options = (padding_idx, scale_grad_by_freq)
+    ctx.step = step
+
+
+def _with_step_backward(ctx, grad_output):
+    weight, indices, state_sum, state_step = ctx.saved_tensors
+    ctx.table = (weight, state_sum, state_step)
+    _step(ctx, grad_output, indices, None, None, None, False)
+    return (None,) * 11
+
+
+embedding_with_step.register_autograd(_with_step_backward, setup_context=_with_step_setup)
+
+
+@torch.library.custom_op(f"{_NS}::embedding_bag_with_step", mutates_args=())
+@torch_errors
+def embedding_bag_with_step(
+    weight: Tensor,
+    indices: Tensor,
+    offsets: Optional[Tensor],
+    per_sample_weights: Optional[Tensor],
+    mode: str,
+    include_last_offset: bool,
+    padding_idx: Optional[int],
+    scale_grad_by_freq: bool,
+    optimizer: str,
+    lr: float,
+    lr_decay: float,
+    weight_decay: float,
+    eps: float,
+    state_sum: Optional[Tensor] = None,
+    state_step: Optional[Tensor] = None,
+) -> Tensor:
+    """The bag forward (sum or mean) whose backward is a fused optimiser step on
+    ``weight``; ``per_sample_weights`` still get their gradient, from the rows as the
+    forward read them."""
+    _check_bag(weight, indices, offsets, per_sample_weights)
+    _check_optimizer(optimizer, state_sum, state_step)
+    if mode == "max":
+        raise ArgumentError('a fused step needs mode "sum" or "mean": max\'s gradient is not fused')
+    out, _ = _bag(weight, indices, offsets, per_sample_weights, mode, include_last_offset, padding_idx)
+    return out
+
+
+@embedding_bag_with_step.register_fake
+def _(weight, indices, offsets, per_sample_weights, mode, include_last_offset, padding_idx,
+      scale_grad_by_freq, optimizer, lr, lr_decay, weight_decay, eps, state_sum=None,
+      state_step=None):
+    _check_fake(weight, indices)
+    _check_optimizer(optimizer, state_sum, state_step)
+    return weight.new_empty((_num_bags(indices, offsets, include_last_offset), weight.shape[1]))
+
+
+def _bag_with_step_setup(ctx, inputs, output) -> None:
+    (weight, indices, offsets, per_sample_weights, mode, include_last_offset, padding_idx,
+     scale_grad_by_freq, *step, state_sum, state_step) = inputs
+    ctx.save_for_backward(weight, indices, offsets, per_sample_weights, state_sum, state_step)
+    ctx.bag = (mode, include_last_offset)
+    ctx.options = (padding_idx, scale_grad_by_freq)
+    ctx.step = step
+
+
+def _bag_with_step_backward(ctx, grad_output):
+    weight, indices, offsets, per_sample_weights, state_sum, state_step = ctx.saved_tensors
+    mode, include_last_offset = ctx.bag
+    grad_weights = None
+    if _needs_grad(ctx, 3):
+        # Before the step changes the rows.
+        grad_weights = _sample_weights_grad(
+            grad_output, weight, indices, offsets, include_last_offset, ctx.options[0]
+        )
+    ctx.table = (weight, state_sum, state_step)
+    _step(ctx, grad_output, indices, offsets, per_sample_weights, mode, include_last_offset)
+    return (None, None, None, grad_weights) + (None,) * 11
+
+
+embedding_bag_with_step.register_autograd(
+    _bag_with_step_backward, setup_context=_bag_with_step_setup
+)
+
+
+# --- max_norm ---------------------------------------------------------------------
+
+
+@torch.library.custom_op(f"{_NS}::embedding_renorm_", mutates_args=("weight",))
+@torch_errors
+def embedding_renorm_(
+    weight: Tensor,
+    indices: Tensor,
+    max_norm: float,
+    norm_type: float,
+    offsets: Optional[Tensor] = None,
+    per_sample_weights: Optional[Tensor] = None,
+    mode: Optional[str] = None,
+    include_last_offset: bool = False,
+) -> None:
+    """``max_norm``: the rows ``indices`` read renormalised in place by PyTorch's
+    ``torch.embedding_renorm_``, once the crate has checked the whole batch (the
+    lookup's with ``mode=None``, else the bag forward's arguments too), so that a
+    refused batch leaves the table as it was."""
+    _check_table(weight)
+    _check_ids(indices, "indices")
+    if mode is None:
+        _lookup(weight, indices, None)
+    else:
+        _check_bag(weight, indices, offsets, per_sample_weights)
+        _bag(weight, indices, offsets, per_sample_weights, mode, include_last_offset, None)
+    with torch.no_grad():
+        torch.embedding_renorm_(weight, indices, max_norm, norm_type)
+
+
+@embedding_renorm_.register_fake
+def _(weight, indices, max_norm, norm_type, offsets=None, per_sample_weights=None, mode=None,
+      include_last_offset=False):
+    _check_fake(weight, indices)
+    return None
