@@ -1,6 +1,6 @@
 """The crate's kernels as PyTorch operators, ``torch.ops.embedding_kernels.*``.
 
-Each is a ``torch.library.custom_op``: a kernel that takes plain CPU tensors and
+Each is an operator of a ``torch.library.Library`` (`_Op`): a kernel that takes plain CPU tensors and
 reaches the crate through their NumPy views (no copy for contiguous ones), a fake
 kernel that gives the output's shape and dtype to ``torch.compile``, ``torch.export``
 and the meta device, and, for the forwards, a registered autograd formula whose
@@ -55,6 +55,67 @@ def _direct() -> bool:
     return torch._C._get_tracing_state() is None and torch._C._len_torch_dispatch_stack() == 0
 
 
+# The operators' library: defined here, so that a model that calls them loads this module.
+_LIBRARY = torch.library.Library(_NS, "DEF")
+
+
+class _Op:
+    """An operator and the function it runs. Called, it runs the function itself where
+    nothing traces the call (`_direct`): under autograd through an
+    ``autograd.Function`` made of the operator's own formula, so that eager training
+    pays neither the dispatcher's cost per call nor a second copy of the formula.
+
+    Defined through ``torch.library.Library`` with the schema ``infer_schema`` reads off
+    the function's annotations, its kernel registered for the CPU: the same operator
+    as ``torch.library.custom_op`` makes, without the Python wrappers that decorator
+    puts around every call (several microseconds each)."""
+
+    def __init__(self, impl, mutates_args) -> None:
+        self.impl = impl
+        self.name = f"{_NS}::{impl.__name__}"
+        schema = torch.library.infer_schema(impl, mutates_args=mutates_args)
+        _LIBRARY.define(impl.__name__ + schema)
+        _LIBRARY.impl(impl.__name__, impl, "CPU")
+        self.op = getattr(getattr(torch.ops, _NS), impl.__name__).default
+        self.eager = None
+
+    def register_fake(self, fake):
+        torch.library.register_fake(self.name, fake, lib=_LIBRARY)
+        return fake
+
+    def register_autograd(self, backward, setup_context) -> None:
+        torch.library.register_autograd(
+            self.name, backward, setup_context=setup_context, lib=_LIBRARY
+        )
+        impl = self.impl
+
+        # `forward(ctx, *args)` rather than a `setup_context` member: given one,
+        # `Function.apply` binds its arguments through `inspect.signature` on every call.
+        def forward(ctx, *args):
+            output = impl(*args)
+            setup_context(ctx, args, output)
+            return output
+
+        members = {"forward": staticmethod(forward), "backward": staticmethod(backward)}
+        self.eager = type(impl.__name__, (torch.autograd.Function,), members)
+
+    def __call__(self, *args):
+        if not _direct():
+            return self.op(*args)
+        if self.eager is not None and torch.is_grad_enabled():
+            return self.eager.apply(*args)
+        return self.impl(*args)
+
+
+def _operator(mutates_args=()):
+    """Makes a function an `_Op` named after it, its ``ValueError``s the modules'."""
+
+    def wrap(impl) -> _Op:
+        return _Op(torch_errors(impl), mutates_args)
+
+    return wrap
+
+
 def _check_fake(weight: Tensor, indices: Tensor, name: str = "weight") -> None:
     """The fake kernels' checks: what the real kernel would refuse of the dtypes and
     layouts, on the CPU or on the meta device (shapes only)."""
@@ -69,8 +130,7 @@ def _check_fake(weight: Tensor, indices: Tensor, name: str = "weight") -> None:
 # --- The lookup -------------------------------------------------------------------
 
 
-@torch.library.custom_op(f"{_NS}::embedding", mutates_args=())
-@torch_errors
+@_operator(())
 def embedding(
     weight: Tensor,
     indices: Tensor,
@@ -138,8 +198,7 @@ def _coo(rows: Tensor, values: Tensor, num_weights, embedding_dim) -> Tensor:
     )
 
 
-@torch.library.custom_op(f"{_NS}::embedding_dense_backward", mutates_args=())
-@torch_errors
+@_operator(())
 def embedding_dense_backward(
     grad_output: Tensor,
     indices: Tensor,
@@ -163,8 +222,7 @@ def _(grad_output, indices, num_weights, padding_idx=None, scale_grad_by_freq=Fa
     return grad_output.new_empty((num_weights, grad_output.shape[-1]))
 
 
-@torch.library.custom_op(f"{_NS}::embedding_sparse_backward", mutates_args=())
-@torch_errors
+@_operator(())
 def embedding_sparse_backward(
     grad_output: Tensor,
     indices: Tensor,
@@ -206,8 +264,7 @@ def _num_bags(indices: Tensor, offsets: Optional[Tensor], include_last_offset: b
     return offsets.shape[0] - int(include_last_offset)
 
 
-@torch.library.custom_op(f"{_NS}::embedding_bag", mutates_args=())
-@torch_errors
+@_operator(())
 def embedding_bag(
     weight: Tensor,
     indices: Tensor,
@@ -276,6 +333,9 @@ def _bag_setup(ctx, inputs, output) -> None:
     weight, indices, offsets, per_sample_weights, *options = inputs
     ctx.save_for_backward(weight, indices, offsets, per_sample_weights, output[1])
     ctx.options = options
+    # `max_indices` has no gradient: none to make of zeros either.
+    ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)
 
 
 def _bag_backward(ctx, grad_output, _grad_max_indices):
@@ -301,8 +361,7 @@ def _bag_backward(ctx, grad_output, _grad_max_indices):
 embedding_bag.register_autograd(_bag_backward, setup_context=_bag_setup)
 
 
-@torch.library.custom_op(f"{_NS}::embedding_bag_backward", mutates_args=())
-@torch_errors
+@_operator(())
 def embedding_bag_backward(
     grad_output: Tensor,
     indices: Tensor,
@@ -336,8 +395,7 @@ def _(
     return grad_output.new_empty((num_weights, grad_output.shape[-1]))
 
 
-@torch.library.custom_op(f"{_NS}::embedding_bag_sparse_backward", mutates_args=())
-@torch_errors
+@_operator(())
 def embedding_bag_sparse_backward(
     grad_output: Tensor,
     indices: Tensor,
@@ -494,14 +552,14 @@ def _lookup_batch(ids: Tensor, grad_out: Tensor, padding_idx, scale_grad_by_freq
 # --- Fused optimiser steps -------------------------------------------------------
 
 
-def _step_batch(indices, offsets, per_sample_weights, grad_output, mode, include_last_offset,
+def _step_batch(indices, offsets, per_sample_weights, grad_output, bag_mode, include_last_offset,
                 padding_idx, scale_grad_by_freq) -> _Batch:
-    """The batch of a step: the lookup's when ``mode`` is ``None``, else a bag's."""
+    """The batch of a step: the lookup's when ``bag_mode`` is ``None``, else a bag's."""
     _check_table(grad_output, "grad_output")
-    if mode is None:
+    if bag_mode is None:
         return _lookup_batch(indices, grad_output, padding_idx, scale_grad_by_freq)
     return _bag_batch(
-        indices, offsets, grad_output, per_sample_weights, mode, include_last_offset,
+        indices, offsets, grad_output, per_sample_weights, bag_mode, include_last_offset,
         padding_idx, scale_grad_by_freq,
     )
 
@@ -514,15 +572,22 @@ def _table(weight: Tensor, name: str = "weight"):
     return weight.detach().numpy()
 
 
-@torch.library.custom_op(f"{_NS}::sgd_step_", mutates_args=("weight",))
-@torch_errors
+def _written(*tensors: Tensor) -> None:
+    """Bumps the autograd version of tensors written behind autograd's back, so that a
+    graph that saved them before (a tied layer) raises instead of using new values.
+    (The operator bumps them too when dispatched; once more does no harm.)"""
+    for tensor in tensors:
+        torch.autograd.graph.increment_version(tensor)
+
+
+@_operator(("weight",))
 def sgd_step_(
     weight: Tensor,
     indices: Tensor,
     offsets: Optional[Tensor],
     per_sample_weights: Optional[Tensor],
     grad_output: Tensor,
-    mode: Optional[str],
+    bag_mode: Optional[str],
     include_last_offset: bool,
     padding_idx: Optional[int],
     scale_grad_by_freq: bool,
@@ -530,21 +595,25 @@ def sgd_step_(
     weight_decay: float = 0.0,
 ) -> None:
     """One SGD step of a batch's gradient on the rows it touched, in place: the
-    lookup's batch (``mode=None``) or a bag forward's (``"sum"``, ``"mean"``)."""
-    batch = _step_batch(indices, offsets, per_sample_weights, grad_output, mode,
+    lookup's batch (``bag_mode=None``) or a bag forward's (``"sum"``, ``"mean"``).
+
+    (``bag_mode``, not ``mode`` as elsewhere: a compiled graph calls an operator that
+    mutates its arguments through ``auto_functionalized``, which takes them as keywords
+    beside a ``mode`` of its own.)"""
+    batch = _step_batch(indices, offsets, per_sample_weights, grad_output, bag_mode,
                         include_last_offset, padding_idx, scale_grad_by_freq)
     batch.sgd(_table(weight), lr, weight_decay)
+    _written(weight)
 
 
 @sgd_step_.register_fake
-def _(weight, indices, offsets, per_sample_weights, grad_output, mode, include_last_offset,
+def _(weight, indices, offsets, per_sample_weights, grad_output, bag_mode, include_last_offset,
       padding_idx, scale_grad_by_freq, lr, weight_decay=0.0):
     _check_fake(weight, indices)
     return None
 
 
-@torch.library.custom_op(f"{_NS}::adagrad_step_", mutates_args=("weight", "state_sum", "state_step"))
-@torch_errors
+@_operator(("weight", "state_sum", "state_step"))
 def adagrad_step_(
     weight: Tensor,
     state_sum: Tensor,
@@ -553,7 +622,7 @@ def adagrad_step_(
     offsets: Optional[Tensor],
     per_sample_weights: Optional[Tensor],
     grad_output: Tensor,
-    mode: Optional[str],
+    bag_mode: Optional[str],
     include_last_offset: bool,
     padding_idx: Optional[int],
     scale_grad_by_freq: bool,
@@ -566,19 +635,20 @@ def adagrad_step_(
     ``weight`` and of their accumulators ``state_sum``, in place; ``state_step``
     (a tensor of one number, as ``torch.optim.Adagrad`` keeps it) counts the steps
     taken and goes up by one once this one is."""
-    batch = _step_batch(indices, offsets, per_sample_weights, grad_output, mode,
+    batch = _step_batch(indices, offsets, per_sample_weights, grad_output, bag_mode,
                         include_last_offset, padding_idx, scale_grad_by_freq)
     if state_step.numel() != 1:
         raise ArgumentError(f"state_step must hold one number, got shape {list(state_step.shape)}")
     step = int(state_step.item()) + 1
     rule = {"lr_decay": lr_decay, "weight_decay": weight_decay, "eps": eps}
     batch.adagrad(_table(weight), _table(state_sum, "state_sum"), step, lr, rule)
+    _written(weight, state_sum)
     # Counted only once the step is taken: a refused step changes nothing.
     state_step.fill_(step)
 
 
 @adagrad_step_.register_fake
-def _(weight, state_sum, state_step, indices, offsets, per_sample_weights, grad_output, mode,
+def _(weight, state_sum, state_step, indices, offsets, per_sample_weights, grad_output, bag_mode,
       include_last_offset, padding_idx, scale_grad_by_freq, lr, lr_decay=0.0,
       weight_decay=0.0, eps=1e-10):
     _check_fake(weight, indices)
@@ -629,8 +699,7 @@ def _check_optimizer(optimizer: str, state_sum, state_step) -> None:
         raise ArgumentError(f'optimizer must be "sgd" or "adagrad", got {optimizer!r}')
 
 
-@torch.library.custom_op(f"{_NS}::embedding_with_step", mutates_args=())
-@torch_errors
+@_operator(())
 def embedding_with_step(
     weight: Tensor,
     indices: Tensor,
@@ -679,8 +748,7 @@ def _with_step_backward(ctx, grad_output):
 embedding_with_step.register_autograd(_with_step_backward, setup_context=_with_step_setup)
 
 
-@torch.library.custom_op(f"{_NS}::embedding_bag_with_step", mutates_args=())
-@torch_errors
+@_operator(())
 def embedding_bag_with_step(
     weight: Tensor,
     indices: Tensor,
@@ -749,8 +817,7 @@ embedding_bag_with_step.register_autograd(
 # --- max_norm ---------------------------------------------------------------------
 
 
-@torch.library.custom_op(f"{_NS}::embedding_renorm_", mutates_args=("weight",))
-@torch_errors
+@_operator(("weight",))
 def embedding_renorm_(
     weight: Tensor,
     indices: Tensor,
@@ -758,26 +825,26 @@ def embedding_renorm_(
     norm_type: float,
     offsets: Optional[Tensor] = None,
     per_sample_weights: Optional[Tensor] = None,
-    mode: Optional[str] = None,
+    bag_mode: Optional[str] = None,
     include_last_offset: bool = False,
 ) -> None:
     """``max_norm``: the rows ``indices`` read renormalised in place by PyTorch's
     ``torch.embedding_renorm_``, once the crate has checked the whole batch (the
-    lookup's with ``mode=None``, else the bag forward's arguments too), so that a
+    lookup's with ``bag_mode=None``, else the bag forward's arguments too), so that a
     refused batch leaves the table as it was."""
     _check_table(weight)
     _check_ids(indices, "indices")
-    if mode is None:
+    if bag_mode is None:
         _lookup(weight, indices, None)
     else:
         _check_bag(weight, indices, offsets, per_sample_weights)
-        _bag(weight, indices, offsets, per_sample_weights, mode, include_last_offset, None)
+        _bag(weight, indices, offsets, per_sample_weights, bag_mode, include_last_offset, None)
     with torch.no_grad():
         torch.embedding_renorm_(weight, indices, max_norm, norm_type)
 
 
 @embedding_renorm_.register_fake
-def _(weight, indices, max_norm, norm_type, offsets=None, per_sample_weights=None, mode=None,
+def _(weight, indices, max_norm, norm_type, offsets=None, per_sample_weights=None, bag_mode=None,
       include_last_offset=False):
     _check_fake(weight, indices)
     return None
