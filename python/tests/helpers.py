@@ -8,14 +8,17 @@ EPS = 2.0**-24  # the unit roundoff of float32
 
 
 def bits(t):
-    """The float32 tensor's bits, so that -0.0 and 0.0 (and NaNs) compare as bits."""
-    return t.detach().contiguous().view(torch.int32)
+    """The tensor's bits (float32, or a half type), so that -0.0 and 0.0 (and NaNs)
+    compare as bits."""
+    as_int = torch.int32 if t.dtype == torch.float32 else torch.int16
+    return t.detach().contiguous().view(as_int)
 
 
 def assert_bitwise(ours, theirs):
     assert ours.shape == theirs.shape, (ours.shape, theirs.shape)
-    assert ours.dtype == theirs.dtype == torch.float32
-    assert torch.equal(bits(ours), bits(theirs)), (ours - theirs).abs().max()
+    assert ours.dtype == theirs.dtype
+    assert ours.dtype in (torch.float32, torch.float16, torch.bfloat16)
+    assert torch.equal(bits(ours), bits(theirs)), (ours.float() - theirs.float()).abs().max()
 
 
 def assert_within_sum_bound(ours, theirs, abs_sum, terms):

@@ -128,6 +128,18 @@ pub fn matmul(
     k: usize,
     n: usize,
 ) -> Result<Vec<f32>, EmbeddingError> {
+    product(a, b, m, k, n, false)
+}
+
+/// [`matmul`], each term rounded once (`c = fma(a, b, c)`) where `fused`.
+fn product(
+    a: &[f32],
+    b: &[f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    fused: bool,
+) -> Result<Vec<f32>, EmbeddingError> {
     check_len(Operand::MatrixA, rows_len(m, k)?, a.len())?;
     check_len(Operand::MatrixB, rows_len(k, n)?, b.len())?;
     let mut c = with_capacity(rows_len(m, n)?, "matrix product")?;
@@ -139,7 +151,12 @@ pub fn matmul(
                 continue;
             }
             for j in 0..n {
-                c[i * n + j] += a_il * b[l * n + j];
+                let (x, sum) = (b[l * n + j], c[i * n + j]);
+                c[i * n + j] = if fused {
+                    a_il.mul_add(x, sum)
+                } else {
+                    sum + a_il * x
+                };
             }
         }
     }
@@ -301,8 +318,9 @@ pub fn bag_matrix<I: Index>(
 /// `+0.0`, the zeros of the contract), and as a plain loop for max (first
 /// strictly largest value per column; -1 and zeros for an empty bag).
 ///
-/// Sum with weights has the kernel's bits when no weight is 0 (the matrix
-/// product skips zero coefficients; the kernel adds `0 × x`); mean differs
+/// Sum with weights has the kernel's bits (each weighted row fused into the
+/// sum without a `padding_idx`, rounded first with one) when no weight is 0 (the matrix product
+/// skips zero coefficients; the kernel adds `0 × x`); mean differs
 /// from the kernel in rounding (`Σ x / n` there, `Σ x · (1/n)` here).
 ///
 /// # Errors
@@ -352,7 +370,10 @@ pub fn bag_forward<I: Index>(
         return Ok(());
     }
     let m = bag_matrix(ids, bags, pooling)?;
-    let pooled = matmul(&m, &gathered, bags.len(), ids.len(), dim)?;
+    // Weighted rows are fused into the sums, as the kernel (and PyTorch)
+    // adds them where no padding_idx is set.
+    let fused = pooling.per_sample_weights.is_some() && pooling.padding_idx.is_none();
+    let pooled = product(&m, &gathered, bags.len(), ids.len(), dim, fused)?;
     for b in 0..bags.len() {
         let empty = (0..ids.len()).all(|p| m[b * ids.len() + p] == 0.0);
         for j in 0..dim {

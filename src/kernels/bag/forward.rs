@@ -639,6 +639,7 @@ impl<I: RowId, T: RowFormat, S: Slot> Body for BagTask<'_, '_, I, T, S> {
         let terms = sum::Terms {
             rows: &rows,
             weights: pooling.per_sample_weights,
+            fused: pooling.padding_idx.is_none(),
             mean: pooling.mode == Mode::Mean,
             limit,
         };

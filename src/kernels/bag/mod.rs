@@ -54,10 +54,12 @@
 //!    all rows where the L1 data cache is 48 KiB or more; a row that is
 //!    exactly one line takes one hint (`prefetch::BagHints`). The rows
 //!    ahead may be the next task's, which then starts warm.
-//! 4. **Exact order.** Each bag is summed in position order, one rounded
-//!    product and one rounded sum per term (no fused multiply-add), from
-//!    `-0.0` (so the first term comes through as it is). These are the
-//!    operations of the reference's bag matrix product (sums from `-0.0`),
+//! 4. **Exact order.** Each bag is summed in position order from `-0.0` (so
+//!    the first term comes through as it is), one rounded sum per term; a
+//!    weighted term is fused into the sum (`fma(row, weight, acc)`) as
+//!    PyTorch's CPU bag adds it, or with a `padding_idx` rounded first, as
+//!    its loop for that case does. These are the operations of the
+//!    reference's bag matrix product (sums from `-0.0`, the same terms),
 //!    so `sum` matches it bit for bit on every thread count and instruction
 //!    set. `mean` divides the sum by the count (the reference multiplies by
 //!    `1/len`: equal up to rounding). An empty bag (or one holding only

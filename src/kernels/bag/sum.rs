@@ -127,6 +127,10 @@ impl<I: RowId, T: RowFormat, S: Slot> BlockBody for EachBag<'_, '_, I, T, S> {
 pub(super) struct Terms<'r, 'i, I: RowId, T> {
     pub(super) rows: &'r Rows<'i, I, T>,
     pub(super) weights: Option<&'r [f32]>,
+    /// Whether a weighted row is fused into the sum (`fma`) rather than
+    /// rounded first: PyTorch's CPU bag fuses it, except with a
+    /// `padding_idx`, where it takes its plain loop.
+    pub(super) fused: bool,
     /// Whether the sum is divided by the count of rows kept.
     pub(super) mean: bool,
     pub(super) limit: usize,
@@ -171,6 +175,7 @@ impl<I: RowId, T: RowFormat, S: Slot, const ONE: bool> BlockBody for Sum<'_, '_,
         let Terms {
             rows,
             weights,
+            fused,
             mean,
             limit,
         } = self.terms;
@@ -194,7 +199,11 @@ impl<I: RowId, T: RowFormat, S: Slot, const ONE: bool> BlockBody for Sum<'_, '_,
                     (values.0, kept)
                 }
                 Some(weights) => {
-                    let mut scaled = Scaled { acc: from, weights };
+                    let mut scaled = Scaled {
+                        acc: from,
+                        weights,
+                        fused,
+                    };
                     let kept = rows.blocks::<V, N, ONE, _>(bag, limit, cols, &mut scaled);
                     (scaled.acc, kept)
                 }
@@ -223,11 +232,12 @@ impl<V: Lanes, const N: usize> Visit<V, N> for Values<V, N> {
     }
 }
 
-/// `acc += row × weights[p]`, the product rounded first, for rows of
-/// values.
+/// `acc += row × weights[p]` for rows of values: fused into one rounding
+/// (`fused`), or the product rounded first.
 struct Scaled<'w, V, const N: usize> {
     acc: [V; N],
     weights: &'w [f32],
+    fused: bool,
 }
 
 impl<V: Lanes, const N: usize> Visit<V, N> for Scaled<'_, V, N> {
@@ -237,6 +247,7 @@ impl<V: Lanes, const N: usize> Visit<V, N> for Scaled<'_, V, N> {
         let mut sink = AddScaled {
             acc: &mut self.acc,
             w: V::splat(self.weights[p]),
+            fused: self.fused,
         };
         table.decode(row, cols, &mut sink);
     }
@@ -284,16 +295,24 @@ impl<V: Lanes, const N: usize> Sink<V> for AddValues<'_, V, N> {
     }
 }
 
-/// `acc[j] += x × w`, the product rounded first.
+/// `acc[j] = fma(x, w, acc[j])` (`fused`: one rounding, as PyTorch's CPU
+/// bag adds a weighted row through FBGEMM; `mul_add` is fused on every lane
+/// type, so the same bits on every machine), or `acc[j] + x × w` with the
+/// product rounded first (PyTorch's loop where a `padding_idx` is set).
 struct AddScaled<'a, V, const N: usize> {
     acc: &'a mut [V; N],
     w: V,
+    fused: bool,
 }
 
 impl<V: Lanes, const N: usize> Sink<V> for AddScaled<'_, V, N> {
     #[inline(always)]
     fn take(&mut self, j: usize, x: V) {
-        self.acc[j] = self.acc[j].add(x.mul(self.w));
+        self.acc[j] = if self.fused {
+            x.mul_add(self.w, self.acc[j])
+        } else {
+            self.acc[j].add(x.mul(self.w))
+        };
     }
 }
 

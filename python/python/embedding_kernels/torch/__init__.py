@@ -46,7 +46,7 @@ from torch.nn import init
 
 from .. import collapse_huge_pages
 from ._errors import ArgumentError, NotSupportedError, PaddingIdxError, torch_error
-from ._arrays import _check_ids, _check_table, _needs_graph, _weight_of, empty_cache
+from ._arrays import HALVES, _check_ids, _check_table, _needs_graph, _weight_of, empty_cache
 from . import _ops
 from ._ops import Adagrad, Sgd, _bag, _direct, _lookup
 
@@ -62,11 +62,15 @@ __all__ = [
 
 def _check_factory(device, dtype) -> None:
     """Refuses a ``device`` or ``dtype`` the kernels cannot serve: the CPU, or the meta
-    device (shapes only, for deferred initialisation), and float32."""
+    device (shapes only, for deferred initialisation); float32, or float16 and bfloat16
+    (the crate's half tables, for inference)."""
     if device is not None and torch.device(device).type not in ("cpu", "meta"):
         raise ArgumentError(f"embedding_kernels runs on the CPU only, got device={device}")
-    if dtype is not None and dtype != torch.float32:
-        raise ArgumentError(f"embedding_kernels needs float32 tables, got dtype={dtype}")
+    if dtype is not None and dtype != torch.float32 and dtype not in HALVES:
+        raise ArgumentError(
+            f"embedding_kernels needs float32 tables (float16 or bfloat16 for inference), "
+            f"got dtype={dtype}"
+        )
 
 
 def _padding_row(padding_idx: Optional[int], num_embeddings: int) -> Optional[int]:
@@ -82,18 +86,23 @@ def _padding_row(padding_idx: Optional[int], num_embeddings: int) -> Optional[in
 
 def _check_lookup(weight: Tensor, input: Tensor) -> None:
     """Raises ArgumentError unless `Embedding.forward`'s tensors suit the kernels."""
-    _check_table(weight)
+    _check_table(weight, halves=True)
     _check_ids(input, "input")
 
 
 def _check_bag(weight, input, offsets, per_sample_weights, mode) -> None:
     """Raises ArgumentError unless `EmbeddingBag.forward`'s tensors suit the kernels."""
-    _check_table(weight)
+    _check_table(weight, halves=True)
     _check_ids(input, "input")
     if offsets is not None:
         _check_ids(offsets, "offsets")
     if per_sample_weights is not None:
-        _check_table(per_sample_weights, "per_sample_weights")
+        _check_table(per_sample_weights, "per_sample_weights", halves=True)
+        if per_sample_weights.dtype is not weight.dtype:
+            raise ArgumentError(
+                f"per_sample_weights must have weight's dtype {weight.dtype}, "
+                f"got {per_sample_weights.dtype}"
+            )
         if mode != "sum":
             raise NotSupportedError(
                 f"per_sample_weights are only supported for mode sum, not {mode}"
@@ -120,19 +129,21 @@ def _parameter(
     weight: Optional[Tensor],
     requires_grad: bool,
     device=None,
+    dtype=None,
 ) -> nn.Parameter:
     """A module's table: a fresh float32 one (for `reset_parameters`), or `weight` (the
     `_weight` argument, shared as PyTorch's modules share it), checked against the
     module's shape; in huge pages either way (`_in_huge_pages`)."""
     if weight is None:
-        fresh = torch.empty((num_embeddings, embedding_dim), dtype=torch.float32, device=device)
+        dtype = torch.float32 if dtype is None else dtype
+        fresh = torch.empty((num_embeddings, embedding_dim), dtype=dtype, device=device)
         _in_huge_pages(fresh)
         return nn.Parameter(fresh, requires_grad=requires_grad)
     if list(weight.shape) != [num_embeddings, embedding_dim]:
         raise ArgumentError(
             f"_weight has shape {list(weight.shape)}, expected [{num_embeddings}, {embedding_dim}]"
         )
-    _check_table(weight, "_weight")
+    _check_table(weight, "_weight", halves=True)
     _in_huge_pages(weight)
     return nn.Parameter(weight, requires_grad=requires_grad)
 
@@ -151,7 +162,7 @@ def _in_huge_pages(table: Tensor) -> None:
         return
     try:
         array = table.detach().numpy()
-    except RuntimeError:
+    except (RuntimeError, TypeError):  # no NumPy view (meta, bfloat16)
         return
     collapse_huge_pages(array)
 
@@ -354,7 +365,9 @@ class Embedding(_Table):
         self.norm_type = norm_type
         self.scale_grad_by_freq = scale_grad_by_freq
         self.sparse = sparse
-        self.weight = _parameter(num_embeddings, embedding_dim, _weight, not _freeze, device)
+        self.weight = _parameter(
+            num_embeddings, embedding_dim, _weight, not _freeze, device, dtype
+        )
         if _weight is None:
             self.reset_parameters()
 
@@ -486,7 +499,7 @@ class EmbeddingBag(_Table):
         self.sparse = sparse
         self.include_last_offset = include_last_offset
         self.padding_idx = _padding_row(padding_idx, num_embeddings)
-        self.weight = _parameter(num_embeddings, embedding_dim, _weight, True, device)
+        self.weight = _parameter(num_embeddings, embedding_dim, _weight, True, device, dtype)
         if _weight is None:
             self.reset_parameters()
 

@@ -15,14 +15,21 @@ from torch import Tensor
 from ._errors import ArgumentError
 
 
-def _check_table(weight: Tensor, name: str = "weight") -> None:
-    """Raises ArgumentError unless ``weight`` is a CPU float32 tensor."""
+# The dtypes of the tables the kernels serve: float32 for everything, the halves
+# (the crate's f16 and bf16 tables) for inference.
+HALVES = (torch.float16, torch.bfloat16)
+
+
+def _check_table(weight: Tensor, name: str = "weight", halves: bool = False) -> None:
+    """Raises ArgumentError unless ``weight`` is a CPU float32 tensor (or, with
+    ``halves``, a float16 or bfloat16 one)."""
     if not weight.is_cpu:
         raise ArgumentError(
             f"embedding_kernels runs on the CPU only, but {name} is on {weight.device}"
         )
-    if weight.dtype is not torch.float32:
-        raise ArgumentError(f"embedding_kernels needs a float32 {name}, got {weight.dtype}")
+    if weight.dtype is not torch.float32 and not (halves and weight.dtype in HALVES):
+        kinds = "float32, float16 or bfloat16" if halves else "float32"
+        raise ArgumentError(f"embedding_kernels needs a {kinds} {name}, got {weight.dtype}")
     if weight.layout != torch.strided:
         raise ArgumentError(f"embedding_kernels needs a dense {name}, got {weight.layout}")
 

@@ -40,8 +40,8 @@ import torch
 from torch import Tensor
 
 from .. import _native
-from ._arrays import _array, _check_ids, _check_table, _dense_grad
-from ._errors import ArgumentError, torch_errors
+from ._arrays import HALVES, _array, _check_ids, _check_table, _dense_grad
+from ._errors import ArgumentError, NotSupportedError, torch_errors
 
 _NS = "embedding_kernels"
 
@@ -121,7 +121,7 @@ def _check_fake(weight: Tensor, indices: Tensor, name: str = "weight") -> None:
     layouts, on the CPU or on the meta device (shapes only)."""
     if weight.device.type not in ("cpu", "meta"):
         raise ArgumentError(f"embedding_kernels runs on the CPU only, but {name} is on {weight.device}")
-    if weight.dtype is not torch.float32:
+    if weight.dtype is not torch.float32 and not (name == "weight" and weight.dtype in HALVES):
         raise ArgumentError(f"embedding_kernels needs a float32 {name}, got {weight.dtype}")
     if indices.dtype not in (torch.int32, torch.int64):
         raise ArgumentError(f"indices must hold int32 or int64 ids, got {indices.dtype}")
@@ -138,8 +138,9 @@ def embedding(
     scale_grad_by_freq: bool = False,
     sparse: bool = False,
 ) -> Tensor:
-    """``weight[indices]`` (``F.embedding``); the last three arguments shape the backward."""
-    _check_table(weight)
+    """``weight[indices]`` (``F.embedding``); the last three arguments shape the backward.
+    A float16 or bfloat16 ``weight`` serves inference (its backward raises)."""
+    _check_table(weight, halves=True)
     _check_ids(indices, "indices")
     return _lookup(weight, indices, padding_idx)
 
@@ -153,7 +154,36 @@ def _(weight, indices, padding_idx=None, scale_grad_by_freq=False, sparse=False)
 def _lookup(weight: Tensor, ids: Tensor, padding_idx: Optional[int]) -> Tensor:
     """``weight[ids]`` by the crate's gather, into an array it allocates unzeroed and
     writes whole (NumPy's allocation: huge pages for large outputs, see ``_arrays._fresh``)."""
+    if weight.dtype is not torch.float32:
+        return _half_lookup(weight, ids)
     return torch.from_numpy(_native.embedding(_array(weight), _array(ids), padding_idx))
+
+
+def _half_table(weight: Tensor):
+    """A float16 or bfloat16 table as the crate's half-table kernels read it, in place:
+    ``(array, format)``, bfloat16 as its uint16 bits (NumPy has no bfloat16)."""
+    if weight.dtype is torch.float16:
+        return _array(weight), "f16"
+    if weight.dtype is torch.bfloat16:
+        return _array(weight.view(torch.int16)).view("uint16"), "bf16"
+    raise ArgumentError(f"embedding_kernels needs a float32, float16 or bfloat16 weight, got {weight.dtype}")
+
+
+def _half_lookup(weight: Tensor, ids: Tensor) -> Tensor:
+    """The lookup of a half table: the crate widens each row to float32 exactly, and
+    the narrowing back gives the table's own values, in its dtype as PyTorch returns them."""
+    table, format = _half_table(weight)
+    out = _native.table_embedding(table, _array(ids), format)
+    return torch.from_numpy(out).to(weight.dtype)
+
+
+def _refuse_half_backward(ctx) -> None:
+    if ctx.half:
+        raise NotSupportedError(
+            "a float16 or bfloat16 table serves inference only: the backward needs a "
+            "float32 table (.float()); run the forward under torch.no_grad() or freeze "
+            "the table (weight.requires_grad_(False))"
+        )
 
 
 def _embedding_setup(ctx, inputs, output) -> None:
@@ -161,9 +191,11 @@ def _embedding_setup(ctx, inputs, output) -> None:
     ctx.save_for_backward(indices)
     ctx.num_weights = weight.shape[0]
     ctx.options = (padding_idx, scale_grad_by_freq, sparse)
+    ctx.half = weight.dtype is not torch.float32
 
 
 def _embedding_backward(ctx, grad_output):
+    _refuse_half_backward(ctx)
     (indices,) = ctx.saved_tensors
     padding_idx, scale_grad_by_freq, sparse = ctx.options
     grad = None
@@ -305,40 +337,59 @@ def _(
     return out, _no_indices(indices)
 
 
-def _check_bag(weight, indices, offsets, per_sample_weights) -> None:
-    _check_table(weight)
+def _check_bag(weight, indices, offsets, per_sample_weights, halves=True) -> None:
+    _check_table(weight, halves=halves)
     _check_ids(indices, "indices")
     if offsets is not None:
         _check_ids(offsets, "offsets")
     if per_sample_weights is not None:
-        _check_table(per_sample_weights, "per_sample_weights")
+        _check_table(per_sample_weights, "per_sample_weights", halves=halves)
+        if per_sample_weights.dtype is not weight.dtype:
+            raise ArgumentError(
+                f"per_sample_weights must have weight's dtype {weight.dtype}, "
+                f"got {per_sample_weights.dtype}"
+            )
 
 
 def _bag(weight, indices, offsets, per_sample_weights, mode, include_last_offset, padding_idx):
     """The crate's bag forward: ``(out, max_indices or None)`` as tensors, ``out``
-    allocated unzeroed by the kernel, which writes it whole."""
-    out, max_indices = _native.embedding_bag(
-        _array(weight),
-        _array(indices),
-        None if offsets is None else _array(offsets),
-        mode,
-        None if per_sample_weights is None else _array(per_sample_weights),
-        include_last_offset,
-        padding_idx,
+    allocated unzeroed by the kernel, which writes it whole. A half table's bags are
+    those of its float32 widening, narrowed to its dtype."""
+    offsets = None if offsets is None else _array(offsets)
+    if weight.dtype is torch.float32:
+        weights = None if per_sample_weights is None else _array(per_sample_weights)
+        out, max_indices = _native.embedding_bag(
+            _array(weight), _array(indices), offsets, mode, weights, include_last_offset,
+            padding_idx,
+        )
+        return torch.from_numpy(out), None if max_indices is None else torch.from_numpy(max_indices)
+    table, format = _half_table(weight)
+    if per_sample_weights is not None and per_sample_weights.dtype is not weight.dtype:
+        raise ArgumentError(
+            f"per_sample_weights must have weight's dtype {weight.dtype}, "
+            f"got {per_sample_weights.dtype}"
+        )
+    # Widened exactly: the crate's weights are float32.
+    weights = None if per_sample_weights is None else _array(per_sample_weights.float())
+    out, max_indices = _native.table_embedding_bag(
+        table, _array(indices), offsets, mode, weights, include_last_offset, padding_idx, format
     )
-    return torch.from_numpy(out), None if max_indices is None else torch.from_numpy(max_indices)
+    max_indices = None if max_indices is None else torch.from_numpy(max_indices)
+    return torch.from_numpy(out).to(weight.dtype), max_indices
 
 
 def _bag_setup(ctx, inputs, output) -> None:
     weight, indices, offsets, per_sample_weights, *options = inputs
     ctx.save_for_backward(weight, indices, offsets, per_sample_weights, output[1])
     ctx.options = options
+    ctx.half = weight.dtype is not torch.float32
     # `max_indices` has no gradient: none to make of zeros either.
     ctx.mark_non_differentiable(output[1])
     ctx.set_materialize_grads(False)
 
 
 def _bag_backward(ctx, grad_output, _grad_max_indices):
+    _refuse_half_backward(ctx)
     weight, indices, offsets, per_sample_weights, max_indices = ctx.saved_tensors
     mode, include_last_offset, padding_idx, scale_grad_by_freq, sparse = ctx.options
     num_weights = weight.shape[0]
@@ -769,7 +820,7 @@ def embedding_bag_with_step(
     """The bag forward (sum or mean) whose backward is a fused optimiser step on
     ``weight``; ``per_sample_weights`` still get their gradient, from the rows as the
     forward read them."""
-    _check_bag(weight, indices, offsets, per_sample_weights)
+    _check_bag(weight, indices, offsets, per_sample_weights, halves=False)
     _check_optimizer(optimizer, state_sum, state_step)
     if mode == "max":
         raise ArgumentError('a fused step needs mode "sum" or "mean": max\'s gradient is not fused')
