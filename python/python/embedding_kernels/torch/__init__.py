@@ -14,8 +14,8 @@ kernel directly.
 
 Tensors reach the kernels as NumPy views (``tensor.numpy()``), without a copy
 when they are contiguous (a contiguous copy otherwise, as PyTorch would make;
-for float32, into NumPy's memory). Only CPU float32 tables and gradients are supported, with int32 or
-int64 ids; any other device or dtype raises ``ArgumentError``. An id out of range
+for float32, into NumPy's memory). CPU float32 tables and gradients are supported (float16 and bfloat16
+tables for inference), with int32 or int64 ids; any other device or dtype raises ``ArgumentError``. An id out of range
 (negative ones included) raises ``IndexError`` naming its flat position and
 value, before anything is written. The other errors are ``ValueError``s that are
 also the type ``torch.nn`` raises for the same mistake (``_errors.py``):
@@ -323,7 +323,8 @@ class _Table(nn.Module):
 class Embedding(_Table):
     """``torch.nn.Embedding`` on the crate's kernels: same arguments, same ``weight``.
 
-    Differences from PyTorch: CPU float32 only; ``embedding_dim`` must be
+    Differences from PyTorch: CPU only, float32 (float16 and bfloat16 tables
+    serve inference, their backward raises); ``embedding_dim`` must be
     positive; a bad id raises ``IndexError`` (PyTorch: ``IndexError`` too, with
     another message), a bad argument a ``ValueError`` that is also PyTorch's type
     for it (``ArgumentError``, a ``RuntimeError``; ``PaddingIdxError``, an
@@ -451,7 +452,8 @@ class EmbeddingBag(_Table):
 
     ``forward(input, offsets=None, per_sample_weights=None)``: 1-D ids with
     ``offsets``, or 2-D ids ``[B, N]`` (a bag per row). Differences from
-    PyTorch: CPU float32 only; ``sparse=True`` with ``mode="max"`` is refused
+    PyTorch: CPU only, float32 (float16 and bfloat16 for inference);
+    ``sparse=True`` with ``mode="max"`` is refused
     (PyTorch documents it as unsupported); sparse gradients come coalesced.
     """
 
