@@ -57,7 +57,9 @@ def ratio_table(warm_loop):
 
 
 def main():
-    parts = [body(name) for name in ("report.md", "warm_loop.md", "python.md")]
+    parts = [
+        body(name) for name in ("report.md", "warm_loop.md", "python.md", "python_compiled.md")
+    ]
     found = [p for p in parts if p]
     if not found:
         sys.exit(f"nothing to splice: no report.md, warm_loop.md or python.md in {REPORT}")
