@@ -1,0 +1,237 @@
+"""The collection of bag tables, in one process: TorchRec's shapes on the crate's bags.
+
+``EmbeddingBagCollection`` takes a list of ``EmbeddingBagConfig`` (a table: its rows,
+width, pooling, format and the features that read it) and pools a batch of
+keyed, jagged ids (``KeyedJaggedTensor``: for each key, one bag per example) into one
+``[batch, Σ dims]`` tensor whose columns are the features' pooled rows in the order
+the configs list them (``KeyedTensor``). The names, arguments and layouts are
+TorchRec's, so a TorchRec user reads the same code; TorchRec's own
+``KeyedJaggedTensor`` is accepted as input, and when it is loaded the output is its
+``KeyedTensor``. Each table is an ``EmbeddingBag`` of this package, so its pooling,
+gradients and fused optimiser steps are the crate's, and its weight sits at
+``embedding_bags.<table>.weight`` in the ``state_dict``, as in TorchRec.
+"""
+
+import sys
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from .. import EmbeddingBag
+from .._errors import ArgumentError
+
+# A table's format: its dtype. The halves serve inference.
+_FORMATS = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _pooling_name(pooling) -> str:
+    """``"sum"``, ``"mean"`` or ``"max"`` from a string or TorchRec's ``PoolingType``."""
+    name = getattr(pooling, "name", pooling)
+    if not isinstance(name, str) or name.lower() not in ("sum", "mean", "max"):
+        raise ArgumentError(f'pooling must be "sum", "mean" or "max", got {pooling!r}')
+    return name.lower()
+
+
+@dataclass
+class EmbeddingBagConfig:
+    """One table of a collection, with TorchRec's field names.
+
+    ``feature_names`` are the input keys that read the table (each gives one pooled
+    row per example); none means the table's own ``name``. ``pooling`` is ``"sum"``
+    (TorchRec's default), ``"mean"`` or ``"max"``, or TorchRec's ``PoolingType``.
+    ``format`` is ``"f32"``, or ``"f16"`` / ``"bf16"`` for a table that serves inference."""
+
+    num_embeddings: int
+    embedding_dim: int
+    name: str = ""
+    feature_names: List[str] = field(default_factory=list)
+    pooling: object = "sum"
+    format: str = "f32"
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ArgumentError("a table needs a name")
+        if self.num_embeddings <= 0 or self.embedding_dim <= 0:
+            raise ArgumentError(
+                f"table {self.name!r} needs positive num_embeddings and embedding_dim, got "
+                f"{self.num_embeddings} and {self.embedding_dim}"
+            )
+        self.pooling = _pooling_name(self.pooling)
+        if self.format not in _FORMATS:
+            raise ArgumentError(
+                f"table {self.name!r}: format must be one of {', '.join(_FORMATS)}, got {self.format!r}"
+            )
+        self.feature_names = list(self.feature_names) or [self.name]
+
+
+class KeyedJaggedTensor:
+    """Keyed, jagged ids, laid out as TorchRec's ``KeyedJaggedTensor``: ``values``
+    holds every id, key after key and, within a key, example after example;
+    ``lengths[k * stride + b]`` is the count of key ``k``'s ids in example ``b``
+    (or ``offsets``, the ``K * stride + 1`` running sums from 0). ``weights``, one per
+    id, weight a sum pooling (``per_sample_weights``)."""
+
+    def __init__(
+        self,
+        keys: Sequence[str],
+        values: Tensor,
+        weights: Optional[Tensor] = None,
+        lengths: Optional[Tensor] = None,
+        offsets: Optional[Tensor] = None,
+        stride: Optional[int] = None,
+    ) -> None:
+        self._keys = list(keys)
+        if len(set(self._keys)) != len(self._keys):
+            raise ArgumentError(f"keys must be distinct, got {self._keys}")
+        if (lengths is None) == (offsets is None):
+            raise ArgumentError("give lengths or offsets, one of them")
+        if values.dim() != 1 or (weights is not None and weights.shape != values.shape):
+            raise ArgumentError("values must be 1-D, and weights (if given) one per value")
+        if offsets is None:
+            offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
+            torch.cumsum(lengths.reshape(-1), 0, out=offsets[1:])
+        if offsets.dim() != 1 or offsets.numel() < 1:
+            raise ArgumentError("offsets must be 1-D and start with 0")
+        segments = offsets.numel() - 1
+        if stride is None:
+            stride = segments // len(self._keys) if self._keys else 0
+        if segments != stride * len(self._keys):
+            raise ArgumentError(
+                f"{segments} bags do not make {len(self._keys)} keys of {stride} examples"
+            )
+        self._values, self._weights, self._offsets, self._stride = values, weights, offsets, stride
+
+    def keys(self) -> List[str]:
+        return self._keys
+
+    def values(self) -> Tensor:
+        return self._values
+
+    def weights_or_none(self) -> Optional[Tensor]:
+        return self._weights
+
+    def offsets(self) -> Tensor:
+        return self._offsets
+
+    def lengths(self) -> Tensor:
+        return torch.diff(self._offsets)
+
+    def stride(self) -> int:
+        return self._stride
+
+
+class KeyedTensor:
+    """Pooled rows of several keys side by side, laid out as TorchRec's ``KeyedTensor``:
+    ``values()`` is ``[batch, Σ length_per_key()]``, key ``k``'s columns following the
+    keys before it."""
+
+    def __init__(self, keys: List[str], length_per_key: List[int], values: Tensor) -> None:
+        self._keys, self._lengths, self._values = keys, length_per_key, values
+        starts = [0]
+        for length in length_per_key:
+            starts.append(starts[-1] + length)
+        self._starts = starts
+
+    def keys(self) -> List[str]:
+        return self._keys
+
+    def values(self) -> Tensor:
+        return self._values
+
+    def length_per_key(self) -> List[int]:
+        return self._lengths
+
+    def __getitem__(self, key: str) -> Tensor:
+        k = self._keys.index(key)
+        return self._values[:, self._starts[k] : self._starts[k + 1]]
+
+    def to_dict(self) -> Dict[str, Tensor]:
+        return {key: self[key] for key in self._keys}
+
+
+def _keyed_tensor(keys, lengths, values):
+    """TorchRec's ``KeyedTensor`` where TorchRec is loaded (a caller that handed in its
+    ``KeyedJaggedTensor`` gets its own type back), else this module's."""
+    torchrec = sys.modules.get("torchrec")
+    if torchrec is not None and hasattr(torchrec, "KeyedTensor"):
+        return torchrec.KeyedTensor(keys=keys, length_per_key=lengths, values=values)
+    return KeyedTensor(keys, lengths, values)
+
+
+class EmbeddingBagCollection(nn.Module):
+    """Bag tables looked up by keyed features, in one process (TorchRec's
+    ``EmbeddingBagCollection``).
+
+    ``forward(features)`` takes a ``KeyedJaggedTensor`` (this module's or TorchRec's)
+    holding at least every feature of every table, and returns a ``KeyedTensor`` of the
+    features in table order (each table's ``feature_names`` in order), each feature's
+    columns its table's pooled rows. ``is_weighted`` pools with the features' weights
+    (sum pooling only). Each table is an `EmbeddingBag` of this package in
+    ``embedding_bags[name]``: its ``sgd_in_backward`` / ``adagrad_in_backward`` fuse the
+    optimiser into the backward, table by table. A bad id raises ``IndexError`` naming
+    the table and feature, its position counted from the feature's first id."""
+
+    def __init__(
+        self,
+        tables: Sequence[EmbeddingBagConfig],
+        is_weighted: bool = False,
+        device=None,
+    ) -> None:
+        super().__init__()
+        names = [t.name for t in tables]
+        if len(set(names)) != len(names):
+            raise ArgumentError(f"table names must be distinct, got {names}")
+        features = [f for t in tables for f in t.feature_names]
+        if len(set(features)) != len(features):
+            raise ArgumentError(f"a feature may read one table only, got {features}")
+        if is_weighted and any(t.pooling != "sum" for t in tables):
+            raise ArgumentError("weighted features need sum pooling in every table")
+        self._tables = list(tables)
+        self._is_weighted = is_weighted
+        self.embedding_bags = nn.ModuleDict(
+            {
+                t.name: EmbeddingBag(
+                    t.num_embeddings, t.embedding_dim, mode=t.pooling, include_last_offset=True,
+                    device=device, dtype=_FORMATS[t.format],
+                )
+                for t in tables
+            }
+        )
+
+    def embedding_bag_configs(self) -> List[EmbeddingBagConfig]:
+        return self._tables
+
+    def is_weighted(self) -> bool:
+        return self._is_weighted
+
+    def forward(self, features) -> "KeyedTensor":
+        keys = list(features.keys())
+        index = {key: k for k, key in enumerate(keys)}
+        batch = features.stride()
+        offsets = features.offsets()
+        # One read of the bag boundaries: the slices below are Python ints.
+        bounds = offsets.tolist()
+        values = features.values()
+        weights = features.weights_or_none() if self._is_weighted else None
+        if self._is_weighted and weights is None:
+            raise ArgumentError("a weighted collection needs features with weights")
+        pooled, out_keys, dims = [], [], []
+        for table in self._tables:
+            bag = self.embedding_bags[table.name]
+            for feature in table.feature_names:
+                k = index.get(feature)
+                if k is None:
+                    raise ArgumentError(f"feature {feature!r} of table {table.name!r} is not among the keys {keys}")
+                first, last = bounds[k * batch], bounds[(k + 1) * batch]
+                bag_offsets = offsets[k * batch : (k + 1) * batch + 1] - first
+                ids = values[first:last]
+                sample_weights = None if weights is None else weights[first:last]
+                try:
+                    pooled.append(bag(ids, bag_offsets, sample_weights))
+                except IndexError as e:
+                    raise IndexError(f"table {table.name!r}, feature {feature!r}: {e}") from None
+                out_keys.append(feature)
+                dims.append(table.embedding_dim)
+        return _keyed_tensor(out_keys, dims, torch.cat(pooled, dim=1))

@@ -1,0 +1,281 @@
+"""The collection sharded over ``torch.distributed``: the plan and the forward.
+
+A plan places each table of a collection: **table-wise** on one rank (an ``int``),
+**row-wise** (``"row_wise"``: rank ``r`` holds the contiguous block of rows
+``[r * k, (r + 1) * k)``, ``k = ceil(rows / world)``) or **replicated**
+(``"replicated"``: every rank holds it). Every rank feeds its own batch (the same
+number of examples on each); the ids of a routed table go to the ranks that hold
+their rows, which pool them and send the pooled rows back:
+
+1. each rank buckets its ids by owner (stable: a bag's ids keep their order) and
+   sends every owner the bags' lengths, then the ids (``all_to_all_single``);
+2. each owner pools what it received with its shard (a row-wise table's sum and mean
+   as sums, its max as a max);
+3. the pooled rows go back (``all_to_all_single``), and each rank combines a row-wise
+   table's partial rows in rank order: sums added, a mean divided by the whole bag's
+   count, a max the largest of the ranks that held any of the bag's ids.
+
+Table-wise and replicated tables give the single-process bits; a row-wise sum adds
+its partial sums in rank order (equal up to that order), its max is exact (ties
+between ranks go to the lower rank). The collective calls are the same on every
+rank whatever its batch holds, so none is left waiting.
+"""
+
+import math
+from typing import Dict, List, Union
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from .. import EmbeddingBag
+from .._errors import ArgumentError
+from .._ops import _bag
+from ._collection import EmbeddingBagCollection, _keyed_tensor
+
+# A table's place in a plan: a rank (table-wise), "row_wise" or "replicated".
+Placement = Union[int, str]
+
+
+def plan_shards(collection: EmbeddingBagCollection, world_size: int,
+                replicate_below: int = 1 << 20, row_wise_above: int = 64 << 20) -> Dict[str, Placement]:
+    """A plan that balances table bytes per rank: tables under ``replicate_below``
+    bytes replicated, over ``row_wise_above`` bytes row-wise, the rest table-wise,
+    largest first, each on the rank holding the fewest bytes so far."""
+    plan: Dict[str, Placement] = {}
+    held = [0] * world_size
+    tables = sorted(
+        collection.embedding_bag_configs(),
+        key=lambda t: -t.num_embeddings * t.embedding_dim,
+    )
+    for table in tables:
+        size = table.num_embeddings * table.embedding_dim * 4
+        if size < replicate_below:
+            plan[table.name] = "replicated"
+        elif size > row_wise_above or world_size == 1:
+            plan[table.name] = "row_wise" if world_size > 1 else 0
+            held = [h + size // world_size for h in held]
+        else:
+            rank = min(range(world_size), key=lambda r: held[r])
+            plan[table.name] = rank
+            held[rank] += size
+    return plan
+
+
+def _rows_of(rank: int, rows: int, world: int):
+    """Rank ``rank``'s block of a row-wise table: ``(first, end)``."""
+    per = math.ceil(rows / world)
+    return min(rank * per, rows), min((rank + 1) * per, rows)
+
+
+class ShardedEmbeddingBagCollection(nn.Module):
+    """An `EmbeddingBagCollection` placed on the ranks of ``process_group`` by ``plan``
+    (see the module notes); made by `shard`. Forward only for now: call it under
+    ``torch.no_grad()`` (its backward is not built yet)."""
+
+    def __init__(self, collection: EmbeddingBagCollection, plan: Dict[str, Placement],
+                 process_group=None) -> None:
+        super().__init__()
+        self.group = process_group
+        self.rank = dist.get_rank(process_group)
+        self.world = dist.get_world_size(process_group)
+        self._tables = collection.embedding_bag_configs()
+        self._is_weighted = collection.is_weighted()
+        self.plan = dict(plan)
+        for table in self._tables:
+            place = self.plan.get(table.name)
+            ok = place in ("row_wise", "replicated") or (
+                isinstance(place, int) and 0 <= place < self.world
+            )
+            if not ok:
+                raise ArgumentError(
+                    f"table {table.name!r}: the plan must place it on a rank below {self.world}, "
+                    f"\"row_wise\" or \"replicated\", got {place!r}"
+                )
+        self.shards = nn.ModuleDict()
+        for table in self._tables:
+            place, full = self.plan[table.name], collection.embedding_bags[table.name].weight
+            if place == "row_wise":
+                first, end = _rows_of(self.rank, table.num_embeddings, self.world)
+                weight = full.detach()[first:end].clone()
+                mode = "max" if table.pooling == "max" else "sum"
+            elif place == "replicated" or place == self.rank:
+                weight, mode = full.detach().clone(), table.pooling
+            else:
+                continue
+            self.shards[table.name] = EmbeddingBag.from_pretrained(
+                weight, freeze=False, mode=mode, include_last_offset=True
+            ) if weight.shape[0] > 0 else EmbeddingBag(1, table.embedding_dim, mode=mode)
+
+    def _routed(self, rank: int) -> List:
+        """The features whose ids go to ``rank``, in the order every rank uses:
+        the tables it holds whole, then every row-wise table."""
+        whole = [(t, f) for t in self._tables if self.plan[t.name] == rank for f in t.feature_names]
+        rows = [(t, f) for t in self._tables if self.plan[t.name] == "row_wise" for f in t.feature_names]
+        return whole + rows
+
+    def forward(self, features):
+        if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
+            raise ArgumentError(
+                "the sharded collection's backward is not built yet: call it under torch.no_grad()"
+            )
+        keys = list(features.keys())
+        index = {key: k for k, key in enumerate(keys)}
+        batch = features.stride()
+        bounds = features.offsets().tolist()
+        values = features.values()
+        weights = features.weights_or_none() if self._is_weighted else None
+
+        def segment(feature):
+            k = index.get(feature)
+            if k is None:
+                raise ArgumentError(f"feature {feature!r} is not among the keys {keys}")
+            first, last = bounds[k * batch], bounds[(k + 1) * batch]
+            lengths = torch.tensor(
+                [bounds[k * batch + b + 1] - bounds[k * batch + b] for b in range(batch)],
+                dtype=torch.int64,
+            )
+            w = None if weights is None else weights[first:last]
+            return values[first:last], lengths, w
+
+        self._check_ids(segment)
+
+        # 1. Bucket each routed feature's ids by owner; lengths and ids per destination.
+        send_lengths, send_ids, send_weights, counts = [], [], [], {}
+        for dest in range(self.world):
+            for table, feature in self._routed(dest):
+                ids, lengths, w = segment(feature)
+                if self.plan[table.name] == "row_wise":
+                    first, end = _rows_of(dest, table.num_embeddings, self.world)
+                    bag_of = torch.repeat_interleave(torch.arange(batch), lengths)
+                    keep = (ids >= first) & (ids < end)
+                    lengths = torch.bincount(bag_of[keep], minlength=batch)
+                    w = None if w is None else w[keep]
+                    ids = ids[keep] - first
+                    counts[(feature, dest)] = lengths
+                send_lengths.append(lengths)
+                send_ids.append(ids.long())
+                if weights is not None:
+                    send_weights.append(w)
+        lengths_out = torch.cat(send_lengths) if send_lengths else torch.zeros(0, dtype=torch.int64)
+        split_lengths = [len(self._routed(d)) * batch for d in range(self.world)]
+        mine = len(self._routed(self.rank))
+        lengths_in = torch.empty(mine * batch * self.world, dtype=torch.int64)
+        dist.all_to_all_single(lengths_in, lengths_out, [mine * batch] * self.world,
+                               split_lengths, group=self.group)
+        ids_out = torch.cat(send_ids) if send_ids else torch.zeros(0, dtype=torch.int64)
+        per_dest = [int(n) for n in torch.stack([
+            lengths_out[sum(split_lengths[:d]):sum(split_lengths[:d + 1])].sum()
+            for d in range(self.world)
+        ])]
+        per_source = [int(n) for n in lengths_in.reshape(self.world, -1).sum(1)]
+        ids_in = torch.empty(sum(per_source), dtype=torch.int64)
+        dist.all_to_all_single(ids_in, ids_out, per_source, per_dest, group=self.group)
+        weights_in = None
+        if weights is not None:
+            weights_in = torch.empty(sum(per_source), dtype=weights.dtype)
+            dist.all_to_all_single(weights_in, torch.cat(send_weights), per_source, per_dest,
+                                   group=self.group)
+
+        # 2. Pool what each source sent, feature by feature, with this rank's shards.
+        pooled_out, at, lengths_at = [], 0, 0
+        for _source in range(self.world):
+            for table, feature in self._routed(self.rank):
+                lengths = lengths_in[lengths_at:lengths_at + batch]
+                lengths_at += batch
+                n = int(lengths.sum())
+                ids = ids_in[at:at + n]
+                w = None if weights_in is None else weights_in[at:at + n]
+                at += n
+                offsets = torch.zeros(batch + 1, dtype=torch.int64)
+                torch.cumsum(lengths, 0, out=offsets[1:])
+                shard = self.shards[table.name]
+                out, _ = _bag(shard.weight, ids, offsets, w, shard.mode, True, None)
+                pooled_out.append(out.float().reshape(-1))
+
+        # 3. The pooled rows back to where their ids came from.
+        dims_to = [sum(t.embedding_dim for t, _ in self._routed(d)) * batch for d in range(self.world)]
+        rows_in = torch.empty(sum(dims_to), dtype=torch.float32)
+        rows_out = torch.cat(pooled_out) if pooled_out else torch.zeros(0)
+        dist.all_to_all_single(rows_in, rows_out, dims_to, [dims_to[self.rank]] * self.world,
+                               group=self.group)
+        partial, at = {}, 0
+        for source in range(self.world):
+            for table, feature in self._routed(source):
+                size = table.embedding_dim * batch
+                partial[(feature, source)] = rows_in[at:at + size].reshape(batch, table.embedding_dim)
+                at += size
+
+        outs, out_keys, dims = [], [], []
+        for table in self._tables:
+            place = self.plan[table.name]
+            for feature in table.feature_names:
+                if place == "replicated":
+                    ids, lengths, w = segment(feature)
+                    offsets = torch.zeros(batch + 1, dtype=torch.int64)
+                    torch.cumsum(lengths, 0, out=offsets[1:])
+                    shard = self.shards[table.name]
+                    out = _bag(shard.weight, ids, offsets, w, shard.mode, True, None)[0].float()
+                elif place == "row_wise":
+                    out = self._combine(table, feature, partial, counts)
+                else:
+                    out = partial[(feature, place)]
+                outs.append(out)
+                out_keys.append(feature)
+                dims.append(table.embedding_dim)
+        return _keyed_tensor(out_keys, dims, torch.cat(outs, dim=1))
+
+    def _check_ids(self, segment) -> None:
+        """Every rank's ids against their tables, agreed on before any exchange: each
+        rank's first bad id (or none) goes to every rank (one ``all_gather``), and if
+        any rank has one, every rank raises ``IndexError`` naming the first of them:
+        no rank waits in an exchange the others have left."""
+        record = torch.full((5,), -1, dtype=torch.int64)
+        for t, table in enumerate(self._tables):
+            for f, feature in enumerate(table.feature_names):
+                ids = segment(feature)[0]
+                bad = (ids < 0) | (ids >= table.num_embeddings)
+                if record[0] < 0 and bool(bad.any()):
+                    p = int(torch.nonzero(bad)[0])
+                    record = torch.tensor([self.rank, t, f, p, int(ids[p])])
+        records = torch.empty(self.world * 5, dtype=torch.int64)
+        dist.all_gather_into_tensor(records, record, group=self.group)
+        for rank, t, f, p, value in records.reshape(self.world, 5).tolist():
+            if rank >= 0:
+                table = self._tables[t]
+                raise IndexError(
+                    f"rank {rank}, table {table.name!r}, feature {table.feature_names[f]!r}: id "
+                    f"{value} at position {p} is out of range for a table of "
+                    f"{table.num_embeddings} rows"
+                )
+
+    def _combine(self, table, feature, partial, counts) -> Tensor:
+        """A row-wise feature's pooled rows from the ranks' partial rows, in rank order."""
+        parts = [partial[(feature, d)] for d in range(self.world)]
+        held = [counts[(feature, d)] for d in range(self.world)]
+        if table.pooling == "max":
+            out = torch.zeros_like(parts[0])
+            seen = torch.zeros(parts[0].shape[0], dtype=torch.bool)
+            for part, n in zip(parts, held):
+                has = n > 0
+                # Strictly greater replaces: a tie keeps the lower rank's value.
+                take = has[:, None] & (~seen[:, None] | (part > out))
+                out = torch.where(take, part, out)
+                seen |= has
+            return out
+        total = parts[0].clone()
+        for part in parts[1:]:
+            total += part
+        if table.pooling == "mean":
+            count = sum(held).to(torch.float32)
+            total = torch.where(count[:, None] > 0, total / count.clamp(min=1)[:, None], 0.0)
+        return total
+
+
+def shard(collection: EmbeddingBagCollection, plan=None, process_group=None):
+    """``collection`` placed on the ranks of ``process_group`` (the default group if
+    ``None``) by ``plan`` (`plan_shards`' if ``None``). Every rank calls it with the same
+    collection (the same tables, e.g. from one seed or one checkpoint) and plan."""
+    if plan is None:
+        plan = plan_shards(collection, dist.get_world_size(process_group))
+    return ShardedEmbeddingBagCollection(collection, plan, process_group)

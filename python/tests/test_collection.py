@@ -1,0 +1,135 @@
+"""The collection of bag tables in one process (embedding_kernels.torch.distributed),
+against torch.nn.EmbeddingBag applied feature by feature."""
+
+import pytest
+import torch
+from torch import nn
+
+import embedding_kernels.torch as ekt
+from embedding_kernels.torch.distributed import (
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    KeyedJaggedTensor,
+)
+from helpers import assert_bitwise
+
+TABLES = [
+    EmbeddingBagConfig(num_embeddings=50, embedding_dim=8, name="user", feature_names=["user_id"]),
+    EmbeddingBagConfig(
+        num_embeddings=30, embedding_dim=4, name="item", feature_names=["item_id", "seen"],
+        pooling="mean",
+    ),
+    EmbeddingBagConfig(num_embeddings=20, embedding_dim=6, name="tag", pooling="max"),
+]
+KEYS = ["seen", "tag", "user_id", "item_id"]  # not in table order: the output follows the tables
+
+
+def features(seed, batch=5, keys=KEYS, rows=None, weighted=False):
+    """Random jagged ids for ``keys`` (0 to 4 per example), each below its table's rows."""
+    g = torch.Generator().manual_seed(seed)
+    rows = rows or {"seen": 30, "tag": 20, "user_id": 50, "item_id": 30}
+    lengths = torch.randint(0, 5, (len(keys) * batch,), generator=g)
+    values = torch.cat([
+        torch.randint(0, rows[key], (int(lengths[k * batch:(k + 1) * batch].sum()),), generator=g)
+        for k, key in enumerate(keys)
+    ])
+    weights = torch.rand(values.numel(), generator=g) if weighted else None
+    return KeyedJaggedTensor(keys, values, weights=weights, lengths=lengths)
+
+
+def reference(collection, kjt, weighted=False):
+    """Each feature pooled by torch.nn.EmbeddingBag over the same table, in table order."""
+    batch, offsets, values = kjt.stride(), kjt.offsets(), kjt.values()
+    outs = {}
+    for table in collection.embedding_bag_configs():
+        theirs = nn.EmbeddingBag.from_pretrained(
+            collection.embedding_bags[table.name].weight.detach().clone(),
+            mode=table.pooling, include_last_offset=True,
+        )
+        for feature in table.feature_names:
+            k = kjt.keys().index(feature)
+            first = int(offsets[k * batch])
+            last = int(offsets[(k + 1) * batch])
+            bags = offsets[k * batch:(k + 1) * batch + 1] - first
+            weights = kjt.weights_or_none()[first:last] if weighted else None
+            outs[feature] = theirs(values[first:last], bags, weights)
+    return outs
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_collection_pools_each_feature_as_torch_nn(seed):
+    torch.manual_seed(seed)
+    collection = EmbeddingBagCollection(TABLES)
+    kjt = features(seed)
+    out = collection(kjt)
+    assert out.keys() == ["user_id", "item_id", "seen", "tag"]
+    assert out.length_per_key() == [8, 4, 4, 6]
+    assert out.values().shape == (5, 22)
+    want = reference(collection, kjt)
+    for key, pooled in out.to_dict().items():
+        assert_bitwise(pooled, want[key])
+
+
+def test_weighted_features_pool_with_their_weights():
+    tables = [EmbeddingBagConfig(40, 8, "a", ["x", "y"]), EmbeddingBagConfig(40, 3, "b", ["z"])]
+    collection = EmbeddingBagCollection(tables, is_weighted=True)
+    kjt = features(9, keys=["x", "y", "z"], rows={"x": 40, "y": 40, "z": 40}, weighted=True)
+    want = reference(collection, kjt, weighted=True)
+    for key, pooled in collection(kjt).to_dict().items():
+        assert_bitwise(pooled, want[key])
+
+
+def test_lengths_and_offsets_give_the_same_batch():
+    collection = EmbeddingBagCollection(TABLES)
+    kjt = features(3)
+    again = KeyedJaggedTensor(kjt.keys(), kjt.values(), offsets=kjt.offsets())
+    assert_bitwise(collection(again).values(), collection(kjt).values())
+    assert torch.equal(again.lengths(), kjt.lengths())
+
+
+def test_the_tables_are_torchrecs_state_dict_and_train():
+    collection = EmbeddingBagCollection(TABLES)
+    assert sorted(collection.state_dict()) == [
+        "embedding_bags.item.weight", "embedding_bags.tag.weight", "embedding_bags.user.weight",
+    ]
+    kjt = features(4)
+    collection(kjt).values().square().sum().backward()
+    # Every table read by the batch got a gradient; the user table's is its bags' rows.
+    for name, bag in collection.embedding_bags.items():
+        assert bag.weight.grad is not None and bag.weight.grad.abs().sum() > 0, name
+    before = collection.embedding_bags["user"].weight.detach().clone()
+    collection.embedding_bags["user"].sgd_in_backward(0.1)
+    collection(kjt).values().sum().backward()
+    assert not torch.equal(collection.embedding_bags["user"].weight, before)
+
+
+def test_half_tables_serve_inference():
+    tables = [EmbeddingBagConfig(40, 8, "a", ["x"], format="bf16"), EmbeddingBagConfig(40, 4, "b", ["y"])]
+    collection = EmbeddingBagCollection(tables)
+    out = collection(features(2, keys=["x", "y"], rows={"x": 40, "y": 40}))
+    # The output concatenates the tables' pooled rows: the float32 one widens the half one.
+    assert out.values().dtype == torch.float32 and out.values().shape == (5, 12)
+
+
+def test_bad_input_is_refused_with_the_table_named():
+    collection = EmbeddingBagCollection(TABLES)
+    kjt = features(1)
+    values = kjt.values().clone()
+    k = kjt.keys().index("tag")
+    first = int(kjt.offsets()[k * 5])
+    values[first] = 20
+    bad = KeyedJaggedTensor(kjt.keys(), values, offsets=kjt.offsets())
+    with pytest.raises(IndexError, match="table 'tag', feature 'tag'"):
+        collection(bad)
+    with pytest.raises(ekt.ArgumentError, match="feature 'tag' of table 'tag' is not among"):
+        collection(features(1, keys=["seen", "user_id", "item_id"]))
+    with pytest.raises(ekt.ArgumentError, match="sum pooling"):
+        EmbeddingBagCollection(TABLES, is_weighted=True)
+    with pytest.raises(ekt.ArgumentError, match="one table only"):
+        EmbeddingBagCollection([TABLES[0], EmbeddingBagConfig(5, 2, "other", ["user_id"])])
+    with pytest.raises(ekt.ArgumentError, match="pooling"):
+        EmbeddingBagConfig(5, 2, "t", pooling="median")
+    with pytest.raises(ekt.ArgumentError, match="lengths or offsets"):
+        KeyedJaggedTensor(["a"], torch.tensor([1]))
+    with pytest.raises(ekt.ArgumentError, match="do not make"):
+        KeyedJaggedTensor(["a", "b"], torch.tensor([1, 2, 3]), lengths=torch.tensor([1, 1, 1]))
