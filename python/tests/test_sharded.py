@@ -86,3 +86,97 @@ def test_sharded_forward_matches_one_process(tmp_path, world, plan_name):
                         torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
         assert results["error"] is not None, rank
         assert f"rank {world - 1}" in results["error"] and "1000" in results["error"]
+
+
+TRAIN_PLANS = {
+    "row_wise": {"user": "row_wise", "item": "row_wise", "tag": "row_wise"},
+    "mixed": {"user": "row_wise", "item": 0, "tag": "replicated"},
+}
+STEPS = 4
+
+
+def train_collection():
+    """Sum and mean tables (max tables serve inference only)."""
+    from embedding_kernels.torch.distributed import EmbeddingBagConfig
+
+    torch.manual_seed(12)
+    tables = [
+        TABLES[0],
+        TABLES[1],
+        EmbeddingBagConfig(num_embeddings=20, embedding_dim=6, name="tag", pooling="sum"),
+    ]
+    return EmbeddingBagCollection(tables)
+
+
+def target(rank, step):
+    return torch.randn(5, 22, generator=torch.Generator().manual_seed(1000 * rank + step))
+
+
+def global_batch(kjts):
+    """The ranks' batches as one, example after example in rank order."""
+    keys, parts, lengths = kjts[0].keys(), [], []
+    for k in range(len(keys)):
+        for kjt in kjts:
+            batch, bounds = kjt.stride(), kjt.offsets()
+            parts.append(kjt.values()[bounds[k * batch]:bounds[(k + 1) * batch]])
+            lengths.append(kjt.lengths()[k * batch:(k + 1) * batch])
+    return type(kjts[0])(keys, torch.cat(parts), lengths=torch.cat(lengths))
+
+
+def train_worker(rank, world, port, plan_name, optimizer, out_dir):
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    try:
+        sharded = shard(train_collection(), TRAIN_PLANS[plan_name])
+        if optimizer == "sgd":
+            sharded.sgd_in_backward(0.1)
+        else:
+            sharded.adagrad_in_backward(0.1)
+        losses = []
+        for step in range(STEPS):
+            loss = (sharded(features(100 * rank + step)).values() * target(rank, step)).sum()
+            loss.backward()
+            losses.append(loss.item())
+        shards = {name: bag.weight.detach().clone() for name, bag in sharded.shards.items()}
+        torch.save({"losses": losses, "shards": shards}, os.path.join(out_dir, f"{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world, plan_name, optimizer", [
+    (2, "row_wise", "sgd"), (3, "mixed", "adagrad"),
+])
+def test_sharded_training_follows_one_process(tmp_path, world, plan_name, optimizer):
+    """Data-parallel batches on the ranks against one process stepping on their union:
+    the same losses and tables up to the order of adding the ranks' gradients."""
+    mp.spawn(train_worker, args=(world, free_port(), plan_name, optimizer, str(tmp_path)),
+             nprocs=world)
+    single = train_collection()
+    for bag in single.embedding_bags.values():
+        if optimizer == "sgd":
+            bag.sgd_in_backward(0.1)
+        else:
+            bag.adagrad_in_backward(0.1)
+    losses = []
+    for step in range(STEPS):
+        out = single(global_batch([features(100 * r + step) for r in range(world)]))
+        targets = torch.cat([target(r, step) for r in range(world)])
+        loss = out.values() * targets
+        losses.append([loss[5 * r:5 * (r + 1)].sum().item() for r in range(world)])
+        loss.sum().backward()
+    results = [torch.load(tmp_path / f"{r}.pt") for r in range(world)]
+    for r in range(world):
+        assert results[r]["losses"] == pytest.approx([l[r] for l in losses], rel=1e-5, abs=1e-5)
+    plan = TRAIN_PLANS[plan_name]
+    for name, bag in single.embedding_bags.items():
+        if plan[name] == "row_wise":
+            table = torch.cat([results[r]["shards"][name] for r in range(world)])
+        elif plan[name] == "replicated":
+            table = results[0]["shards"][name]
+            for r in range(1, world):
+                assert torch.equal(results[r]["shards"][name], table)  # replicas stay equal
+        else:
+            table = results[plan[name]]["shards"][name]
+        torch.testing.assert_close(table, bag.weight.detach(), rtol=1e-5, atol=1e-6)
+        assert not torch.equal(table, train_collection().embedding_bags[name].weight), name

@@ -170,8 +170,9 @@ class EmbeddingBagCollection(nn.Module):
     columns its table's pooled rows. ``is_weighted`` pools with the features' weights
     (sum pooling only). Each table is an `EmbeddingBag` of this package in
     ``embedding_bags[name]``: its ``sgd_in_backward`` / ``adagrad_in_backward`` fuse the
-    optimiser into the backward, table by table. A bad id raises ``IndexError`` naming
-    the table and feature, its position counted from the feature's first id."""
+    optimiser into the backward, one step a table a backward (its features' bags are
+    pooled in one call). A bad id raises ``IndexError`` naming the table, its position
+    counted along the table's features' ids in order."""
 
     def __init__(
         self,
@@ -219,19 +220,28 @@ class EmbeddingBagCollection(nn.Module):
             raise ArgumentError("a weighted collection needs features with weights")
         pooled, out_keys, dims = [], [], []
         for table in self._tables:
-            bag = self.embedding_bags[table.name]
+            # A table's features pooled in one call (their bags one after the other), so
+            # that a fused optimiser step takes one step a backward, as TorchRec's does.
+            ids, bags, sample_weights = [], [0], []
             for feature in table.feature_names:
                 k = index.get(feature)
                 if k is None:
                     raise ArgumentError(f"feature {feature!r} of table {table.name!r} is not among the keys {keys}")
                 first, last = bounds[k * batch], bounds[(k + 1) * batch]
-                bag_offsets = offsets[k * batch : (k + 1) * batch + 1] - first
-                ids = values[first:last]
-                sample_weights = None if weights is None else weights[first:last]
-                try:
-                    pooled.append(bag(ids, bag_offsets, sample_weights))
-                except IndexError as e:
-                    raise IndexError(f"table {table.name!r}, feature {feature!r}: {e}") from None
+                ids.append(values[first:last])
+                base = bags[-1] - first
+                bags.extend(b + base for b in bounds[k * batch + 1 : (k + 1) * batch + 1])
+                if weights is not None:
+                    sample_weights.append(weights[first:last])
                 out_keys.append(feature)
                 dims.append(table.embedding_dim)
+            ids = torch.cat(ids) if len(ids) > 1 else ids[0]
+            sample_weights = None if weights is None else torch.cat(sample_weights)
+            try:
+                out = self.embedding_bags[table.name](
+                    ids, torch.tensor(bags, dtype=torch.int64), sample_weights
+                )
+            except IndexError as e:
+                raise IndexError(f"table {table.name!r} (features {table.feature_names}): {e}") from None
+            pooled.extend(out.split(batch))
         return _keyed_tensor(out_keys, dims, torch.cat(pooled, dim=1))

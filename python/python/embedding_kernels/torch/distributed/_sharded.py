@@ -28,8 +28,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from .. import EmbeddingBag
-from .._errors import ArgumentError
+from .. import EmbeddingBag, _check_rates
+from .. import _ops
+from .._errors import ArgumentError, NotSupportedError
 from .._ops import _bag
 from ._collection import EmbeddingBagCollection, _keyed_tensor
 
@@ -70,8 +71,11 @@ def _rows_of(rank: int, rows: int, world: int):
 
 class ShardedEmbeddingBagCollection(nn.Module):
     """An `EmbeddingBagCollection` placed on the ranks of ``process_group`` by ``plan``
-    (see the module notes); made by `shard`. Forward only for now: call it under
-    ``torch.no_grad()`` (its backward is not built yet)."""
+    (see the module notes); made by `shard`. It trains through a fused step
+    (`sgd_in_backward`, `adagrad_in_backward`): in the backward, which every rank runs,
+    the pooled gradient goes to the owners, and each shard takes one step with every
+    rank's bags (no dense gradient of a routed table is built). Sum and mean tables
+    train; max tables serve inference."""
 
     def __init__(self, collection: EmbeddingBagCollection, plan: Dict[str, Placement],
                  process_group=None) -> None:
@@ -92,6 +96,10 @@ class ShardedEmbeddingBagCollection(nn.Module):
                     f"table {table.name!r}: the plan must place it on a rank below {self.world}, "
                     f"\"row_wise\" or \"replicated\", got {place!r}"
                 )
+        self._step = None
+        self._state = {}
+        # What the autograd graph hangs on: the shards are stepped in place, not differentiated.
+        self._anchor = torch.zeros((), requires_grad=True)
         self.shards = nn.ModuleDict()
         for table in self._tables:
             place, full = self.plan[table.name], collection.embedding_bags[table.name].weight
@@ -114,11 +122,46 @@ class ShardedEmbeddingBagCollection(nn.Module):
         rows = [(t, f) for t in self._tables if self.plan[t.name] == "row_wise" for f in t.feature_names]
         return whole + rows
 
+    def sgd_in_backward(self, lr: float, weight_decay: float = 0.0):
+        """Trains the shards by SGD fused into the backward (`EmbeddingBag.sgd_in_backward`'s
+        rule): each owner steps its rows once a backward, with every rank's gradients."""
+        _check_rates(lr=lr, weight_decay=weight_decay)
+        self._step = ("sgd", float(lr), 0.0, float(weight_decay), 0.0)
+        return self
+
+    def adagrad_in_backward(self, lr: float = 1e-2, lr_decay: float = 0.0,
+                            weight_decay: float = 0.0, initial_accumulator_value: float = 0.0,
+                            eps: float = 1e-10):
+        """Trains the shards by Adagrad fused into the backward (`torch.optim.Adagrad`'s
+        rule on the touched rows); each shard keeps its own accumulators."""
+        _check_rates(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
+                     initial_accumulator_value=initial_accumulator_value, eps=eps)
+        self._step = ("adagrad", float(lr), float(lr_decay), float(weight_decay), float(eps))
+        self._state = {
+            name: (torch.full_like(bag.weight, float(initial_accumulator_value)), torch.tensor(0.0))
+            for name, bag in self.shards.items()
+        }
+        return self
+
     def forward(self, features):
-        if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
+        training = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
+        if not training:
+            return self._pool(features)[0]
+        if self._step is None:
             raise ArgumentError(
-                "the sharded collection's backward is not built yet: call it under torch.no_grad()"
+                "a sharded collection trains through a fused step: call sgd_in_backward or "
+                "adagrad_in_backward first, or run the forward under torch.no_grad()"
             )
+        if any(t.pooling == "max" for t in self._tables):
+            raise NotSupportedError("a sharded collection trains sum and mean tables only")
+        pooled, saved = self._pool(features)
+        values = _Backward.apply(self._anchor, self, saved, pooled.values())
+        return _keyed_tensor(pooled.keys(), pooled.length_per_key(), values)
+
+    def _pool(self, features):
+        """The pooled rows of the local batch (a ``KeyedTensor``) and what the backward
+        needs: the ids each owner received, the bags' whole counts, the local ids of the
+        replicated tables."""
         keys = list(features.keys())
         index = {key: k for k, key in enumerate(keys)}
         batch = features.stride()
@@ -178,7 +221,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
                                    group=self.group)
 
         # 2. Pool what each source sent, feature by feature, with this rank's shards.
-        pooled_out, at, lengths_at = [], 0, 0
+        pooled_out, at, lengths_at, received = [], 0, 0, {}
         for _source in range(self.world):
             for table, feature in self._routed(self.rank):
                 lengths = lengths_in[lengths_at:lengths_at + batch]
@@ -192,6 +235,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 shard = self.shards[table.name]
                 out, _ = _bag(shard.weight, ids, offsets, w, shard.mode, True, None)
                 pooled_out.append(out.float().reshape(-1))
+                received.setdefault(table.name, []).append((ids, lengths, w))
 
         # 3. The pooled rows back to where their ids came from.
         dims_to = [sum(t.embedding_dim for t, _ in self._routed(d)) * batch for d in range(self.world)]
@@ -216,6 +260,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
                     torch.cumsum(lengths, 0, out=offsets[1:])
                     shard = self.shards[table.name]
                     out = _bag(shard.weight, ids, offsets, w, shard.mode, True, None)[0].float()
+                    received.setdefault(table.name, []).append((ids, lengths, w))
                 elif place == "row_wise":
                     out = self._combine(table, feature, partial, counts)
                 else:
@@ -223,7 +268,88 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 outs.append(out)
                 out_keys.append(feature)
                 dims.append(table.embedding_dim)
-        return _keyed_tensor(out_keys, dims, torch.cat(outs, dim=1))
+        saved = {"batch": batch, "received": received, "counts": counts}
+        return _keyed_tensor(out_keys, dims, torch.cat(outs, dim=1)), saved
+
+    def _backward(self, grad: Tensor, saved) -> None:
+        """The pooled gradient to the owners, and each shard's one fused step with every
+        rank's bags; a replicated table's gradient summed over the ranks first."""
+        batch, received, counts = saved["batch"], saved["received"], saved["counts"]
+        cols, at = {}, 0
+        for table in self._tables:
+            for feature in table.feature_names:
+                cols[feature] = grad[:, at:at + table.embedding_dim]
+                at += table.embedding_dim
+        send = []
+        for dest in range(self.world):
+            for table, feature in self._routed(dest):
+                g = cols[feature]
+                if self.plan[table.name] == "row_wise" and table.pooling == "mean":
+                    # Each shard summed part of the bag: its rows take the whole bag's mean.
+                    whole = sum(counts[(feature, d)] for d in range(self.world)).to(g.dtype)
+                    g = torch.where(whole[:, None] > 0, g / whole.clamp(min=1)[:, None], 0.0)
+                send.append(g.reshape(-1))
+        dims_to = [sum(t.embedding_dim for t, _ in self._routed(d)) * batch for d in range(self.world)]
+        grads_in = torch.empty(dims_to[self.rank] * self.world, dtype=torch.float32)
+        grads_out = torch.cat(send) if send else torch.zeros(0)
+        dist.all_to_all_single(grads_in, grads_out, [dims_to[self.rank]] * self.world, dims_to,
+                               group=self.group)
+        grads, at = {}, 0
+        for _source in range(self.world):
+            for table, _feature in self._routed(self.rank):
+                size = table.embedding_dim * batch
+                grads.setdefault(table.name, []).append(
+                    grads_in[at:at + size].reshape(batch, table.embedding_dim)
+                )
+                at += size
+        for table in self._tables:
+            place = self.plan[table.name]
+            if place == "replicated":
+                local = [cols[f] for f in table.feature_names]
+                self._replicated_step(table, received[table.name], local)
+            elif table.name in grads:
+                mode = "sum" if place == "row_wise" else table.pooling
+                self._shard_step(table.name, received[table.name], grads[table.name], mode)
+
+    def _shard_step(self, name, parts, grads, mode) -> None:
+        """One fused step of shard ``name`` over the bags of ``parts`` (``(ids, lengths,
+        weights)`` in the order of ``grads``, one ``[batch, dim]`` gradient each)."""
+        ids = torch.cat([p[0] for p in parts])
+        lengths = torch.cat([p[1] for p in parts])
+        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
+        torch.cumsum(lengths, 0, out=offsets[1:])
+        weights = None if parts[0][2] is None else torch.cat([p[2] for p in parts])
+        grad = torch.cat(grads).contiguous()
+        optimizer, lr, lr_decay, weight_decay, eps = self._step
+        weight = self.shards[name].weight
+        with torch.no_grad():
+            if optimizer == "sgd":
+                _ops.sgd_step_(weight, ids, offsets, weights, grad, mode, True, None, False, lr,
+                               weight_decay)
+            else:
+                state_sum, state_step = self._state[name]
+                _ops.adagrad_step_(weight, state_sum, state_step, ids, offsets, weights, grad,
+                                   mode, True, None, False, lr, lr_decay, weight_decay, eps)
+
+    def _replicated_step(self, table, parts, grads) -> None:
+        """A replicated table: its rows' gradients from every rank's batch (one dense
+        all-reduce of the gradient and of the rows touched, which a small table affords),
+        then the same step on every replica."""
+        ids = torch.cat([p[0] for p in parts])
+        lengths = torch.cat([p[1] for p in parts])
+        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
+        torch.cumsum(lengths, 0, out=offsets[1:])
+        weights = None if parts[0][2] is None else torch.cat([p[2] for p in parts])
+        grad = torch.cat(grads).contiguous()
+        rows = table.num_embeddings
+        dense = _ops.embedding_bag_backward(grad, ids, offsets, weights, ids.new_empty(0), rows,
+                                            table.pooling, True, None, False)
+        touched = torch.bincount(ids.long(), minlength=rows).clamp(max=1)
+        dist.all_reduce(dense, group=self.group)
+        dist.all_reduce(touched, group=self.group)
+        rows_touched = torch.nonzero(touched).reshape(-1)
+        self._shard_step(table.name, [(rows_touched, torch.ones_like(rows_touched), None)],
+                         [dense[rows_touched]], "sum")
 
     def _check_ids(self, segment) -> None:
         """Every rank's ids against their tables, agreed on before any exchange: each
@@ -270,6 +396,21 @@ class ShardedEmbeddingBagCollection(nn.Module):
             count = sum(held).to(torch.float32)
             total = torch.where(count[:, None] > 0, total / count.clamp(min=1)[:, None], 0.0)
         return total
+
+
+class _Backward(torch.autograd.Function):
+    """Hangs the sharded forward's output on the autograd graph: its backward sends the
+    pooled gradient to the owners, which step their shards (every rank must run it)."""
+
+    @staticmethod
+    def forward(ctx, anchor, module, saved, values):
+        ctx.module, ctx.saved = module, saved
+        return values.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.module._backward(grad.contiguous(), ctx.saved)
+        return None, None, None, None
 
 
 def shard(collection: EmbeddingBagCollection, plan=None, process_group=None):
