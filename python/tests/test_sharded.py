@@ -180,3 +180,120 @@ def test_sharded_training_follows_one_process(tmp_path, world, plan_name, optimi
             table = results[plan[name]]["shards"][name]
         torch.testing.assert_close(table, bag.weight.detach(), rtol=1e-5, atol=1e-6)
         assert not torch.equal(table, train_collection().embedding_bags[name].weight), name
+
+
+def checkpoint_worker(rank, world, port, plan_name, directory, out_dir, write):
+    """Trains two Adagrad steps and saves (``write``), or loads and reports the shards."""
+    from embedding_kernels.torch.distributed import load, save
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    try:
+        sharded = shard(train_collection(), TRAIN_PLANS[plan_name]).adagrad_in_backward(0.1)
+        if write:
+            for step in range(2):
+                sharded(features(100 * rank + step)).values().sum().backward()
+            save(sharded, directory)
+        else:
+            load(sharded, directory)
+        shards = {name: bag.weight.detach().clone() for name, bag in sharded.shards.items()}
+        state = {name: (s.clone(), t.clone()) for name, (s, t) in sharded._state.items()}
+        torch.save({"shards": shards, "state": state}, os.path.join(out_dir, f"{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def assembled(results, plan, name, world):
+    """A table from the ranks' shards."""
+    if plan[name] == "row_wise":
+        return torch.cat([results[r]["shards"][name] for r in range(world)])
+    rank = 0 if plan[name] == "replicated" else plan[name]
+    return results[rank]["shards"][name]
+
+
+def test_a_checkpoint_reshards_and_loads_in_one_process(tmp_path):
+    pytest.importorskip("safetensors")
+    from embedding_kernels.torch.distributed import load, save
+
+    directory = str(tmp_path / "ckpt")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    mp.spawn(checkpoint_worker, args=(2, free_port(), "row_wise", directory, str(tmp_path / "a"), True), nprocs=2)
+    written = [torch.load(tmp_path / "a" / f"{r}.pt") for r in range(2)]
+    # Into one process: the tables the two ranks held.
+    single = train_collection()
+    load(single, directory)
+    for name, bag in single.embedding_bags.items():
+        assert torch.equal(bag.weight.detach(), assembled(written, TRAIN_PLANS["row_wise"], name, 2))
+    # Into three processes and another plan: the same tables, and Adagrad's state.
+    mp.spawn(checkpoint_worker, args=(3, free_port(), "mixed", directory, str(tmp_path / "b"), False), nprocs=3)
+    read = [torch.load(tmp_path / "b" / f"{r}.pt") for r in range(3)]
+    for name, bag in single.embedding_bags.items():
+        assert torch.equal(assembled(read, TRAIN_PLANS["mixed"], name, 3), bag.weight.detach())
+    user_sum = torch.cat([written[r]["state"]["user"][0] for r in range(2)])
+    assert torch.equal(torch.cat([read[r]["state"]["user"][0] for r in range(3)]), user_sum)
+    assert read[0]["state"]["tag"][1].item() == 2
+    # And back: the single process's checkpoint loads as it was saved.
+    save(single, str(tmp_path / "again"))
+    other = train_collection()
+    load(other, str(tmp_path / "again"))
+    for name, bag in other.embedding_bags.items():
+        assert torch.equal(bag.weight, single.embedding_bags[name].weight)
+
+
+def test_a_checkpoint_without_its_manifest_is_refused(tmp_path):
+    pytest.importorskip("safetensors")
+    from embedding_kernels.torch import ArgumentError
+    from embedding_kernels.torch.distributed import load, save
+
+    single = train_collection()
+    save(single, str(tmp_path))
+    (tmp_path / "manifest.json").unlink()
+    with pytest.raises(ArgumentError, match="no whole checkpoint"):
+        load(train_collection(), str(tmp_path))
+    save(single, str(tmp_path))
+    (tmp_path / "shard-0-of-1.safetensors").unlink()
+    with pytest.raises(ArgumentError, match="misses"):
+        load(train_collection(), str(tmp_path))
+    with pytest.raises(ArgumentError, match="tables differ"):
+        load(collection(), str(tmp_path))
+
+
+def dying_worker(rank, world, port, out_dir):
+    import time
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=20))
+    sharded = shard(collection(), PLANS["row_wise"](world))
+    with torch.no_grad():
+        sharded(features(rank))
+    if rank == world - 1:
+        os._exit(3)  # a rank that dies between two batches
+    start = time.monotonic()
+    try:
+        with torch.no_grad():
+            sharded(features(rank + 10))
+        outcome = "returned"
+    except Exception as e:  # what the survivors raise is gloo's
+        outcome = f"raised {type(e).__name__}"
+    with open(os.path.join(out_dir, f"{rank}.txt"), "w") as f:
+        f.write(f"{outcome} {time.monotonic() - start:.1f}")
+
+
+def test_a_dead_rank_makes_the_others_raise_not_hang(tmp_path):
+    """The survivors' next exchange fails within the process group's timeout (20 s)."""
+    context = mp.get_context("spawn")
+    port, world = free_port(), 3
+    procs = [context.Process(target=dying_worker, args=(r, world, port, str(tmp_path))) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=90)
+        assert not p.is_alive()
+    assert procs[-1].exitcode == 3
+    for rank in range(world - 1):
+        outcome, seconds = (tmp_path / f"{rank}.txt").read_text().rsplit(" ", 1)
+        assert outcome.startswith("raised"), outcome
+        assert float(seconds) < 30

@@ -3,7 +3,8 @@
 The collection in one process (``EmbeddingBagCollection`` over ``EmbeddingBagConfig``
 tables, ``KeyedJaggedTensor`` in, ``KeyedTensor`` out), and sharded over the ranks of a
 ``torch.distributed`` process group (``shard``, ``plan_shards``): table-wise,
-row-wise or replicated, the forward so far.
+row-wise or replicated, trained through fused optimiser steps; checkpoints that load
+into any world size or plan (``save``, ``load``).
 """
 
 from ._collection import (
@@ -13,6 +14,7 @@ from ._collection import (
     KeyedTensor,
 )
 from ._sharded import ShardedEmbeddingBagCollection, plan_shards, shard
+from ._checkpoint import load, save
 
 __all__ = [
     "EmbeddingBagCollection",
@@ -20,6 +22,8 @@ __all__ = [
     "KeyedJaggedTensor",
     "KeyedTensor",
     "ShardedEmbeddingBagCollection",
+    "load",
     "plan_shards",
+    "save",
     "shard",
 ]
