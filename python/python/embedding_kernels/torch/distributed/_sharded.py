@@ -98,6 +98,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 )
         self._step = None
         self._state = {}
+        # Bytes sent to other ranks so far (the exchanges and all-reduces), for benchmarks.
+        self.sent_bytes = 0
         # What the autograd graph hangs on: the shards are stepped in place, not differentiated.
         self._anchor = torch.zeros((), requires_grad=True)
         self.shards = nn.ModuleDict()
@@ -144,10 +146,13 @@ class ShardedEmbeddingBagCollection(nn.Module):
         return self
 
     def forward(self, features):
-        training = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
-        if not training:
+        # Decided alike on every rank (a rank may hold no shard, and so no parameter):
+        # the backward's exchanges need them all.
+        if not torch.is_grad_enabled():
             return self._pool(features)[0]
         if self._step is None:
+            if not any(p.requires_grad for p in self.parameters()):
+                return self._pool(features)[0]
             raise ArgumentError(
                 "a sharded collection trains through a fused step: call sgd_in_backward or "
                 "adagrad_in_backward first, or run the forward under torch.no_grad()"
@@ -165,7 +170,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         keys = list(features.keys())
         index = {key: k for k, key in enumerate(keys)}
         batch = features.stride()
-        bounds = features.offsets().tolist()
+        offsets = features.offsets()
+        bounds = offsets.tolist()
         values = features.values()
         weights = features.weights_or_none() if self._is_weighted else None
 
@@ -174,10 +180,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
             if k is None:
                 raise ArgumentError(f"feature {feature!r} is not among the keys {keys}")
             first, last = bounds[k * batch], bounds[(k + 1) * batch]
-            lengths = torch.tensor(
-                [bounds[k * batch + b + 1] - bounds[k * batch + b] for b in range(batch)],
-                dtype=torch.int64,
-            )
+            lengths = torch.diff(offsets[k * batch:(k + 1) * batch + 1])
             w = None if weights is None else weights[first:last]
             return values[first:last], lengths, w
 
@@ -204,8 +207,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         split_lengths = [len(self._routed(d)) * batch for d in range(self.world)]
         mine = len(self._routed(self.rank))
         lengths_in = torch.empty(mine * batch * self.world, dtype=torch.int64)
-        dist.all_to_all_single(lengths_in, lengths_out, [mine * batch] * self.world,
-                               split_lengths, group=self.group)
+        self._exchange(lengths_in, lengths_out, [mine * batch] * self.world, split_lengths)
         ids_out = torch.cat(send_ids) if send_ids else torch.zeros(0, dtype=torch.int64)
         per_dest = [int(n) for n in torch.stack([
             lengths_out[sum(split_lengths[:d]):sum(split_lengths[:d + 1])].sum()
@@ -213,12 +215,11 @@ class ShardedEmbeddingBagCollection(nn.Module):
         ])]
         per_source = [int(n) for n in lengths_in.reshape(self.world, -1).sum(1)]
         ids_in = torch.empty(sum(per_source), dtype=torch.int64)
-        dist.all_to_all_single(ids_in, ids_out, per_source, per_dest, group=self.group)
+        self._exchange(ids_in, ids_out, per_source, per_dest)
         weights_in = None
         if weights is not None:
             weights_in = torch.empty(sum(per_source), dtype=weights.dtype)
-            dist.all_to_all_single(weights_in, torch.cat(send_weights), per_source, per_dest,
-                                   group=self.group)
+            self._exchange(weights_in, torch.cat(send_weights), per_source, per_dest)
 
         # 2. Pool what each source sent, feature by feature, with this rank's shards.
         pooled_out, at, lengths_at, received = [], 0, 0, {}
@@ -241,8 +242,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         dims_to = [sum(t.embedding_dim for t, _ in self._routed(d)) * batch for d in range(self.world)]
         rows_in = torch.empty(sum(dims_to), dtype=torch.float32)
         rows_out = torch.cat(pooled_out) if pooled_out else torch.zeros(0)
-        dist.all_to_all_single(rows_in, rows_out, dims_to, [dims_to[self.rank]] * self.world,
-                               group=self.group)
+        self._exchange(rows_in, rows_out, dims_to, [dims_to[self.rank]] * self.world)
         partial, at = {}, 0
         for source in range(self.world):
             for table, feature in self._routed(source):
@@ -292,8 +292,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         dims_to = [sum(t.embedding_dim for t, _ in self._routed(d)) * batch for d in range(self.world)]
         grads_in = torch.empty(dims_to[self.rank] * self.world, dtype=torch.float32)
         grads_out = torch.cat(send) if send else torch.zeros(0)
-        dist.all_to_all_single(grads_in, grads_out, [dims_to[self.rank]] * self.world, dims_to,
-                               group=self.group)
+        self._exchange(grads_in, grads_out, [dims_to[self.rank]] * self.world, dims_to)
         grads, at = {}, 0
         for _source in range(self.world):
             for table, _feature in self._routed(self.rank):
@@ -347,9 +346,16 @@ class ShardedEmbeddingBagCollection(nn.Module):
         touched = torch.bincount(ids.long(), minlength=rows).clamp(max=1)
         dist.all_reduce(dense, group=self.group)
         dist.all_reduce(touched, group=self.group)
+        # A ring all-reduce sends about twice its tensor.
+        self.sent_bytes += 2 * (dense.nbytes + touched.nbytes) * (self.world - 1) // self.world
         rows_touched = torch.nonzero(touched).reshape(-1)
         self._shard_step(table.name, [(rows_touched, torch.ones_like(rows_touched), None)],
                          [dense[rows_touched]], "sum")
+
+    def _exchange(self, output, input, output_splits, input_splits) -> None:
+        """``all_to_all_single``, counting the bytes this rank sends to the others."""
+        dist.all_to_all_single(output, input, output_splits, input_splits, group=self.group)
+        self.sent_bytes += (sum(input_splits) - input_splits[self.rank]) * input.element_size()
 
     def _check_ids(self, segment) -> None:
         """Every rank's ids against their tables, agreed on before any exchange: each
