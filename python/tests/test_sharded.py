@@ -332,3 +332,52 @@ def test_the_example_trains_under_torchrun_and_checkpoints(tmp_path):
     # The trained tables: every one moved from where the example started it.
     for name, bag in single.embedding_bags.items():
         assert not torch.equal(bag.weight, before[name]), name
+
+
+def meta_worker(rank, world, port, out_dir):
+    import resource
+
+    from embedding_kernels.torch.distributed import EmbeddingBagConfig
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    try:
+        big = EmbeddingBagConfig(num_embeddings=500_000, embedding_dim=256, name="big")
+        tables = [big, *train_collection().embedding_bag_configs()]
+        meta = EmbeddingBagCollection(tables, device="meta")
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        sharded = shard(meta, {"big": "row_wise", **TRAIN_PLANS["mixed"]}, seed=5)
+        grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+        small = {n: b.weight.detach().clone() for n, b in sharded.shards.items() if n != "big"}
+        block = sharded.shards["big"].weight.detach()
+        torch.save({"grown": grown, "small": small, "big_rows": block.shape[0],
+                    "big_edges": (block[:2].clone(), block[-2:].clone())},
+                   os.path.join(out_dir, f"{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_meta_collection_is_drawn_shard_by_shard(tmp_path):
+    """Sharded from the meta device, each rank allocates its rows only (a row-wise table
+    of 512 MB over 2 ranks grows each rank by well under 512 MB), and they are the rows
+    of the whole collection drawn from the same seed."""
+    world = 2
+    mp.spawn(meta_worker, args=(world, free_port(), str(tmp_path)), nprocs=world)
+    results = [torch.load(tmp_path / f"{r}.pt") for r in range(world)]
+    table_bytes = 500_000 * 256 * 4
+    for r in range(world):
+        assert results[r]["grown"] < 0.7 * table_bytes, results[r]["grown"]
+        assert results[r]["big_rows"] == 250_000
+    whole = train_collection()
+    whole.reset_parameters(seed=5)
+    plan = TRAIN_PLANS["mixed"]
+    for name, bag in whole.embedding_bags.items():
+        got = torch.cat([results[r]["small"][name] for r in range(world)]) if plan[name] == "row_wise" \
+            else results[0 if plan[name] == "replicated" else plan[name]]["small"][name]
+        assert torch.equal(got, bag.weight.detach()), name
+    from embedding_kernels.torch.distributed._collection import draw_rows
+
+    edges = draw_rows("big", 5, 500_000, 249_998, 250_002, 256)
+    assert torch.equal(results[0]["big_edges"][1], edges[:2])
+    assert torch.equal(results[1]["big_edges"][0], edges[2:])

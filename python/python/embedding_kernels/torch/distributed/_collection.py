@@ -13,6 +13,7 @@ gradients and fused optimiser steps are the crate's, and its weight sits at
 """
 
 import sys
+import zlib
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
@@ -24,6 +25,31 @@ from .._errors import ArgumentError
 
 # A table's format: its dtype. The halves serve inference.
 _FORMATS = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+# Rows drawn a chunk at a time, each chunk from a generator of its own: any block of
+# rows can be drawn alone, with the values the whole table would have.
+CHUNK_ROWS = 1 << 16
+
+
+def draw_rows(name: str, seed: int, num_embeddings: int, first: int, end: int,
+              embedding_dim: int) -> Tensor:
+    """Rows ``[first, end)`` of table ``name`` drawn from N(0, 1) (PyTorch's bag
+    initialisation) by the chunked rule: chunk ``c`` (``CHUNK_ROWS`` rows) from a
+    generator seeded by ``seed``, the table's name and ``c``. The same rows on any rank
+    and in any plan; a rank draws only the chunks its block touches."""
+    out = torch.empty((end - first, embedding_dim))
+    if end <= first:
+        return out
+    tag = zlib.crc32(name.encode())
+    for chunk in range(first // CHUNK_ROWS, (end - 1) // CHUNK_ROWS + 1):
+        lo = chunk * CHUNK_ROWS
+        hi = min(lo + CHUNK_ROWS, num_embeddings)
+        generator = torch.Generator().manual_seed(((seed & 0xFFFFFFFF) << 31) ^ (tag << 16) ^ chunk)
+        rows = torch.randn((hi - lo, embedding_dim), generator=generator)
+        a, b = max(lo, first), min(hi, end)
+        out[a - first:b - first] = rows[a - lo:b - lo]
+    return out
 
 
 def _pooling_name(pooling) -> str:
@@ -169,7 +195,9 @@ class EmbeddingBagCollection(nn.Module):
     features in table order (each table's ``feature_names`` in order), each feature's
     columns its table's pooled rows. ``is_weighted`` pools with the features' weights
     (sum pooling only). Each table is an `EmbeddingBag` of this package in
-    ``embedding_bags[name]``: its ``sgd_in_backward`` / ``adagrad_in_backward`` fuse the
+    ``embedding_bags[name]``, initialised as PyTorch's (N(0, 1)); ``device="meta"`` makes
+    the tables without memory, for `shard` to draw each rank's rows alone. Its
+    ``sgd_in_backward`` / ``adagrad_in_backward`` fuse the
     optimiser into the backward, one step a table a backward (its features' bags are
     pooled in one call). A bad id raises ``IndexError`` naming the table, its position
     counted along the table's features' ids in order."""
@@ -203,6 +231,15 @@ class EmbeddingBagCollection(nn.Module):
 
     def embedding_bag_configs(self) -> List[EmbeddingBagConfig]:
         return self._tables
+
+    def reset_parameters(self, seed: int = 0) -> None:
+        """Draws every table by the chunked rule (`draw_rows`) from ``seed``: the values a
+        collection made on the meta device and sharded with the same seed holds."""
+        with torch.no_grad():
+            for t in self._tables:
+                weight = self.embedding_bags[t.name].weight
+                weight.copy_(draw_rows(t.name, seed, t.num_embeddings, 0, t.num_embeddings,
+                                       t.embedding_dim))
 
     def is_weighted(self) -> bool:
         return self._is_weighted

@@ -32,7 +32,7 @@ from .. import EmbeddingBag, _check_rates
 from .. import _ops
 from .._errors import ArgumentError, NotSupportedError
 from .._ops import _bag
-from ._collection import EmbeddingBagCollection, _keyed_tensor
+from ._collection import EmbeddingBagCollection, _keyed_tensor, draw_rows
 
 # A table's place in a plan: a rank (table-wise), "row_wise" or "replicated".
 Placement = Union[int, str]
@@ -78,7 +78,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
     train; max tables serve inference."""
 
     def __init__(self, collection: EmbeddingBagCollection, plan: Dict[str, Placement],
-                 process_group=None) -> None:
+                 process_group=None, seed: int = 0) -> None:
         super().__init__()
         self.group = process_group
         self.rank = dist.get_rank(process_group)
@@ -107,12 +107,17 @@ class ShardedEmbeddingBagCollection(nn.Module):
             place, full = self.plan[table.name], collection.embedding_bags[table.name].weight
             if place == "row_wise":
                 first, end = _rows_of(self.rank, table.num_embeddings, self.world)
-                weight = full.detach()[first:end].clone()
                 mode = "max" if table.pooling == "max" else "sum"
             elif place == "replicated" or place == self.rank:
-                weight, mode = full.detach().clone(), table.pooling
+                first, end, mode = 0, table.num_embeddings, table.pooling
             else:
                 continue
+            if full.is_meta:
+                # Only this rank's rows are ever allocated.
+                weight = draw_rows(table.name, seed, table.num_embeddings, first, end,
+                                   table.embedding_dim).to(full.dtype)
+            else:
+                weight = full.detach()[first:end].clone()
             self.shards[table.name] = EmbeddingBag.from_pretrained(
                 weight, freeze=False, mode=mode, include_last_offset=True
             ) if weight.shape[0] > 0 else EmbeddingBag(1, table.embedding_dim, mode=mode)
@@ -170,8 +175,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         keys = list(features.keys())
         index = {key: k for k, key in enumerate(keys)}
         batch = features.stride()
-        offsets = features.offsets()
-        bounds = offsets.tolist()
+        feature_offsets = features.offsets()
+        bounds = feature_offsets.tolist()
         values = features.values()
         weights = features.weights_or_none() if self._is_weighted else None
 
@@ -180,7 +185,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
             if k is None:
                 raise ArgumentError(f"feature {feature!r} is not among the keys {keys}")
             first, last = bounds[k * batch], bounds[(k + 1) * batch]
-            lengths = torch.diff(offsets[k * batch:(k + 1) * batch + 1])
+            lengths = torch.diff(feature_offsets[k * batch:(k + 1) * batch + 1])
             w = None if weights is None else weights[first:last]
             return values[first:last], lengths, w
 
@@ -419,10 +424,12 @@ class _Backward(torch.autograd.Function):
         return None, None, None, None
 
 
-def shard(collection: EmbeddingBagCollection, plan=None, process_group=None):
+def shard(collection: EmbeddingBagCollection, plan=None, process_group=None, seed: int = 0):
     """``collection`` placed on the ranks of ``process_group`` (the default group if
     ``None``) by ``plan`` (`plan_shards`' if ``None``). Every rank calls it with the same
-    collection (the same tables, e.g. from one seed or one checkpoint) and plan."""
+    collection (the same tables, e.g. from one seed or one checkpoint) and plan. A
+    collection made on the meta device is never allocated whole: each rank draws its own
+    rows from ``seed`` (`EmbeddingBagCollection.reset_parameters`' values)."""
     if plan is None:
         plan = plan_shards(collection, dist.get_world_size(process_group))
-    return ShardedEmbeddingBagCollection(collection, plan, process_group)
+    return ShardedEmbeddingBagCollection(collection, plan, process_group, seed)
