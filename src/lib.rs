@@ -189,7 +189,7 @@ pub use kernels::{
     sparse_backward_with, sparse_step, sparse_step_with, table_bag_forward, table_bag_forward_with,
     table_gather, table_gather_with,
 };
-pub use optim::{Adagrad, AdagradOn, RowWiseAdagrad, Sgd, SparseOptimizer};
+pub use optim::{Adagrad, AdagradOn, RowWiseAdagrad, RowWiseAdagradOn, Sgd, SparseOptimizer};
 pub use parallel::Parallelism;
 pub use pooling::{Mode, Pooling};
 pub use quantized::{QuantizedEmbedding, QuantizedEmbeddingBag};

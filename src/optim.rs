@@ -526,3 +526,75 @@ impl sealed::Sealed for RowWiseAdagrad {
     }
 }
 impl SparseOptimizer for RowWiseAdagrad {}
+
+/// [`RowWiseAdagrad`] over accumulators the caller holds, one per row (a
+/// framework's optimiser state, as TorchRec keeps `EXACT_ROWWISE_ADAGRAD`'s).
+/// The same rule and bits; fill the state with `initial_accumulator_value`
+/// before the first step.
+#[derive(Debug, PartialEq)]
+pub struct RowWiseAdagradOn<'s> {
+    /// The learning rate.
+    pub lr: f32,
+    /// L2 penalty, applied to touched rows only (default 0).
+    pub weight_decay: f32,
+    /// Added to the root of the accumulator (default 1e-8, FBGEMM's).
+    pub eps: f32,
+    state: &'s mut [f32],
+}
+
+impl<'s> RowWiseAdagradOn<'s> {
+    /// Row-wise Adagrad with learning rate `lr` and the defaults above, on
+    /// `state` (`num_embeddings` values).
+    pub fn new(lr: f32, state: &'s mut [f32]) -> RowWiseAdagradOn<'s> {
+        RowWiseAdagradOn {
+            lr,
+            weight_decay: 0.0,
+            eps: 1e-8,
+            state,
+        }
+    }
+
+    /// Checks the hyper-parameters (every step does too).
+    ///
+    /// # Errors
+    /// [`EmbeddingError::InvalidArgument`] naming the first bad one.
+    pub fn validate(&self) -> Result<(), EmbeddingError> {
+        non_negative("lr", self.lr)?;
+        non_negative("weight_decay", self.weight_decay)?;
+        non_negative("eps", self.eps)
+    }
+
+    /// Fails unless the state holds one value a row.
+    fn check(&self, rows: usize) -> Result<(), EmbeddingError> {
+        self.validate()?;
+        if self.state.len() != rows {
+            return Err(EmbeddingError::LengthMismatch {
+                operand: Operand::OptimizerState,
+                expected: rows,
+                got: self.state.len(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl sealed::Sealed for RowWiseAdagradOn<'_> {
+    type Rule = RowWiseAdagradRule;
+    fn check_step(&self, rows: usize, _dim: usize) -> Result<(), EmbeddingError> {
+        self.check(rows)
+    }
+    fn begin_step(
+        &mut self,
+        rows: usize,
+        _dim: usize,
+    ) -> Result<(RowWiseAdagradRule, &mut [f32]), EmbeddingError> {
+        self.check(rows)?;
+        let rule = RowWiseAdagradRule {
+            lr: self.lr,
+            weight_decay: self.weight_decay,
+            eps: self.eps,
+        };
+        Ok((rule, &mut *self.state))
+    }
+}
+impl SparseOptimizer for RowWiseAdagradOn<'_> {}

@@ -1266,6 +1266,57 @@ fn apply_sparse_takes_the_gradient_as_given() {
     }
 }
 
+/// Row-wise Adagrad over accumulators the caller holds (`RowWiseAdagradOn`,
+/// what the Python package passes a NumPy array to) takes the same steps as
+/// `RowWiseAdagrad` holding its own, bit for bit, with weight decay, padding
+/// and counts; a state of the wrong length is refused with nothing changed.
+#[test]
+fn row_wise_adagrad_on_a_callers_state_equals_row_wise_adagrad() {
+    let (rows, dim) = (7, 5);
+    let ids: Vec<i64> = vec![3, 1, 3, 6, 0, 3, 2];
+    let grad = SplitMix(43).values(ids.len() * dim);
+    let start = SplitMix(44).values(rows * dim);
+    let mut own = RowWiseAdagrad::new(0.07);
+    own.weight_decay = 0.01;
+    own.initial_accumulator_value = 0.25;
+    let (mut a, mut b) = (start.clone(), start.clone());
+    let mut state = vec![0.25f32; rows];
+    for step in 0..3 {
+        let mut on = embedding_kernels::RowWiseAdagradOn::new(0.07, &mut state);
+        on.weight_decay = 0.01;
+        let par = [Parallelism::Serial, Parallelism::Rayon][step % 2];
+        sparse_step_with(par, &mut a, dim, &grad, &ids, Some(2), true, &mut own).unwrap();
+        sparse_step_with(par, &mut b, dim, &grad, &ids, Some(2), true, &mut on).unwrap();
+        assert_eq!(bits(&a), bits(&b), "weights after step {}", step + 1);
+        assert_eq!(
+            bits(own.state()),
+            bits(&state),
+            "state after step {}",
+            step + 1
+        );
+    }
+    assert_ne!(bits(&a), bits(&start), "the steps changed the table");
+
+    let mut short = vec![0.0f32; rows - 1];
+    let mut on = embedding_kernels::RowWiseAdagradOn::new(0.07, &mut short);
+    let before = b.clone();
+    let err = sparse_step_with(
+        Parallelism::Serial,
+        &mut b,
+        dim,
+        &grad,
+        &ids,
+        None,
+        false,
+        &mut on,
+    );
+    assert_eq!(
+        err.unwrap_err(),
+        mismatch(Operand::OptimizerState, rows, rows - 1)
+    );
+    assert_eq!(bits(&b), bits(&before), "a refused step writes nothing");
+}
+
 /// Adagrad over a state the caller holds (`AdagradOn`, what the Python
 /// package passes a NumPy array to) takes the same steps as `Adagrad`
 /// holding its own, bit for bit, with `lr_decay`, `weight_decay`, padding

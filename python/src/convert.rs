@@ -293,6 +293,24 @@ pub(crate) fn table_in_place<'py>(
     Ok((array, rows, dim))
 }
 
+/// `obj` as a C-contiguous 1-D float32 array of `len` values, for state the
+/// caller holds one value a row of (row-wise Adagrad's accumulators).
+pub(crate) fn rows_in_place<'py>(
+    obj: &Bound<'py, PyAny>,
+    name: &str,
+    len: usize,
+) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+    let array = typed::<f32>(obj, name, "float32")?;
+    if array.shape() != [len] {
+        return Err(invalid(format!(
+            "{name} must hold one value a row, shape [{len}], got {:?}",
+            array.shape()
+        )));
+    }
+    contiguous(array.as_untyped(), name)?;
+    Ok(array)
+}
+
 /// `array` (called `name` in the error) borrowed writable: fails if it is
 /// read-only or is also one of the inputs (borrowed already).
 pub(crate) fn writable<'py>(

@@ -15,6 +15,7 @@
 //! | `embedding_bag` | `bag_forward` |
 //! | `embedding_bag_backward`, `embedding_bag_sparse_backward` | `bag_backward` or `bag_max_backward`, `bag_sparse_backward` |
 //! | `embedding_bag_sparse_sgd_step`, `embedding_bag_sparse_adagrad_step` | `bag_sparse_step` with `Sgd`, `AdagradOn` |
+//! | `embedding_sparse_rowwise_adagrad_step`, `embedding_bag_sparse_rowwise_adagrad_step` | `sparse_step`, `bag_sparse_step` with `RowWiseAdagradOn` |
 //! | `prepack`, `dequantize` | `RowWise::prepack`, `RowWise::dequantize` |
 //! | `table_embedding`, `table_embedding_bag` | `table_gather`, `table_bag_forward` (f32, f16, bf16, int8, int4, int2 tables) |
 //! | `collapse_huge_pages` | `memory::collapse_huge_pages` (a table's memory into 2 MiB pages) |
@@ -58,6 +59,14 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(step::embedding_bag_sparse_sgd_step, m)?)?;
     m.add_function(wrap_pyfunction!(
         step::embedding_bag_sparse_adagrad_step,
+        m
+    )?)?;
+    m.add_function(wrap_pyfunction!(
+        step::embedding_sparse_rowwise_adagrad_step,
+        m
+    )?)?;
+    m.add_function(wrap_pyfunction!(
+        step::embedding_bag_sparse_rowwise_adagrad_step,
         m
     )?)?;
     m.add_function(wrap_pyfunction!(openmp::openmp_threads, m)?)?;

@@ -6,11 +6,13 @@
 
 use crate::bag::{bags, mode, sample_weights};
 use crate::convert::{
-    Ids, grad_output, invalid, padding, rows_bytes, slice, table_in_place, with_ids, writable,
+    Ids, grad_output, invalid, padding, rows_bytes, rows_in_place, slice, table_in_place, with_ids,
+    writable,
 };
 use crate::openmp;
 use embedding_kernels::{
-    AdagradOn, Bags, Mode, Pooling, Sgd, SparseOptimizer, bag_sparse_step_with, sparse_step_with,
+    AdagradOn, Bags, Mode, Pooling, RowWiseAdagradOn, Sgd, SparseOptimizer, bag_sparse_step_with,
+    sparse_step_with,
 };
 use numpy::{PyArrayDyn, PyReadonlyArrayDyn};
 use pyo3::prelude::*;
@@ -384,4 +386,102 @@ pub(crate) fn embedding_bag_sparse_adagrad_step<'py>(
         eps,
     };
     adagrad(py, weight, state_sum, batch, args)
+}
+
+/// A row-wise Adagrad step of `batch` on `weight` and its accumulators
+/// `state` (one a row).
+fn rowwise_adagrad(
+    py: Python<'_>,
+    weight: Weight<'_>,
+    state: &Bound<'_, PyAny>,
+    batch: Batch<'_>,
+    lr: f32,
+    weight_decay: f32,
+    eps: f32,
+) -> PyResult<()> {
+    let state = rows_in_place(state, "state", weight.rows)?;
+    let mut guard = writable(&weight.array, "weight")?;
+    let mut state_guard = writable(&state, "state")?;
+    let w = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
+    let s = state_guard
+        .as_slice_mut()
+        .map_err(|e| invalid(e.to_string()))?;
+    let (wr, sr) = (w.as_ptr_range(), s.as_ptr_range());
+    if wr.start < sr.end && sr.start < wr.end {
+        return Err(invalid(
+            "weight and state share memory: state must be an array of its own".to_string(),
+        ));
+    }
+    let mut rowwise = RowWiseAdagradOn::new(lr, s);
+    rowwise.weight_decay = weight_decay;
+    rowwise.eps = eps;
+    batch.step(py, w, &mut rowwise)
+}
+
+/// One row-wise Adagrad step of a bag forward's gradient (sum or mean; with
+/// `offsets=None` and 2-D ids, the bags of the rows; `mode="sum"` over bags
+/// of one id is the lookup's step), fused, as FBGEMM's
+/// `EXACT_ROWWISE_ADAGRAD`: on each touched row `r`, with `g` its summed
+/// gradient (see [`embedding_bag_sparse_sgd_step`]) plus
+/// `weight_decay * w`, `state[r] += mean(g * g)` and
+/// `weight[r] -= lr / (sqrt(state[r]) + eps) * g`. `state` is float32
+/// `[num_embeddings]`, updated in place with `weight`.
+///
+/// Raises as [`embedding_bag_sparse_adagrad_step`]; then `weight` and
+/// `state` are unchanged.
+#[pyfunction]
+#[pyo3(signature = (weight, state, ids, offsets, grad_out, lr, weight_decay=0.0, eps=1e-8, mode="mean", per_sample_weights=None, include_last_offset=false, padding_idx=None, scale_grad_by_freq=false))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn embedding_bag_sparse_rowwise_adagrad_step<'py>(
+    py: Python<'py>,
+    weight: &Bound<'py, PyAny>,
+    state: &Bound<'py, PyAny>,
+    ids: &Bound<'py, PyAny>,
+    offsets: Option<&Bound<'py, PyAny>>,
+    grad_out: &Bound<'py, PyAny>,
+    lr: f32,
+    weight_decay: f32,
+    eps: f32,
+    mode: &str,
+    per_sample_weights: Option<&Bound<'py, PyAny>>,
+    include_last_offset: bool,
+    padding_idx: Option<i64>,
+    scale_grad_by_freq: bool,
+) -> PyResult<()> {
+    let weight = Weight::extract(weight)?;
+    let batch = Batch::bags(
+        &weight,
+        ids,
+        offsets,
+        grad_out,
+        mode,
+        per_sample_weights,
+        include_last_offset,
+        padding_idx,
+        scale_grad_by_freq,
+    )?;
+    rowwise_adagrad(py, weight, state, batch, lr, weight_decay, eps)
+}
+
+/// One row-wise Adagrad step of the lookup's gradient, fused: as
+/// [`embedding_bag_sparse_rowwise_adagrad_step`] with `g` the row of
+/// [`embedding_sparse_backward`](crate::embedding::embedding_sparse_backward).
+#[pyfunction]
+#[pyo3(signature = (weight, state, ids, grad_out, lr, weight_decay=0.0, eps=1e-8, padding_idx=None, scale_grad_by_freq=false))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn embedding_sparse_rowwise_adagrad_step<'py>(
+    py: Python<'py>,
+    weight: &Bound<'py, PyAny>,
+    state: &Bound<'py, PyAny>,
+    ids: &Bound<'py, PyAny>,
+    grad_out: &Bound<'py, PyAny>,
+    lr: f32,
+    weight_decay: f32,
+    eps: f32,
+    padding_idx: Option<i64>,
+    scale_grad_by_freq: bool,
+) -> PyResult<()> {
+    let weight = Weight::extract(weight)?;
+    let batch = Batch::lookup(&weight, ids, grad_out, padding_idx, scale_grad_by_freq)?;
+    rowwise_adagrad(py, weight, state, batch, lr, weight_decay, eps)
 }

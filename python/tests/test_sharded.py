@@ -133,6 +133,8 @@ def train_worker(rank, world, port, plan_name, optimizer, out_dir):
         sharded = shard(train_collection(), TRAIN_PLANS[plan_name])
         if optimizer == "sgd":
             sharded.sgd_in_backward(0.1)
+        elif optimizer == "rowwise_adagrad":
+            sharded.rowwise_adagrad_in_backward(0.1)
         else:
             sharded.adagrad_in_backward(0.1)
         losses = []
@@ -381,3 +383,21 @@ def test_a_meta_collection_is_drawn_shard_by_shard(tmp_path):
     edges = draw_rows("big", 5, 500_000, 249_998, 250_002, 256)
     assert torch.equal(results[0]["big_edges"][1], edges[:2])
     assert torch.equal(results[1]["big_edges"][0], edges[2:])
+
+
+@pytest.mark.parametrize("world, plan_name", [(2, "mixed")])
+def test_sharded_rowwise_adagrad_follows_one_process(tmp_path, world, plan_name):
+    """As the SGD and Adagrad runs above, with row-wise Adagrad's accumulators."""
+    mp.spawn(train_worker, args=(world, free_port(), plan_name, "rowwise_adagrad", str(tmp_path)),
+             nprocs=world)
+    single = train_collection()
+    for bag in single.embedding_bags.values():
+        bag.rowwise_adagrad_in_backward(0.1)
+    for step in range(STEPS):
+        out = single(global_batch([features(100 * r + step) for r in range(world)]))
+        (out.values() * torch.cat([target(r, step) for r in range(world)])).sum().backward()
+    results = [torch.load(tmp_path / f"{r}.pt") for r in range(world)]
+    plan = TRAIN_PLANS[plan_name]
+    for name, bag in single.embedding_bags.items():
+        table = assembled(results, plan, name, world)
+        torch.testing.assert_close(table, bag.weight.detach(), rtol=1e-5, atol=1e-6)

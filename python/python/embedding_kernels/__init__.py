@@ -8,6 +8,8 @@ The NumPy level, from the Rust crate ``embedding-kernels``:
 * :func:`embedding_bag`, :func:`embedding_bag_backward`, :func:`embedding_bag_sparse_backward`
 * :func:`embedding_bag_sparse_sgd_step`, :func:`embedding_bag_sparse_adagrad_step`: the same
   fused steps for a bag forward's gradient (sum and mean)
+* :func:`embedding_sparse_rowwise_adagrad_step`, :func:`embedding_bag_sparse_rowwise_adagrad_step`:
+  row-wise Adagrad (one accumulator a row, FBGEMM's ``EXACT_ROWWISE_ADAGRAD``), fused
 * reduced-precision tables: :func:`prepack` and :func:`dequantize` (PyTorch's row-wise
   packed int8 / int4 / int2 bytes), :func:`table_embedding` and :func:`table_embedding_bag`
   (the lookup and the bags over f32, f16, bf16, int8, int4 or int2 tables, float32 out)
@@ -36,6 +38,8 @@ from ._native import (
     embedding_sparse_backward,
     embedding_sparse_sgd_step,
     embedding_sparse_adagrad_step,
+    embedding_sparse_rowwise_adagrad_step,
+    embedding_bag_sparse_rowwise_adagrad_step,
     prepack,
     dequantize,
     table_embedding,
@@ -55,6 +59,8 @@ __all__ = [
     "embedding_sparse_backward",
     "embedding_sparse_sgd_step",
     "embedding_sparse_adagrad_step",
+    "embedding_sparse_rowwise_adagrad_step",
+    "embedding_bag_sparse_rowwise_adagrad_step",
     "prepack",
     "dequantize",
     "table_embedding",

@@ -48,7 +48,7 @@ from .. import collapse_huge_pages
 from ._errors import ArgumentError, NotSupportedError, PaddingIdxError, torch_error
 from ._arrays import HALVES, _check_ids, _check_table, _needs_graph, _weight_of, empty_cache
 from . import _ops
-from ._ops import Adagrad, Sgd, _bag, _direct, _lookup
+from ._ops import Adagrad, RowWiseAdagrad, Sgd, _bag, _direct, _lookup
 
 __all__ = [
     "ArgumentError",
@@ -300,6 +300,39 @@ class _Table(nn.Module):
             float(lr), float(lr_decay), float(weight_decay), float(eps), state_sum, step
         )
         return self
+
+    def rowwise_adagrad_in_backward(
+        self,
+        lr: Optional[float] = 1e-2,
+        weight_decay: float = 0.0,
+        eps: float = 1e-8,
+        initial_accumulator_value: float = 0.0,
+    ):
+        """Makes the backward a row-wise Adagrad step on ``weight``, fused by the crate
+        (FBGEMM's and TorchRec's ``EXACT_ROWWISE_ADAGRAD``); ``lr=None`` undoes it.
+
+        One accumulator a row instead of a second table: on each touched row, with ``g``
+        its summed gradient (as for :meth:`sgd_in_backward`) plus ``weight_decay * w``,
+        ``state += mean(g * g)`` and ``w -= lr / (sqrt(state) + eps) * g``. The
+        accumulators (float32 ``[num_embeddings]``, from ``initial_accumulator_value``)
+        are ``module.rowwise_adagrad_state()``. As with :meth:`sgd_in_backward`,
+        ``weight.grad`` stays ``None`` and each backward steps at once. Returns the
+        module."""
+        if lr is None:
+            self._step_in_backward = None
+            return self
+        self._check_fused()
+        _check_rates(lr=lr, weight_decay=weight_decay, eps=eps,
+                     initial_accumulator_value=initial_accumulator_value)
+        state = torch.full((self.weight.shape[0],), float(initial_accumulator_value))
+        self._step_in_backward = RowWiseAdagrad(float(lr), float(weight_decay), float(eps), state)
+        return self
+
+    def rowwise_adagrad_state(self) -> Optional[Tensor]:
+        """The row-wise Adagrad accumulators (the tensor itself, which each step
+        updates); ``None`` unless :meth:`rowwise_adagrad_in_backward` is on."""
+        step = self._step_in_backward
+        return step.state if isinstance(step, RowWiseAdagrad) else None
 
     def adagrad_state(self) -> Optional[dict]:
         """The Adagrad step's state, ``{"step": tensor, "sum": tensor}`` as

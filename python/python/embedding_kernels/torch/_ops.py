@@ -20,6 +20,7 @@ operator                      what it is
 ``embedding_bag_with_step``   the bag forward whose backward is one
 ``sgd_step_``                 the fused SGD step on a table, in place
 ``adagrad_step_``             the fused Adagrad step on a table and its state
+``rowwise_adagrad_step_``     the fused row-wise Adagrad step (an accumulator a row)
 ``embedding_renorm_``         ``max_norm``: checks the batch, then renormalises
 ============================  =====================================================
 
@@ -543,6 +544,18 @@ class _Batch:
                 **options, **self.options,
             )
 
+    def rowwise_adagrad(self, table, state, lr: float, weight_decay: float, eps: float) -> None:
+        if self.bag is None:
+            _native.embedding_sparse_rowwise_adagrad_step(
+                table, state, self.ids, self.grad_out, lr, weight_decay, eps, **self.options
+            )
+        else:
+            offsets, options = self.bag
+            _native.embedding_bag_sparse_rowwise_adagrad_step(
+                table, state, self.ids, offsets, self.grad_out, lr, weight_decay, eps,
+                **options, **self.options,
+            )
+
     def adagrad(self, table, state, step: int, lr: float, rule: dict) -> None:
         if self.bag is None:
             _native.embedding_sparse_adagrad_step(
@@ -706,6 +719,39 @@ def _(weight, state_sum, state_step, indices, offsets, per_sample_weights, grad_
     return None
 
 
+@_operator(("weight", "state"))
+def rowwise_adagrad_step_(
+    weight: Tensor,
+    state: Tensor,
+    indices: Tensor,
+    offsets: Optional[Tensor],
+    per_sample_weights: Optional[Tensor],
+    grad_output: Tensor,
+    bag_mode: Optional[str],
+    include_last_offset: bool,
+    padding_idx: Optional[int],
+    scale_grad_by_freq: bool,
+    lr: float,
+    weight_decay: float = 0.0,
+    eps: float = 1e-8,
+) -> None:
+    """One row-wise Adagrad step (FBGEMM's ``EXACT_ROWWISE_ADAGRAD``: one accumulator a
+    row, fed the mean square of the row's gradient) on the touched rows of ``weight``
+    and their accumulators ``state`` (``[num_embeddings]``), in place."""
+    batch = _step_batch(indices, offsets, per_sample_weights, grad_output, bag_mode,
+                        include_last_offset, padding_idx, scale_grad_by_freq)
+    _check_table(state, "state")
+    batch.rowwise_adagrad(_table(weight), state.detach().numpy(), lr, weight_decay, eps)
+    _written(weight, state)
+
+
+@rowwise_adagrad_step_.register_fake
+def _(weight, state, indices, offsets, per_sample_weights, grad_output, bag_mode,
+      include_last_offset, padding_idx, scale_grad_by_freq, lr, weight_decay=0.0, eps=1e-8):
+    _check_fake(weight, indices)
+    return None
+
+
 class Sgd:
     """The fused SGD step of `sgd_in_backward`: its rates."""
 
@@ -730,6 +776,17 @@ class Adagrad:
         return ("adagrad", self.lr, self.lr_decay, self.weight_decay, self.eps, self.sum, self.step)
 
 
+class RowWiseAdagrad:
+    """The fused row-wise Adagrad step of `rowwise_adagrad_in_backward`, and its state:
+    one accumulator a row (``state``, float32 ``[num_embeddings]``)."""
+
+    def __init__(self, lr, weight_decay, eps, state: Tensor) -> None:
+        self.lr, self.weight_decay, self.eps, self.state = lr, weight_decay, eps, state
+
+    def args(self):
+        return ("rowwise_adagrad", self.lr, 0.0, self.weight_decay, self.eps, self.state, None)
+
+
 def _step(ctx, grad_output, indices, offsets, per_sample_weights, mode, include_last_offset):
     """The fused backward: the step ``ctx`` holds, on the table it saved."""
     weight, state_sum, state_step = ctx.table
@@ -738,6 +795,8 @@ def _step(ctx, grad_output, indices, offsets, per_sample_weights, mode, include_
              *ctx.options)
     if optimizer == "sgd":
         sgd_step_(weight, *batch, lr, weight_decay)
+    elif optimizer == "rowwise_adagrad":
+        rowwise_adagrad_step_(weight, state_sum, *batch, lr, weight_decay, eps)
     else:
         adagrad_step_(weight, state_sum, state_step, *batch, lr, lr_decay, weight_decay, eps)
 
@@ -746,8 +805,13 @@ def _check_optimizer(optimizer: str, state_sum, state_step) -> None:
     if optimizer == "adagrad":
         if state_sum is None or state_step is None:
             raise ArgumentError("the adagrad step needs state_sum and state_step")
+    elif optimizer == "rowwise_adagrad":
+        if state_sum is None:
+            raise ArgumentError("the rowwise_adagrad step needs its state (state_sum)")
     elif optimizer != "sgd":
-        raise ArgumentError(f'optimizer must be "sgd" or "adagrad", got {optimizer!r}')
+        raise ArgumentError(
+            f'optimizer must be "sgd", "adagrad" or "rowwise_adagrad", got {optimizer!r}'
+        )
 
 
 @_operator(())
@@ -764,8 +828,9 @@ def embedding_with_step(
     state_sum: Optional[Tensor] = None,
     state_step: Optional[Tensor] = None,
 ) -> Tensor:
-    """The lookup whose backward is a fused optimiser step on ``weight`` (``"sgd"`` or
-    ``"adagrad"``, the latter with its state), which returns no gradient for it."""
+    """The lookup whose backward is a fused optimiser step on ``weight`` (``"sgd"``,
+    ``"adagrad"`` with ``state_sum`` and ``state_step``, or ``"rowwise_adagrad"`` with its
+    accumulators a row as ``state_sum``), which returns no gradient for it."""
     _check_table(weight)
     _check_ids(indices, "indices")
     _check_optimizer(optimizer, state_sum, state_step)

@@ -150,6 +150,20 @@ class ShardedEmbeddingBagCollection(nn.Module):
         }
         return self
 
+    def rowwise_adagrad_in_backward(self, lr: float = 1e-2, weight_decay: float = 0.0,
+                                    eps: float = 1e-8, initial_accumulator_value: float = 0.0):
+        """Trains the shards by row-wise Adagrad fused into the backward (TorchRec's
+        ``EXACT_ROWWISE_ADAGRAD``): one accumulator a row, kept with the row's shard."""
+        _check_rates(lr=lr, weight_decay=weight_decay, eps=eps,
+                     initial_accumulator_value=initial_accumulator_value)
+        self._step = ("rowwise_adagrad", float(lr), 0.0, float(weight_decay), float(eps))
+        self._state = {
+            name: (torch.full((bag.weight.shape[0],), float(initial_accumulator_value)),
+                   torch.tensor(0.0))
+            for name, bag in self.shards.items()
+        }
+        return self
+
     def forward(self, features):
         # Decided alike on every rank (a rank may hold no shard, and so no parameter):
         # the backward's exchanges need them all.
@@ -330,6 +344,10 @@ class ShardedEmbeddingBagCollection(nn.Module):
             if optimizer == "sgd":
                 _ops.sgd_step_(weight, ids, offsets, weights, grad, mode, True, None, False, lr,
                                weight_decay)
+            elif optimizer == "rowwise_adagrad":
+                state, _ = self._state[name]
+                _ops.rowwise_adagrad_step_(weight, state, ids, offsets, weights, grad, mode, True,
+                                           None, False, lr, weight_decay, eps)
             else:
                 state_sum, state_step = self._state[name]
                 _ops.adagrad_step_(weight, state_sum, state_step, ids, offsets, weights, grad,
