@@ -19,6 +19,7 @@
 //! | `prepack`, `dequantize` | `RowWise::prepack`, `RowWise::dequantize` |
 //! | `table_embedding`, `table_embedding_bag` | `table_gather`, `table_bag_forward` (f32, f16, bf16, int8, int4, int2 tables) |
 //! | `collapse_huge_pages` | `memory::collapse_huge_pages` (a table's memory into 2 MiB pages) |
+//! | `bucket_rows` | (here) a batch's ids bucketed by the rank that holds their rows, for the sharded collection |
 //!
 //! The PyTorch modules (`embedding_kernels.torch`) are Python, built on these.
 //! `OPT_LEVEL` is the optimisation level the extension was built at (`"3"`
@@ -37,6 +38,7 @@ mod formats;
 mod memory;
 mod openmp;
 mod pool;
+mod shard;
 mod step;
 
 use pyo3::prelude::*;
@@ -77,6 +79,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(formats::table_embedding, m)?)?;
     m.add_function(wrap_pyfunction!(formats::table_embedding_bag, m)?)?;
     m.add_function(wrap_pyfunction!(memory::collapse_huge_pages, m)?)?;
+    m.add_function(wrap_pyfunction!(shard::bucket_rows, m)?)?;
     m.add("OPT_LEVEL", env!("EMBEDDING_KERNELS_OPT_LEVEL"))?;
     Ok(())
 }

@@ -133,3 +133,32 @@ def test_bad_input_is_refused_with_the_table_named():
         KeyedJaggedTensor(["a"], torch.tensor([1]))
     with pytest.raises(ekt.ArgumentError, match="do not make"):
         KeyedJaggedTensor(["a", "b"], torch.tensor([1, 2, 3]), lengths=torch.tensor([1, 1, 1]))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 7])
+def test_bucket_rows_is_a_stable_split_by_owner(world):
+    """The extension's bucketing against the split written out: each rank's ids in bag
+    order, a bag's in position order, as rows of the rank's block."""
+    import numpy as np
+
+    from embedding_kernels import _native
+
+    rng = np.random.default_rng(world)
+    rows = 50
+    lengths = rng.integers(0, 6, 12)
+    ids = rng.integers(0, rows, int(lengths.sum()))
+    counts, local, positions = _native.bucket_rows(ids, lengths, rows, world)
+    block = -(-rows // world)
+    bag_of = np.repeat(np.arange(len(lengths)), lengths)
+    want_local, want_positions = [], []
+    for r in range(world):
+        for b in range(len(lengths)):
+            mine = [p for p in range(len(ids)) if bag_of[p] == b and ids[p] // block == r]
+            assert counts[r, b] == len(mine)
+            want_positions += mine
+            want_local += [ids[p] - r * block for p in mine]
+    assert local.tolist() == want_local and positions.tolist() == want_positions
+    with pytest.raises(IndexError, match="id 50 at position 2"):
+        _native.bucket_rows(np.array([1, 2, 50]), np.array([3]), rows, world)
+    with pytest.raises(ValueError, match="add up"):
+        _native.bucket_rows(np.array([1, 2]), np.array([3]), rows, world)

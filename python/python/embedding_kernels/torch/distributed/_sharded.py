@@ -7,7 +7,8 @@ A plan places each table of a collection: **table-wise** on one rank (an ``int``
 number of examples on each); the ids of a routed table go to the ranks that hold
 their rows, which pool them and send the pooled rows back:
 
-1. each rank buckets its ids by owner (stable: a bag's ids keep their order) and
+1. each rank buckets its ids by owner (the extension's ``bucket_rows``, one pass to
+   count and one to place, stable: a bag's ids keep their order) and
    sends every owner the bags' lengths, then the ids (``all_to_all_single``);
 2. each owner pools what it received with its shard (a row-wise table's sum and mean
    as sums, its max as a max);
@@ -28,8 +29,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from ... import _native
 from .. import EmbeddingBag, _check_rates
 from .. import _ops
+from .._arrays import _array
 from .._errors import ArgumentError, NotSupportedError
 from .._ops import _bag
 from ._collection import EmbeddingBagCollection, _keyed_tensor, draw_rows
@@ -207,17 +210,29 @@ class ShardedEmbeddingBagCollection(nn.Module):
 
         # 1. Bucket each routed feature's ids by owner; lengths and ids per destination.
         send_lengths, send_ids, send_weights, counts = [], [], [], {}
+        buckets = {}
+        for table in self._tables:
+            if self.plan[table.name] != "row_wise":
+                continue
+            for feature in table.feature_names:
+                ids, lengths, w = segment(feature)
+                # The crate's bucketing: one pass to count, one to place (stable).
+                held, local, positions = _native.bucket_rows(
+                    _array(ids), _array(lengths), table.num_embeddings, self.world
+                )
+                held, local = torch.from_numpy(held), torch.from_numpy(local)
+                starts = [0, *torch.cumsum(held.sum(1), 0).tolist()]
+                for dest in range(self.world):
+                    part = slice(starts[dest], starts[dest + 1])
+                    sent_w = None if w is None else w[torch.from_numpy(positions[part])]
+                    buckets[(feature, dest)] = (local[part], held[dest], sent_w)
         for dest in range(self.world):
             for table, feature in self._routed(dest):
-                ids, lengths, w = segment(feature)
                 if self.plan[table.name] == "row_wise":
-                    first, end = _rows_of(dest, table.num_embeddings, self.world)
-                    bag_of = torch.repeat_interleave(torch.arange(batch), lengths)
-                    keep = (ids >= first) & (ids < end)
-                    lengths = torch.bincount(bag_of[keep], minlength=batch)
-                    w = None if w is None else w[keep]
-                    ids = ids[keep] - first
+                    ids, lengths, w = buckets[(feature, dest)]
                     counts[(feature, dest)] = lengths
+                else:
+                    ids, lengths, w = segment(feature)
                 send_lengths.append(lengths)
                 send_ids.append(ids.long())
                 if weights is not None:
