@@ -280,6 +280,15 @@ def operator_cases():
             ops.adagrad_step_,
             (weight.clone(), *state, ids, None, None, grad, None, False, 1, False, 0.1),
         ),
+        "rowwise_adagrad_step_": (
+            ops.rowwise_adagrad_step_,
+            (weight.clone(), torch.zeros(ROWS), bag_ids, offsets, weights, bag_grad, "sum", False,
+             None, False, 0.1),
+        ),
+        "embedding_with_step_rowwise": (
+            ops.embedding_with_step,
+            (table, ids, None, False, "rowwise_adagrad", 0.1, 0.0, 0.0, 1e-8, torch.zeros(ROWS)),
+        ),
         "embedding_renorm_": (ops.embedding_renorm_, (weight.clone(), ids, 1.0, 2.0)),
     }
 
