@@ -32,8 +32,8 @@ as it was; a tensor assigned to ``weight`` later is left as it is.
 with PyTorch's own ``torch.embedding_renorm_`` (the crate renormalises only
 tables it owns, not a borrowed one), after the crate has checked every id.
 
-Here are the modules; ``_ops.py`` holds the operators, their autograd formulas and
-the fused optimiser steps, ``_arrays.py`` the tensors' NumPy views and the arrays
+Here are the modules; ``_ops.py`` holds the operators and their autograd formulas,
+``_steps.py`` the fused optimiser steps, ``_arrays.py`` the tensors' NumPy views and the arrays
 the kernels write into.
 """
 
@@ -47,8 +47,9 @@ from torch.nn import init
 from .. import collapse_huge_pages
 from ._errors import ArgumentError, NotSupportedError, PaddingIdxError, torch_error
 from ._arrays import HALVES, _check_ids, _check_table, _needs_graph, _weight_of, empty_cache
-from . import _ops
-from ._ops import Adagrad, RowWiseAdagrad, Sgd, _bag, _direct, _lookup
+from . import _ops, _steps
+from ._ops import _bag, _direct, _lookup
+from ._steps import Adagrad, RowWiseAdagrad, Sgd
 
 __all__ = [
     "ArgumentError",
@@ -430,7 +431,7 @@ class Embedding(_Table):
             _ops.embedding_renorm_(weight, input, self.max_norm, self.norm_type)
         step = self._step_in_backward
         if step is not None and _needs_graph(weight):
-            return _ops.embedding_with_step(
+            return _steps.embedding_with_step(
                 weight, input, self.padding_idx, self.scale_grad_by_freq, *step.args()
             )
         return _ops.embedding(
@@ -577,7 +578,7 @@ class EmbeddingBag(_Table):
             )
         step = self._step_in_backward
         if step is not None and weight.requires_grad and _needs_graph(weight, per_sample_weights):
-            return _ops.embedding_bag_with_step(
+            return _steps.embedding_bag_with_step(
                 weight, input, offsets, per_sample_weights, *bag, self.scale_grad_by_freq,
                 *step.args(),
             )

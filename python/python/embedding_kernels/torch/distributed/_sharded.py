@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from ... import _native
 from .. import EmbeddingBag, _check_rates
-from .. import _ops
+from .. import _ops, _steps
 from .._arrays import _array
 from .._errors import ArgumentError, NotSupportedError
 from .._ops import _bag
@@ -357,15 +357,15 @@ class ShardedEmbeddingBagCollection(nn.Module):
         weight = self.shards[name].weight
         with torch.no_grad():
             if optimizer == "sgd":
-                _ops.sgd_step_(weight, ids, offsets, weights, grad, mode, True, None, False, lr,
+                _steps.sgd_step_(weight, ids, offsets, weights, grad, mode, True, None, False, lr,
                                weight_decay)
             elif optimizer == "rowwise_adagrad":
                 state, _ = self._state[name]
-                _ops.rowwise_adagrad_step_(weight, state, ids, offsets, weights, grad, mode, True,
+                _steps.rowwise_adagrad_step_(weight, state, ids, offsets, weights, grad, mode, True,
                                            None, False, lr, weight_decay, eps)
             else:
                 state_sum, state_step = self._state[name]
-                _ops.adagrad_step_(weight, state_sum, state_step, ids, offsets, weights, grad,
+                _steps.adagrad_step_(weight, state_sum, state_step, ids, offsets, weights, grad,
                                    mode, True, None, False, lr, lr_decay, weight_decay, eps)
 
     def _replicated_step(self, table, parts, grads) -> None:
