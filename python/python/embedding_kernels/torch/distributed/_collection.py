@@ -249,8 +249,8 @@ class EmbeddingBagCollection(nn.Module):
         index = {key: k for k, key in enumerate(keys)}
         batch = features.stride()
         offsets = features.offsets()
-        # One read of the bag boundaries: the slices below are Python ints.
-        bounds = offsets.tolist()
+        # The features' first and last positions, as Python ints: two reads a feature.
+        starts = offsets[::batch].tolist() if batch > 0 else [0] * (len(keys) + 1)
         values = features.values()
         weights = features.weights_or_none() if self._is_weighted else None
         if self._is_weighted and weights is None:
@@ -259,15 +259,17 @@ class EmbeddingBagCollection(nn.Module):
         for table in self._tables:
             # A table's features pooled in one call (their bags one after the other), so
             # that a fused optimiser step takes one step a backward, as TorchRec's does.
-            ids, bags, sample_weights = [], [0], []
+            ids, bags, sample_weights, base = [], [], [], 0
             for feature in table.feature_names:
                 k = index.get(feature)
                 if k is None:
                     raise ArgumentError(f"feature {feature!r} of table {table.name!r} is not among the keys {keys}")
-                first, last = bounds[k * batch], bounds[(k + 1) * batch]
+                first, last = starts[k], starts[k + 1]
                 ids.append(values[first:last])
-                base = bags[-1] - first
-                bags.extend(b + base for b in bounds[k * batch + 1 : (k + 1) * batch + 1])
+                # The feature's bag boundaries, moved after the table's features before it.
+                bounds = offsets[k * batch + (1 if bags else 0):(k + 1) * batch + 1]
+                bags.append(bounds - (first - base))
+                base += last - first
                 if weights is not None:
                     sample_weights.append(weights[first:last])
                 out_keys.append(feature)
@@ -275,9 +277,8 @@ class EmbeddingBagCollection(nn.Module):
             ids = torch.cat(ids) if len(ids) > 1 else ids[0]
             sample_weights = None if weights is None else torch.cat(sample_weights)
             try:
-                out = self.embedding_bags[table.name](
-                    ids, torch.tensor(bags, dtype=torch.int64), sample_weights
-                )
+                bag_offsets = torch.cat(bags) if len(bags) > 1 else bags[0]
+                out = self.embedding_bags[table.name](ids, bag_offsets.long(), sample_weights)
             except IndexError as e:
                 raise IndexError(f"table {table.name!r} (features {table.feature_names}): {e}") from None
             pooled.extend(out.split(batch))

@@ -193,15 +193,17 @@ class ShardedEmbeddingBagCollection(nn.Module):
         index = {key: k for k, key in enumerate(keys)}
         batch = features.stride()
         feature_offsets = features.offsets()
-        bounds = feature_offsets.tolist()
+        # Each feature's first position, as Python ints (one read).
+        starts = feature_offsets[::batch].tolist() if batch > 0 else [0] * (len(keys) + 1)
         values = features.values()
         weights = features.weights_or_none() if self._is_weighted else None
 
-        def segment(feature):
+        # Its data bound now: later names in this function may be reused.
+        def segment(feature, starts=starts, feature_offsets=feature_offsets):
             k = index.get(feature)
             if k is None:
                 raise ArgumentError(f"feature {feature!r} is not among the keys {keys}")
-            first, last = bounds[k * batch], bounds[(k + 1) * batch]
+            first, last = starts[k], starts[k + 1]
             lengths = torch.diff(feature_offsets[k * batch:(k + 1) * batch + 1])
             w = None if weights is None else weights[first:last]
             return values[first:last], lengths, w
@@ -221,9 +223,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
                     _array(ids), _array(lengths), table.num_embeddings, self.world
                 )
                 held, local = torch.from_numpy(held), torch.from_numpy(local)
-                starts = [0, *torch.cumsum(held.sum(1), 0).tolist()]
+                edges = [0, *torch.cumsum(held.sum(1), 0).tolist()]
                 for dest in range(self.world):
-                    part = slice(starts[dest], starts[dest + 1])
+                    part = slice(edges[dest], edges[dest + 1])
                     sent_w = None if w is None else w[torch.from_numpy(positions[part])]
                     buckets[(feature, dest)] = (local[part], held[dest], sent_w)
         for dest in range(self.world):
