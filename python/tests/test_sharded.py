@@ -432,3 +432,44 @@ def test_sharded_rowwise_adagrad_follows_one_process(tmp_path, world, plan_name)
     for name, bag in single.embedding_bags.items():
         table = assembled(results, plan, name, world)
         torch.testing.assert_close(table, bag.weight.detach(), rtol=1e-5, atol=1e-6)
+
+
+def hanging_worker(rank, world, port, out_dir):
+    import time
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=3))
+    sharded = shard(collection(), PLANS["row_wise"](world))
+    with torch.no_grad():
+        sharded(features(rank))
+    if rank == world - 1:
+        time.sleep(8)  # alive, but answering nobody
+        os._exit(0)
+    start = time.monotonic()
+    try:
+        with torch.no_grad():
+            sharded(features(rank + 10))
+        outcome = "returned"
+    except Exception as e:  # gloo's timeout error
+        outcome = f"raised {type(e).__name__}"
+    with open(os.path.join(out_dir, f"{rank}.txt"), "w") as f:
+        f.write(f"{outcome} {time.monotonic() - start:.1f}")
+    os._exit(0)  # the group cannot be torn down with a rank gone quiet
+
+
+def test_a_rank_that_stops_answering_makes_the_others_raise_within_the_timeout(tmp_path):
+    """A rank alive but silent: the others' next exchange raises once the process
+    group's timeout (3 s here) has passed, instead of waiting forever."""
+    context = mp.get_context("spawn")
+    port, world = free_port(), 2
+    procs = [context.Process(target=hanging_worker, args=(r, world, port, str(tmp_path)))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=90)
+        assert not p.is_alive()
+    outcome, seconds = (tmp_path / "0.txt").read_text().rsplit(" ", 1)
+    assert outcome.startswith("raised"), outcome
+    assert 2.5 < float(seconds) < 7.5, seconds
