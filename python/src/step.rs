@@ -169,6 +169,19 @@ fn sgd(py: Python<'_>, weight: Weight<'_>, batch: Batch<'_>, lr: f32, wd: f32) -
     batch.step(py, w, &mut sgd)
 }
 
+/// Fails if `weight` and the optimiser state called `name` overlap. Two
+/// arrays over the same buffer with different NumPy bases pass the borrow
+/// checks; the two updates must never write the same floats.
+fn apart(weight: &[f32], state: &[f32], name: &str) -> PyResult<()> {
+    let (wr, sr) = (weight.as_ptr_range(), state.as_ptr_range());
+    if wr.start < sr.end && sr.start < wr.end {
+        return Err(invalid(format!(
+            "weight and {name} share memory: {name} must be an array of its own"
+        )));
+    }
+    Ok(())
+}
+
 /// Adagrad's hyper-parameters as PyTorch names them, and this step's
 /// number (from 1).
 struct AdagradArgs {
@@ -203,14 +216,7 @@ fn adagrad(
     let s = state_guard
         .as_slice_mut()
         .map_err(|e| invalid(e.to_string()))?;
-    // Two arrays over the same buffer with different NumPy bases pass the
-    // borrow check above; the two updates must never write the same floats.
-    let (wr, sr) = (w.as_ptr_range(), s.as_ptr_range());
-    if wr.start < sr.end && sr.start < wr.end {
-        return Err(invalid(
-            "weight and state_sum share memory: state_sum must be an array of its own".to_string(),
-        ));
-    }
+    apart(w, s, "state_sum")?;
     let mut adagrad = AdagradOn::new(args.lr, s, steps_taken);
     adagrad.lr_decay = args.lr_decay;
     adagrad.weight_decay = args.weight_decay;
@@ -406,12 +412,7 @@ fn rowwise_adagrad(
     let s = state_guard
         .as_slice_mut()
         .map_err(|e| invalid(e.to_string()))?;
-    let (wr, sr) = (w.as_ptr_range(), s.as_ptr_range());
-    if wr.start < sr.end && sr.start < wr.end {
-        return Err(invalid(
-            "weight and state share memory: state must be an array of its own".to_string(),
-        ));
-    }
+    apart(w, s, "state")?;
     let mut rowwise = RowWiseAdagradOn::new(lr, s);
     rowwise.weight_decay = weight_decay;
     rowwise.eps = eps;

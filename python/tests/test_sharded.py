@@ -45,6 +45,14 @@ def abs_sums(single, kjt):
     return out
 
 
+def join(rank, world, port, timeout_s=60):
+    """A worker's process group: gloo over loopback, one intra-op thread."""
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -52,9 +60,7 @@ def free_port() -> int:
 
 
 def worker(rank, world, port, plan_names, out_dir):
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    join(rank, world, port)
     try:
         results = {}
         for plan_name in plan_names:
@@ -157,9 +163,7 @@ def global_batch(kjts):
 
 
 def train_worker(rank, world, port, plan_name, optimizer, out_dir):
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    join(rank, world, port)
     try:
         sharded = shard(train_collection(), TRAIN_PLANS[plan_name])
         if optimizer == "sgd":
@@ -221,9 +225,7 @@ def checkpoint_worker(rank, world, port, plan_name, directory, out_dir, write):
     """Trains two Adagrad steps and saves (``write``), or loads and reports the shards."""
     from embedding_kernels.torch.distributed import load, save
 
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    join(rank, world, port)
     try:
         sharded = shard(train_collection(), TRAIN_PLANS[plan_name]).adagrad_in_backward(0.1)
         if write:
@@ -295,17 +297,20 @@ def test_a_checkpoint_without_its_manifest_is_refused(tmp_path):
         load(collection(), str(tmp_path))
 
 
-def dying_worker(rank, world, port, out_dir):
+def faulty_worker(rank, world, port, out_dir, fault):
+    """After one batch the last rank dies (``fault="die"``) or stops answering
+    (``"hang"``); the others run one more batch and write what happened and when."""
     import time
 
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=20))
+    join(rank, world, port, 20 if fault == "die" else 3)
     sharded = shard(collection(), PLANS["row_wise"](world))
     with torch.no_grad():
         sharded(features(rank))
     if rank == world - 1:
-        os._exit(3)  # a rank that dies between two batches
+        if fault == "die":
+            os._exit(3)  # a rank that dies between two batches
+        time.sleep(8)  # alive, but answering nobody
+        os._exit(0)
     start = time.monotonic()
     try:
         with torch.no_grad():
@@ -315,19 +320,27 @@ def dying_worker(rank, world, port, out_dir):
         outcome = f"raised {type(e).__name__}"
     with open(os.path.join(out_dir, f"{rank}.txt"), "w") as f:
         f.write(f"{outcome} {time.monotonic() - start:.1f}")
+    os._exit(0)  # the group cannot be torn down with a rank gone
 
 
-def test_a_dead_rank_makes_the_others_raise_not_hang(tmp_path):
-    """The survivors' next exchange fails within the process group's timeout (20 s)."""
+def run_faulty(tmp_path, world, fault):
+    """Starts the faulty workers and waits for all of them; their exit codes."""
     context = mp.get_context("spawn")
-    port, world = free_port(), 3
-    procs = [context.Process(target=dying_worker, args=(r, world, port, str(tmp_path))) for r in range(world)]
+    port = free_port()
+    procs = [context.Process(target=faulty_worker, args=(r, world, port, str(tmp_path), fault))
+             for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(timeout=90)
         assert not p.is_alive()
-    assert procs[-1].exitcode == 3
+    return [p.exitcode for p in procs]
+
+
+def test_a_dead_rank_makes_the_others_raise_not_hang(tmp_path):
+    """The survivors' next exchange fails within the process group's timeout (20 s)."""
+    world = 3
+    assert run_faulty(tmp_path, world, "die")[-1] == 3
     for rank in range(world - 1):
         outcome, seconds = (tmp_path / f"{rank}.txt").read_text().rsplit(" ", 1)
         assert outcome.startswith("raised"), outcome
@@ -372,9 +385,7 @@ def meta_worker(rank, world, port, out_dir):
 
     from embedding_kernels.torch.distributed import EmbeddingBagConfig
 
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    join(rank, world, port)
     try:
         big = EmbeddingBagConfig(num_embeddings=500_000, embedding_dim=256, name="big")
         tables = [big, *train_collection().embedding_bag_configs()]
@@ -434,42 +445,10 @@ def test_sharded_rowwise_adagrad_follows_one_process(tmp_path, world, plan_name)
         torch.testing.assert_close(table, bag.weight.detach(), rtol=1e-5, atol=1e-6)
 
 
-def hanging_worker(rank, world, port, out_dir):
-    import time
-
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=3))
-    sharded = shard(collection(), PLANS["row_wise"](world))
-    with torch.no_grad():
-        sharded(features(rank))
-    if rank == world - 1:
-        time.sleep(8)  # alive, but answering nobody
-        os._exit(0)
-    start = time.monotonic()
-    try:
-        with torch.no_grad():
-            sharded(features(rank + 10))
-        outcome = "returned"
-    except Exception as e:  # gloo's timeout error
-        outcome = f"raised {type(e).__name__}"
-    with open(os.path.join(out_dir, f"{rank}.txt"), "w") as f:
-        f.write(f"{outcome} {time.monotonic() - start:.1f}")
-    os._exit(0)  # the group cannot be torn down with a rank gone quiet
-
-
 def test_a_rank_that_stops_answering_makes_the_others_raise_within_the_timeout(tmp_path):
     """A rank alive but silent: the others' next exchange raises once the process
     group's timeout (3 s here) has passed, instead of waiting forever."""
-    context = mp.get_context("spawn")
-    port, world = free_port(), 2
-    procs = [context.Process(target=hanging_worker, args=(r, world, port, str(tmp_path)))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=90)
-        assert not p.is_alive()
+    run_faulty(tmp_path, 2, "hang")
     outcome, seconds = (tmp_path / "0.txt").read_text().rsplit(" ", 1)
     assert outcome.startswith("raised"), outcome
     assert 2.5 < float(seconds) < 7.5, seconds

@@ -93,21 +93,11 @@ def _check_lookup(weight: Tensor, input: Tensor) -> None:
 
 def _check_bag(weight, input, offsets, per_sample_weights, mode) -> None:
     """Raises ArgumentError unless `EmbeddingBag.forward`'s tensors suit the kernels."""
-    _check_table(weight, halves=True)
-    _check_ids(input, "input")
-    if offsets is not None:
-        _check_ids(offsets, "offsets")
-    if per_sample_weights is not None:
-        _check_table(per_sample_weights, "per_sample_weights", halves=True)
-        if per_sample_weights.dtype is not weight.dtype:
-            raise ArgumentError(
-                f"per_sample_weights must have weight's dtype {weight.dtype}, "
-                f"got {per_sample_weights.dtype}"
-            )
-        if mode != "sum":
-            raise NotSupportedError(
-                f"per_sample_weights are only supported for mode sum, not {mode}"
-            )
+    _ops._check_bag(weight, input, offsets, per_sample_weights, name="input")
+    if per_sample_weights is not None and mode != "sum":
+        raise NotSupportedError(
+            f"per_sample_weights are only supported for mode sum, not {mode}"
+        )
 
 
 def _check_rates(**values: float) -> None:

@@ -338,18 +338,25 @@ def _(
     return out, _no_indices(indices)
 
 
-def _check_bag(weight, indices, offsets, per_sample_weights, halves=True) -> None:
+def _check_bag(weight, indices, offsets, per_sample_weights, halves=True, name="indices") -> None:
+    """Raises ArgumentError unless a bag forward's tensors suit the kernels (the ids
+    called ``name`` in the message)."""
     _check_table(weight, halves=halves)
-    _check_ids(indices, "indices")
+    _check_ids(indices, name)
     if offsets is not None:
         _check_ids(offsets, "offsets")
     if per_sample_weights is not None:
         _check_table(per_sample_weights, "per_sample_weights", halves=halves)
-        if per_sample_weights.dtype is not weight.dtype:
-            raise ArgumentError(
-                f"per_sample_weights must have weight's dtype {weight.dtype}, "
-                f"got {per_sample_weights.dtype}"
-            )
+        _check_weights_dtype(weight, per_sample_weights)
+
+
+def _check_weights_dtype(weight: Tensor, per_sample_weights: Tensor) -> None:
+    """``per_sample_weights`` in ``weight``'s dtype, as PyTorch asks."""
+    if per_sample_weights.dtype is not weight.dtype:
+        raise ArgumentError(
+            f"per_sample_weights must have weight's dtype {weight.dtype}, "
+            f"got {per_sample_weights.dtype}"
+        )
 
 
 def _bag(weight, indices, offsets, per_sample_weights, mode, include_last_offset, padding_idx):
@@ -365,11 +372,8 @@ def _bag(weight, indices, offsets, per_sample_weights, mode, include_last_offset
         )
         return torch.from_numpy(out), None if max_indices is None else torch.from_numpy(max_indices)
     table, format = _half_table(weight)
-    if per_sample_weights is not None and per_sample_weights.dtype is not weight.dtype:
-        raise ArgumentError(
-            f"per_sample_weights must have weight's dtype {weight.dtype}, "
-            f"got {per_sample_weights.dtype}"
-        )
+    if per_sample_weights is not None:
+        _check_weights_dtype(weight, per_sample_weights)
     # Widened exactly: the crate's weights are float32.
     weights = None if per_sample_weights is None else _array(per_sample_weights.float())
     out, max_indices = _native.table_embedding_bag(

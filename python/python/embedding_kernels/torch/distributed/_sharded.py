@@ -66,6 +66,22 @@ def plan_shards(collection: EmbeddingBagCollection, world_size: int,
     return plan
 
 
+def _offsets(lengths: Tensor) -> Tensor:
+    """Bag offsets from bag lengths, the last one ending the last bag."""
+    offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    return offsets
+
+
+def _joined(parts):
+    """Bags given as ``(ids, lengths, weights)`` parts, one after the other:
+    ``(ids, offsets, weights or None)``."""
+    ids = torch.cat([p[0] for p in parts])
+    offsets = _offsets(torch.cat([p[1] for p in parts]))
+    weights = None if parts[0][2] is None else torch.cat([p[2] for p in parts])
+    return ids, offsets, weights
+
+
 def _rows_of(rank: int, rows: int, world: int):
     """Rank ``rank``'s block of a row-wise table: ``(first, end)``."""
     per = math.ceil(rows / world)
@@ -198,17 +214,19 @@ class ShardedEmbeddingBagCollection(nn.Module):
         values = features.values()
         weights = features.weights_or_none() if self._is_weighted else None
 
-        # Its data bound now: later names in this function may be reused.
-        def segment(feature, starts=starts, feature_offsets=feature_offsets):
-            k = index.get(feature)
-            if k is None:
-                raise ArgumentError(f"feature {feature!r} is not among the keys {keys}")
-            first, last = starts[k], starts[k + 1]
-            lengths = torch.diff(feature_offsets[k * batch:(k + 1) * batch + 1])
-            w = None if weights is None else weights[first:last]
-            return values[first:last], lengths, w
+        # Every feature's ids, bag lengths and weights, read once.
+        segments = {}
+        for table in self._tables:
+            for feature in table.feature_names:
+                k = index.get(feature)
+                if k is None:
+                    raise ArgumentError(f"feature {feature!r} is not among the keys {keys}")
+                first, last = starts[k], starts[k + 1]
+                lengths = torch.diff(feature_offsets[k * batch:(k + 1) * batch + 1])
+                w = None if weights is None else weights[first:last]
+                segments[feature] = (values[first:last], lengths, w)
 
-        self._check_ids(segment)
+        self._check_ids(segments)
 
         # 1. Bucket each routed feature's ids by owner; lengths and ids per destination.
         send_lengths, send_ids, send_weights, counts = [], [], [], {}
@@ -217,7 +235,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
             if self.plan[table.name] != "row_wise":
                 continue
             for feature in table.feature_names:
-                ids, lengths, w = segment(feature)
+                ids, lengths, w = segments[feature]
                 # The crate's bucketing: one pass to count, one to place (stable).
                 held, local, positions = _native.bucket_rows(
                     _array(ids), _array(lengths), table.num_embeddings, self.world
@@ -234,7 +252,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
                     ids, lengths, w = buckets[(feature, dest)]
                     counts[(feature, dest)] = lengths
                 else:
-                    ids, lengths, w = segment(feature)
+                    ids, lengths, w = segments[feature]
                 send_lengths.append(lengths)
                 send_ids.append(ids.long())
                 if weights is not None:
@@ -267,10 +285,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 ids = ids_in[at:at + n]
                 w = None if weights_in is None else weights_in[at:at + n]
                 at += n
-                offsets = torch.zeros(batch + 1, dtype=torch.int64)
-                torch.cumsum(lengths, 0, out=offsets[1:])
                 shard = self.shards[table.name]
-                out, _ = _bag(shard.weight, ids, offsets, w, shard.mode, True, None)
+                out, _ = _bag(shard.weight, ids, _offsets(lengths), w, shard.mode, True, None)
                 pooled_out.append(out.float().reshape(-1))
                 received.setdefault(table.name, []).append((ids, lengths, w))
 
@@ -291,11 +307,10 @@ class ShardedEmbeddingBagCollection(nn.Module):
             place = self.plan[table.name]
             for feature in table.feature_names:
                 if place == "replicated":
-                    ids, lengths, w = segment(feature)
-                    offsets = torch.zeros(batch + 1, dtype=torch.int64)
-                    torch.cumsum(lengths, 0, out=offsets[1:])
+                    ids, lengths, w = segments[feature]
                     shard = self.shards[table.name]
-                    out = _bag(shard.weight, ids, offsets, w, shard.mode, True, None)[0].float()
+                    out = _bag(shard.weight, ids, _offsets(lengths), w, shard.mode, True, None)[0]
+                    out = out.float()
                     received.setdefault(table.name, []).append((ids, lengths, w))
                 elif place == "row_wise":
                     out = self._combine(table, feature, partial, counts)
@@ -349,11 +364,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
     def _shard_step(self, name, parts, grads, mode) -> None:
         """One fused step of shard ``name`` over the bags of ``parts`` (``(ids, lengths,
         weights)`` in the order of ``grads``, one ``[batch, dim]`` gradient each)."""
-        ids = torch.cat([p[0] for p in parts])
-        lengths = torch.cat([p[1] for p in parts])
-        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
-        torch.cumsum(lengths, 0, out=offsets[1:])
-        weights = None if parts[0][2] is None else torch.cat([p[2] for p in parts])
+        ids, offsets, weights = _joined(parts)
         grad = torch.cat(grads).contiguous()
         optimizer, lr, lr_decay, weight_decay, eps = self._step
         weight = self.shards[name].weight
@@ -374,11 +385,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         """A replicated table: its rows' gradients from every rank's batch (one dense
         all-reduce of the gradient and of the rows touched, which a small table affords),
         then the same step on every replica."""
-        ids = torch.cat([p[0] for p in parts])
-        lengths = torch.cat([p[1] for p in parts])
-        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
-        torch.cumsum(lengths, 0, out=offsets[1:])
-        weights = None if parts[0][2] is None else torch.cat([p[2] for p in parts])
+        ids, offsets, weights = _joined(parts)
         grad = torch.cat(grads).contiguous()
         rows = table.num_embeddings
         dense = _ops.embedding_bag_backward(grad, ids, offsets, weights, ids.new_empty(0), rows,
@@ -397,7 +404,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         dist.all_to_all_single(output, input, output_splits, input_splits, group=self.group)
         self.sent_bytes += (sum(input_splits) - input_splits[self.rank]) * input.element_size()
 
-    def _check_ids(self, segment) -> None:
+    def _check_ids(self, segments) -> None:
         """Every rank's ids against their tables, agreed on before any exchange: each
         rank's first bad id (or none) goes to every rank (one ``all_gather``), and if
         any rank has one, every rank raises ``IndexError`` naming the first of them:
@@ -405,7 +412,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         record = torch.full((5,), -1, dtype=torch.int64)
         for t, table in enumerate(self._tables):
             for f, feature in enumerate(table.feature_names):
-                ids = segment(feature)[0]
+                ids = segments[feature][0]
                 bad = (ids < 0) | (ids >= table.num_embeddings)
                 if record[0] < 0 and bool(bad.any()):
                     p = int(torch.nonzero(bad)[0])
