@@ -162,3 +162,37 @@ def test_bucket_rows_is_a_stable_split_by_owner(world):
         _native.bucket_rows(np.array([1, 2, 50]), np.array([3]), rows, world)
     with pytest.raises(ValueError, match="add up"):
         _native.bucket_rows(np.array([1, 2]), np.array([3]), rows, world)
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "rowwise_adagrad"])
+def test_a_checkpoint_carries_the_fused_optimisers_state(tmp_path, optimizer):
+    """One process: the tables and their accumulators saved after two steps load into
+    a fresh collection with the same optimiser, which then steps as the saved one does;
+    into a collection of the other optimiser they are refused before anything is read."""
+    pytest.importorskip("safetensors")
+    from embedding_kernels.torch.distributed import load, save
+    from embedding_kernels.torch import ArgumentError
+
+    def trained(name, steps):
+        torch.manual_seed(3)
+        collection = EmbeddingBagCollection(TABLES[:2])
+        for bag in collection.embedding_bags.values():
+            getattr(bag, f"{name}_in_backward")(0.1)
+        for step in range(steps):
+            collection(features(step, keys=["seen", "user_id", "item_id"])).values().sum().backward()
+        return collection
+
+    saved = trained(optimizer, 2)
+    save(saved, str(tmp_path))
+    loaded = trained(optimizer, 0)
+    load(loaded, str(tmp_path))
+    for collection in (saved, loaded):
+        collection(features(2, keys=["seen", "user_id", "item_id"])).values().sum().backward()
+    for name, bag in saved.embedding_bags.items():
+        assert_bitwise(loaded.embedding_bags[name].weight, bag.weight)
+    other = trained("rowwise_adagrad" if optimizer == "adagrad" else "adagrad", 0)
+    before = {name: bag.weight.detach().clone() for name, bag in other.embedding_bags.items()}
+    with pytest.raises(ArgumentError, match="not the same optimiser"):
+        load(other, str(tmp_path))
+    for name, bag in other.embedding_bags.items():
+        assert torch.equal(bag.weight, before[name])

@@ -11,7 +11,7 @@ import torch
 
 import embedding_kernels as ek
 import embedding_kernels.torch as ekt
-from helpers import NanOutputs, assert_bitwise, assert_within_sum_bound
+from helpers import NanOutputs, assert_bitwise
 
 ID_TYPES = [torch.int32, torch.int64]
 

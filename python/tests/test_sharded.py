@@ -347,39 +347,6 @@ def test_a_dead_rank_makes_the_others_raise_not_hang(tmp_path):
         assert float(seconds) < 30
 
 
-def test_the_example_trains_under_torchrun_and_checkpoints(tmp_path):
-    """python/examples/train_dlrm.py, as the README runs it: two processes, then its
-    tables load into one process."""
-    import subprocess
-    import sys
-
-    pytest.importorskip("safetensors")
-    from embedding_kernels.torch.distributed import load
-
-    example = os.path.join(os.path.dirname(__file__), "..", "examples", "train_dlrm.py")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDDING_KERNELS_")}
-    run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-         f"--master_port={free_port()}", example, "--steps", "50", "--batch", "32",
-         "--checkpoint", str(tmp_path)],
-        capture_output=True, text=True, timeout=300, env=env,
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert "2 process(es)" in run.stdout and "step 50: loss" in run.stdout
-    sys.path.insert(0, os.path.dirname(example))
-    try:
-        import train_dlrm
-    finally:
-        sys.path.pop(0)
-    torch.manual_seed(0)  # the example's initial tables
-    single = EmbeddingBagCollection(train_dlrm.TABLES)
-    before = {name: bag.weight.detach().clone() for name, bag in single.embedding_bags.items()}
-    load(single, str(tmp_path))
-    # The trained tables: every one moved from where the example started it.
-    for name, bag in single.embedding_bags.items():
-        assert not torch.equal(bag.weight, before[name]), name
-
-
 def meta_worker(rank, world, port, out_dir):
     import resource
 

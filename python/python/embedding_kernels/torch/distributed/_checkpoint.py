@@ -2,7 +2,8 @@
 manifest written last.
 
 ``save(module, directory)`` writes, on every rank, ``shard-<rank>-of-<world>.safetensors``
-with the tables (or blocks of rows) the rank holds and their Adagrad state, each file
+with the tables (or blocks of rows) the rank holds and their fused optimiser's state
+(Adagrad's or row-wise Adagrad's accumulators, in one process or sharded), each file
 written under a temporary name and renamed once whole; after a barrier, rank 0 writes
 ``manifest.json`` (the plan, the world size, the tables and each file's row blocks),
 again through a rename. A checkpoint without its manifest is not one: a rank that
@@ -42,7 +43,16 @@ def _held(module) -> Tuple[int, int, Dict[str, object], Dict[str, Tuple[int, int
         tables = module.embedding_bag_configs()
         plan = {t.name: 0 for t in tables}
         blocks = {t.name: (0, t.num_embeddings) for t in tables}
-        tensors = {f"{t.name}.weight": module.embedding_bags[t.name].weight.detach() for t in tables}
+        tensors = {}
+        for t in tables:
+            bag = module.embedding_bags[t.name]
+            tensors[f"{t.name}.weight"] = bag.weight.detach()
+            adagrad, rowwise = bag.adagrad_state(), bag.rowwise_adagrad_state()
+            if adagrad is not None:
+                tensors[f"{t.name}.state_sum"] = adagrad["sum"]
+                tensors[f"{t.name}.state_step"] = adagrad["step"].reshape(1)
+            elif rowwise is not None:
+                tensors[f"{t.name}.state_sum"] = rowwise
         return 0, 1, plan, blocks, tensors
     if not isinstance(module, ShardedEmbeddingBagCollection):
         raise ArgumentError(f"save and load take an EmbeddingBagCollection or a sharded one, got {type(module).__name__}")
@@ -92,7 +102,7 @@ def save(module, directory: str, process_group=None) -> None:
 
 
 def load(module, directory: str) -> None:
-    """Fills ``module``'s tables (and Adagrad state, where both have it) from the
+    """Fills ``module``'s tables (and optimiser state, where both have it) from the
     checkpoint in ``directory``, whatever world size and plan wrote it. Raises
     ``ArgumentError`` for a directory without a whole checkpoint or with other tables."""
     _, safe_open = _safetensors()
@@ -109,6 +119,17 @@ def load(module, directory: str) -> None:
     if missing:
         raise ArgumentError(f"the checkpoint misses {missing}")
     _, _, _, blocks, tensors = _held(module)
+    # Every file's state checked against the module's before anything is written: a
+    # checkpoint of Adagrad (a sum a value) does not load into row-wise Adagrad (a sum a row).
+    for file in files:
+        with safe_open(file, framework="pt") as source:
+            for key in set(tensors) & set(source.keys()):
+                saved = source.get_slice(key).get_shape()[1:]
+                if key.endswith(".state_sum") and list(saved) != list(tensors[key].shape[1:]):
+                    raise ArgumentError(
+                        f"{key}: the checkpoint's optimiser keeps {saved} a row, the module's "
+                        f"{list(tensors[key].shape[1:])}: not the same optimiser"
+                    )
     with torch.no_grad():
         for file in files:
             with safe_open(file, framework="pt") as source:
