@@ -196,3 +196,54 @@ def test_a_checkpoint_carries_the_fused_optimisers_state(tmp_path, optimizer):
         load(other, str(tmp_path))
     for name, bag in other.embedding_bags.items():
         assert torch.equal(bag.weight, before[name])
+
+
+def test_the_collection_compiles_whole_and_trains_compiled():
+    """``torch.compile(fullgraph=True)`` over the collection's forward, trained by a
+    fused Adagrad step: the same pooled rows and tables, bit for bit, as the eager one."""
+
+    def make():
+        torch.manual_seed(5)
+        collection = EmbeddingBagCollection(TABLES[:2])
+        for bag in collection.embedding_bags.values():
+            bag.adagrad_in_backward(0.1)
+        return collection
+
+    def loss_of(collection, kjt, target):
+        pooled = collection(kjt).values()
+        return pooled, (pooled * target).sum()
+
+    eager, compiled = make(), make()
+    compiled_loss = torch.compile(loss_of, fullgraph=True)
+    keys = ["seen", "user_id", "item_id"]
+    for s in range(3):
+        target = torch.randn(5, 16, generator=torch.Generator().manual_seed(s))
+        got, got_loss = compiled_loss(compiled, features(s, keys=keys), target)
+        want, want_loss = loss_of(eager, features(s, keys=keys), target)
+        assert_bitwise(got.detach(), want.detach())
+        # The sum is Inductor's, in its own order; its gradient (target) is exact.
+        torch.testing.assert_close(got_loss, want_loss)
+        got_loss.backward()
+        want_loss.backward()
+    for name, bag in eager.embedding_bags.items():
+        assert_bitwise(compiled.embedding_bags[name].weight, bag.weight)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_the_segments_operator_passes_opcheck(weighted):
+    """``torch.ops.embedding_kernels.keyed_segments``: schema, fake kernel and
+    dispatch, by ``torch.library.opcheck``; and the segments of a two-feature table."""
+    kjt = features(4, weighted=weighted)
+    batch, weights = kjt.stride(), kjt.weights_or_none()
+    args = (kjt.values(), kjt.offsets(), weights, [2, 0], batch)
+    torch.library.opcheck(torch.ops.embedding_kernels.keyed_segments.default, args)
+    ids, offsets, sample_weights = torch.ops.embedding_kernels.keyed_segments(*args)
+    bounds = kjt.offsets()
+    first, second = slice(bounds[2 * batch], bounds[3 * batch]), slice(bounds[0], bounds[batch])
+    assert torch.equal(ids, torch.cat([kjt.values()[first], kjt.values()[second]]))
+    lengths = torch.cat([kjt.lengths()[2 * batch:3 * batch], kjt.lengths()[:batch]])
+    assert torch.equal(offsets, torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]))
+    if weighted:
+        assert torch.equal(sample_weights, torch.cat([weights[first], weights[second]]))
+    else:
+        assert sample_weights.numel() == 0

@@ -69,6 +69,10 @@ def worker(rank, world, port, plan_names, out_dir):
                 # Ranks feed batches of their own, some bags empty.
                 for step in range(3):
                     results[(plan_name, step)] = sharded(features(100 * rank + step)).values()
+                if plan_name == "mixed":
+                    # A compiled model around it: the exchanges run between its graphs.
+                    model = torch.compile(lambda kjt: torch.relu(sharded(kjt).values()) * 2)
+                    results["compiled"] = model(features(100 * rank))
                 # One rank's bad id: every rank raises, naming it.
                 batch = features(7)
                 if rank == world - 1:
@@ -122,6 +126,9 @@ def test_sharded_forward_matches_one_process(tmp_path, world):
                             off = cols.start - start[table.name]
                             scale = bounds[(rank, step)][table.name][:, off:off + table.embedding_dim]
                             assert_within_sum_bound(ours, theirs, scale, 4 + world)
+            if plan_name == "mixed":
+                want = torch.relu(results[rank][(plan_name, 0)]) * 2
+                assert_bitwise(results[rank]["compiled"], want)
             error = results[rank][(plan_name, "error")]
             assert error is not None, (plan_name, rank)
             assert f"rank {world - 1}" in error and "1000" in error
@@ -172,9 +179,14 @@ def train_worker(rank, world, port, plan_name, optimizer, out_dir):
             sharded.rowwise_adagrad_in_backward(0.1)
         else:
             sharded.adagrad_in_backward(0.1)
+        def loss_of(kjt, target):
+            return (sharded(kjt).values() * target).sum()
+
+        if optimizer == "sgd":  # and the SGD run, compiled
+            loss_of = torch.compile(loss_of)
         losses = []
         for step in range(STEPS):
-            loss = (sharded(features(100 * rank + step)).values() * target(rank, step)).sum()
+            loss = loss_of(features(100 * rank + step), target(rank, step))
             loss.backward()
             losses.append(loss.item())
         shards = {name: bag.weight.detach().clone() for name, bag in sharded.shards.items()}

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from .. import EmbeddingBag
 from .._errors import ArgumentError
+from .._ops import _direct, _operator
 
 # A table's format: its dtype. The halves serve inference.
 _FORMATS = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
@@ -186,6 +187,53 @@ def _keyed_tensor(keys, lengths, values):
     return KeyedTensor(keys, lengths, values)
 
 
+def _segments(values: Tensor, offsets: Tensor, weights: Optional[Tensor], features: List[int],
+              batch: int, starts: Optional[List[int]] = None):
+    """The ids, bag offsets (from 0, the last one ending the last bag) and weights of
+    features ``features`` of a jagged batch, their bags one feature after the other:
+    what a table reading those features pools in one call. Views where one feature
+    suffices. ``starts``: each feature's first position and the end, if read already."""
+    if starts is None:
+        starts = offsets[::batch].tolist() if batch > 0 else [0] * (max(features, default=0) + 2)
+    ids, bags, sample_weights, base = [], [], [], 0
+    for k in features:
+        first, last = starts[k], starts[k + 1]
+        ids.append(values[first:last])
+        # The feature's bag boundaries, moved after the features before it.
+        bags.append(offsets[k * batch + (1 if bags else 0):(k + 1) * batch + 1] - (first - base))
+        base += last - first
+        if weights is not None:
+            sample_weights.append(weights[first:last])
+    if len(features) == 1:
+        ids, bag_offsets = ids[0], bags[0]
+        sample_weights = None if weights is None else sample_weights[0]
+    else:
+        ids, bag_offsets = torch.cat(ids), torch.cat(bags)
+        sample_weights = None if weights is None else torch.cat(sample_weights)
+    return ids, bag_offsets.long(), sample_weights
+
+
+@_operator(())
+def keyed_segments(
+    values: Tensor, offsets: Tensor, weights: Optional[Tensor], features: List[int], batch: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """`_segments` as an operator (copies, an empty tensor for no weights): how a
+    compiled collection reads its features. Its output's length is data, a size of its
+    own to the compiler, not a sum of the features' bounds (which a compiled backward
+    could not bind)."""
+    ids, bag_offsets, sample_weights = _segments(values, offsets, weights, features, batch)
+    if sample_weights is None:
+        sample_weights = values.new_empty((0,), dtype=torch.float32)
+    return ids.clone(), bag_offsets.clone(), sample_weights.clone()
+
+
+@keyed_segments.register_fake
+def _(values, offsets, weights, features, batch):
+    n = torch.library.get_ctx().new_dynamic_size()
+    sample_weights = values.new_empty((0 if weights is None else n,), dtype=torch.float32)
+    return values.new_empty((n,)), offsets.new_empty((len(features) * batch + 1,), dtype=torch.int64), sample_weights
+
+
 class EmbeddingBagCollection(nn.Module):
     """Bag tables looked up by keyed features, in one process (TorchRec's
     ``EmbeddingBagCollection``).
@@ -249,36 +297,34 @@ class EmbeddingBagCollection(nn.Module):
         index = {key: k for k, key in enumerate(keys)}
         batch = features.stride()
         offsets = features.offsets()
-        # The features' first and last positions, as Python ints: two reads a feature.
-        starts = offsets[::batch].tolist() if batch > 0 else [0] * (len(keys) + 1)
         values = features.values()
         weights = features.weights_or_none() if self._is_weighted else None
         if self._is_weighted and weights is None:
             raise ArgumentError("a weighted collection needs features with weights")
+        # The features' first and last positions, as Python ints (one read), where the
+        # call is not traced.
+        direct = _direct()
+        if direct:
+            starts = offsets[::batch].tolist() if batch > 0 else [0] * (len(keys) + 1)
         pooled, out_keys, dims = [], [], []
         for table in self._tables:
             # A table's features pooled in one call (their bags one after the other), so
             # that a fused optimiser step takes one step a backward, as TorchRec's does.
-            ids, bags, sample_weights, base = [], [], [], 0
+            ks = []
             for feature in table.feature_names:
                 k = index.get(feature)
                 if k is None:
                     raise ArgumentError(f"feature {feature!r} of table {table.name!r} is not among the keys {keys}")
-                first, last = starts[k], starts[k + 1]
-                ids.append(values[first:last])
-                # The feature's bag boundaries, moved after the table's features before it.
-                bounds = offsets[k * batch + (1 if bags else 0):(k + 1) * batch + 1]
-                bags.append(bounds - (first - base))
-                base += last - first
-                if weights is not None:
-                    sample_weights.append(weights[first:last])
+                ks.append(k)
                 out_keys.append(feature)
                 dims.append(table.embedding_dim)
-            ids = torch.cat(ids) if len(ids) > 1 else ids[0]
-            sample_weights = None if weights is None else torch.cat(sample_weights)
+            if direct:
+                ids, bag_offsets, sample_weights = _segments(values, offsets, weights, ks, batch, starts)
+            else:
+                ids, bag_offsets, sample_weights = keyed_segments(values, offsets, weights, ks, batch)
+                sample_weights = None if weights is None else sample_weights
             try:
-                bag_offsets = torch.cat(bags) if len(bags) > 1 else bags[0]
-                out = self.embedding_bags[table.name](ids, bag_offsets.long(), sample_weights)
+                out = self.embedding_bags[table.name](ids, bag_offsets, sample_weights)
             except IndexError as e:
                 raise IndexError(f"table {table.name!r} (features {table.feature_names}): {e}") from None
             pooled.extend(out.split(batch))

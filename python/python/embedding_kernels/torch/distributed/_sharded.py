@@ -183,6 +183,10 @@ class ShardedEmbeddingBagCollection(nn.Module):
         }
         return self
 
+    # Under torch.compile the exchanges run as written, between the graphs of the model
+    # around them: their split sizes are data (the ids each owner gets), which a graph
+    # would recompile for at every batch.
+    @torch.compiler.disable
     def forward(self, features):
         # Decided alike on every rank (a rank may hold no shard, and so no parameter):
         # the backward's exchanges need them all.
