@@ -22,6 +22,7 @@ operator                      what it is
 ``adagrad_step_``             the fused Adagrad step on a table and its state
 ``rowwise_adagrad_step_``     the fused row-wise Adagrad step (an accumulator a row)
 ``embedding_renorm_``         ``max_norm``: checks the batch, then renormalises
+``keyed_segments``            a table's features of a jagged batch (``distributed``)
 ============================  =====================================================
 
 The modules call them, except for an inference call in eager mode (autograd off
