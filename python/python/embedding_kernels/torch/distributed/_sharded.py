@@ -7,9 +7,10 @@ A plan places each table of a collection: **table-wise** on one rank (an ``int``
 number of examples on each); the ids of a routed table go to the ranks that hold
 their rows, which pool them and send the pooled rows back:
 
-1. each rank buckets its ids by owner (the extension's ``bucket_rows``, one pass to
-   count and one to place, stable: a bag's ids keep their order) and
-   sends every owner the bags' lengths, then the ids (``all_to_all_single``);
+1. each rank checks its ids, buckets them by owner (the extension's ``bucket_rows``,
+   one pass to count and one to place, stable: a bag's ids keep their order) and
+   sends every owner the bags' lengths with its first bad id if any (on which every
+   rank raises alike), then the ids (``all_to_all_single``);
 2. each owner pools what it received with its shard (a row-wise table's sum and mean
    as sums, its max as a max);
 3. the pooled rows go back (``all_to_all_single``), and each rank combines a row-wise
@@ -22,6 +23,7 @@ between ranks go to the lower rank). The collective calls are the same on every
 rank whatever its batch holds, so none is left waiting.
 """
 
+import itertools
 import math
 from typing import Dict, List, Union
 
@@ -86,6 +88,24 @@ def _rows_of(rank: int, rows: int, world: int):
     """Rank ``rank``'s block of a row-wise table: ``(first, end)``."""
     per = math.ceil(rows / world)
     return min(rank * per, rows), min((rank + 1) * per, rows)
+
+
+# The length of a rank's bad-id record: rank, table, feature, position, value.
+_RECORD = 5
+
+
+def _raise_first_bad(tables, records: Tensor) -> None:
+    """Raises ``IndexError`` for the lowest rank's bad id among every rank's records
+    (``[world, _RECORD]``, ``-1``s for none): each rank has the same records, so either
+    all raise, naming the same id, or none does."""
+    for rank, t, f, p, value in records.tolist():
+        if rank >= 0:
+            table = tables[t]
+            raise IndexError(
+                f"rank {rank}, table {table.name!r}, feature {table.feature_names[f]!r}: id "
+                f"{value} at position {p} is out of range for a table of "
+                f"{table.num_embeddings} rows"
+            )
 
 
 class ShardedEmbeddingBagCollection(nn.Module):
@@ -230,13 +250,22 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 w = None if weights is None else weights[first:last]
                 segments[feature] = (values[first:last], lengths, w)
 
-        self._check_ids(segments)
+        # This rank's first bad id, sent to every rank with the lengths (below): a rank
+        # that has one buckets nothing and sends empty bags.
+        record = self._first_bad(segments)
+        bad_here = bool(record[0] >= 0)
 
         # 1. Bucket each routed feature's ids by owner; lengths and ids per destination.
         send_lengths, send_ids, send_weights, counts = [], [], [], {}
         buckets = {}
         for table in self._tables:
             if self.plan[table.name] != "row_wise":
+                continue
+            if bad_here:
+                for feature in table.feature_names:
+                    for dest in range(self.world):
+                        empty = torch.zeros(batch, dtype=torch.int64)
+                        buckets[(feature, dest)] = (empty[:0], empty, None if weights is None else weights[:0])
                 continue
             for feature in table.feature_names:
                 ids, lengths, w = segments[feature]
@@ -264,8 +293,18 @@ class ShardedEmbeddingBagCollection(nn.Module):
         lengths_out = torch.cat(send_lengths) if send_lengths else torch.zeros(0, dtype=torch.int64)
         split_lengths = [len(self._routed(d)) * batch for d in range(self.world)]
         mine = len(self._routed(self.rank))
-        lengths_in = torch.empty(mine * batch * self.world, dtype=torch.int64)
-        self._exchange(lengths_in, lengths_out, [mine * batch] * self.world, split_lengths)
+        # Each destination's lengths, then this rank's record: every rank learns every
+        # rank's first bad id from the first exchange, and all raise before the second.
+        edges = [0, *itertools.accumulate(split_lengths)]
+        with_records = torch.cat([
+            part for d in range(self.world) for part in (lengths_out[edges[d]:edges[d + 1]], record)
+        ])
+        incoming = torch.empty(self.world * (mine * batch + _RECORD), dtype=torch.int64)
+        self._exchange(incoming, with_records, [mine * batch + _RECORD] * self.world,
+                       [n + _RECORD for n in split_lengths])
+        incoming = incoming.reshape(self.world, mine * batch + _RECORD)
+        _raise_first_bad(self._tables, incoming[:, mine * batch:])
+        lengths_in = incoming[:, :mine * batch].reshape(-1)
         ids_out = torch.cat(send_ids) if send_ids else torch.zeros(0, dtype=torch.int64)
         per_dest = [int(n) for n in torch.stack([
             lengths_out[sum(split_lengths[:d]):sum(split_lengths[:d + 1])].sum()
@@ -408,29 +447,18 @@ class ShardedEmbeddingBagCollection(nn.Module):
         dist.all_to_all_single(output, input, output_splits, input_splits, group=self.group)
         self.sent_bytes += (sum(input_splits) - input_splits[self.rank]) * input.element_size()
 
-    def _check_ids(self, segments) -> None:
-        """Every rank's ids against their tables, agreed on before any exchange: each
-        rank's first bad id (or none) goes to every rank (one ``all_gather``), and if
-        any rank has one, every rank raises ``IndexError`` naming the first of them:
-        no rank waits in an exchange the others have left."""
-        record = torch.full((5,), -1, dtype=torch.int64)
+    def _first_bad(self, segments) -> Tensor:
+        """This rank's first out-of-range id as ``[rank, table, feature, position,
+        value]``, or ``-1``s: checked before anything is exchanged, sent with the
+        lengths (``_raise_first_bad``)."""
         for t, table in enumerate(self._tables):
             for f, feature in enumerate(table.feature_names):
                 ids = segments[feature][0]
                 bad = (ids < 0) | (ids >= table.num_embeddings)
-                if record[0] < 0 and bool(bad.any()):
+                if bool(bad.any()):
                     p = int(torch.nonzero(bad)[0])
-                    record = torch.tensor([self.rank, t, f, p, int(ids[p])])
-        records = torch.empty(self.world * 5, dtype=torch.int64)
-        dist.all_gather_into_tensor(records, record, group=self.group)
-        for rank, t, f, p, value in records.reshape(self.world, 5).tolist():
-            if rank >= 0:
-                table = self._tables[t]
-                raise IndexError(
-                    f"rank {rank}, table {table.name!r}, feature {table.feature_names[f]!r}: id "
-                    f"{value} at position {p} is out of range for a table of "
-                    f"{table.num_embeddings} rows"
-                )
+                    return torch.tensor([self.rank, t, f, p, int(ids[p])])
+        return torch.full((_RECORD,), -1, dtype=torch.int64)
 
     def _combine(self, table, feature, partial, counts) -> Tensor:
         """A row-wise feature's pooled rows from the ranks' partial rows, in rank order."""
