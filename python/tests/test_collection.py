@@ -247,3 +247,68 @@ def test_the_segments_operator_passes_opcheck(weighted):
         assert torch.equal(sample_weights, torch.cat([weights[first], weights[second]]))
     else:
         assert sample_weights.numel() == 0
+
+
+PACKED_TABLES = [
+    EmbeddingBagConfig(num_embeddings=50, embedding_dim=8, name="user", feature_names=["user_id"],
+                       format="int8"),
+    EmbeddingBagConfig(num_embeddings=30, embedding_dim=4, name="item", feature_names=["item_id", "seen"],
+                       format="int4"),
+    EmbeddingBagConfig(num_embeddings=20, embedding_dim=8, name="tag", pooling="max", format="int2"),
+]
+
+
+def test_packed_tables_pool_as_pytorchs_quantized_bags():
+    """int8 and int4 sums against ``torch.ops.quantized``'s bags over the same bytes, an
+    int2 max against PyTorch's max over the rows read back; bit for bit."""
+    q = torch.ops.quantized
+    quantized = {"int8": q.embedding_bag_byte_rowwise_offsets, "int4": q.embedding_bag_4bit_rowwise_offsets}
+    torch.manual_seed(6)
+    collection = EmbeddingBagCollection(PACKED_TABLES)
+    kjt = features(9)
+    out = collection(kjt)
+    assert out.values().dtype == torch.float32 and out.values().shape == (5, 24)
+    for table in PACKED_TABLES:
+        bag = collection.embedding_bags[table.name]
+        for feature in table.feature_names:
+            k, batch = kjt.keys().index(feature), kjt.stride()
+            bounds = kjt.offsets()[k * batch:(k + 1) * batch + 1]
+            ids, offsets = kjt.values()[bounds[0]:bounds[-1]], bounds - bounds[0]
+            if table.format in quantized:
+                want = quantized[table.format](bag.packed, ids, offsets, False, 0, False, None, None, True)
+            else:
+                want = nn.functional.embedding_bag(ids, bag.dequantize(), offsets[:-1], mode="max")
+            assert_bitwise(out[feature], want)
+
+
+def test_a_float32_checkpoint_loads_into_packed_tables(tmp_path):
+    """Trained in float32, served packed: the loaded tables hold PyTorch's packed bytes
+    of the float32 rows."""
+    pytest.importorskip("safetensors")
+    from embedding_kernels.torch.distributed import load, save
+
+    torch.manual_seed(7)
+    trained = EmbeddingBagCollection([EmbeddingBagConfig(t.num_embeddings, t.embedding_dim, t.name,
+                                                         t.feature_names, t.pooling) for t in PACKED_TABLES])
+    save(trained, str(tmp_path))
+    packed = EmbeddingBagCollection(PACKED_TABLES)
+    load(packed, str(tmp_path))
+    q = torch.ops.quantized
+    prepack = {"int8": q.embedding_bag_byte_prepack, "int4": q.embedding_bag_4bit_prepack,
+               "int2": q.embedding_bag_2bit_prepack}
+    for table in PACKED_TABLES:
+        weight = trained.embedding_bags[table.name].weight.detach()
+        assert torch.equal(packed.embedding_bags[table.name].packed, prepack[table.format](weight))
+
+
+def test_the_packed_bag_operator_passes_opcheck():
+    """``torch.ops.embedding_kernels.packed_embedding_bag``: schema, fake kernel and
+    dispatch, with and without per-sample weights."""
+    from embedding_kernels.torch.distributed import PackedEmbeddingBag
+
+    torch.manual_seed(8)
+    bag = PackedEmbeddingBag(12, 8, "sum", "int4")
+    ids, offsets = torch.tensor([3, 0, 11, 11, 5]), torch.tensor([0, 2, 2, 5])
+    op = torch.ops.embedding_kernels.packed_embedding_bag.default
+    for weights in (None, torch.rand(5)):
+        torch.library.opcheck(op, (bag.packed, ids, offsets, weights, "sum", "int4", 8))

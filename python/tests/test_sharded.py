@@ -431,3 +431,41 @@ def test_a_rank_that_stops_answering_makes_the_others_raise_within_the_timeout(t
     outcome, seconds = (tmp_path / "0.txt").read_text().rsplit(" ", 1)
     assert outcome.startswith("raised"), outcome
     assert 2.5 < float(seconds) < 7.5, seconds
+
+
+def packed_worker(rank, world, port, out_dir):
+    from embedding_kernels.torch import NotSupportedError
+    from test_collection import PACKED_TABLES
+
+    join(rank, world, port)
+    try:
+        torch.manual_seed(6)
+        sharded = shard(EmbeddingBagCollection(PACKED_TABLES), {"user": "row_wise", "item": 0, "tag": "row_wise"})
+        with torch.no_grad():
+            out = sharded(features(100 * rank)).values()
+        try:
+            sharded.sgd_in_backward(0.1)
+            refused = None
+        except NotSupportedError as e:
+            refused = str(e)
+        torch.save({"out": out, "refused": refused}, os.path.join(out_dir, f"{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_packed_tables_shard_for_inference(tmp_path):
+    """int8 (row-wise sum), int4 (table-wise) and int2 (row-wise max) tables over two
+    ranks against one process: the table-wise and max columns bit for bit, the row-wise
+    sum up to the order of adding the ranks' partial sums; training them is refused."""
+    from test_collection import PACKED_TABLES
+
+    mp.spawn(packed_worker, args=(2, free_port(), str(tmp_path)), nprocs=2)
+    torch.manual_seed(6)
+    single = EmbeddingBagCollection(PACKED_TABLES)
+    for rank in range(2):
+        result = torch.load(tmp_path / f"{rank}.pt")
+        assert "not float32" in result["refused"]
+        want = single(features(100 * rank)).values()
+        got = result["out"]
+        assert_bitwise(got[:, 8:], want[:, 8:])  # item's two features (int4), tag's max (int2)
+        torch.testing.assert_close(got[:, :8], want[:, :8], rtol=1e-6, atol=1e-6)

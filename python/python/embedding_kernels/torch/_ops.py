@@ -23,6 +23,7 @@ operator                      what it is
 ``rowwise_adagrad_step_``     the fused row-wise Adagrad step (an accumulator a row)
 ``embedding_renorm_``         ``max_norm``: checks the batch, then renormalises
 ``keyed_segments``            a table's features of a jagged batch (``distributed``)
+``packed_embedding_bag``      the bags of a packed table (``distributed``)
 ============================  =====================================================
 
 The modules call them, except for an inference call in eager mode (autograd off

@@ -4,7 +4,8 @@ The collection in one process (``EmbeddingBagCollection`` over ``EmbeddingBagCon
 tables, ``KeyedJaggedTensor`` in, ``KeyedTensor`` out), and sharded over the ranks of a
 ``torch.distributed`` process group (``shard``, ``plan_shards``): table-wise,
 row-wise or replicated, trained through fused optimiser steps; checkpoints that load
-into any world size or plan (``save``, ``load``).
+into any world size, plan or table format (``save``, ``load``). Tables are float32, or
+half or packed (``PackedEmbeddingBag``) for inference.
 """
 
 from ._collection import (
@@ -13,6 +14,7 @@ from ._collection import (
     KeyedJaggedTensor,
     KeyedTensor,
 )
+from ._packed import PackedEmbeddingBag
 from ._sharded import ShardedEmbeddingBagCollection, plan_shards, shard
 from ._checkpoint import load, save
 
@@ -21,6 +23,7 @@ __all__ = [
     "EmbeddingBagConfig",
     "KeyedJaggedTensor",
     "KeyedTensor",
+    "PackedEmbeddingBag",
     "ShardedEmbeddingBagCollection",
     "load",
     "plan_shards",

@@ -10,7 +10,9 @@ again through a rename. A checkpoint without its manifest is not one: a rank tha
 failed while saving leaves none, and ``load`` refuses it. ``load(module, directory)``
 reads, for each table block the module holds, the rows it needs from whichever files
 hold them (``safe_open`` slices: a rank reads its rows, not the table), so a checkpoint
-loads into another world size or plan, or into the single-process collection, and back.
+loads into another world size or plan, or into the single-process collection, and back;
+and into tables of another format (a float32 checkpoint into half or packed tables for
+inference: rows packed as they are read).
 """
 
 import json
@@ -22,6 +24,7 @@ import torch.distributed as dist
 
 from .._errors import ArgumentError
 from ._collection import EmbeddingBagCollection
+from ._packed import PACKED, PackedEmbeddingBag, pack, unpack
 from ._sharded import ShardedEmbeddingBagCollection, _rows_of
 
 MANIFEST = "manifest.json"
@@ -46,6 +49,9 @@ def _held(module) -> Tuple[int, int, Dict[str, object], Dict[str, Tuple[int, int
         tensors = {}
         for t in tables:
             bag = module.embedding_bags[t.name]
+            if isinstance(bag, PackedEmbeddingBag):
+                tensors[f"{t.name}.weight"] = bag.packed
+                continue
             tensors[f"{t.name}.weight"] = bag.weight.detach()
             adagrad, rowwise = bag.adagrad_state(), bag.rowwise_adagrad_state()
             if adagrad is not None:
@@ -65,7 +71,10 @@ def _held(module) -> Tuple[int, int, Dict[str, object], Dict[str, Tuple[int, int
             blocks[table.name] = _rows_of(module.rank, table.num_embeddings, module.world)
         else:
             blocks[table.name] = (0, table.num_embeddings)
-        tensors[f"{table.name}.weight"] = module.shards[table.name].weight.detach()
+        shard = module.shards[table.name]
+        tensors[f"{table.name}.weight"] = (
+            shard.packed if isinstance(shard, PackedEmbeddingBag) else shard.weight.detach()
+        )
         state = module._state.get(table.name)
         if state is not None:
             tensors[f"{table.name}.state_sum"] = state[0]
@@ -76,7 +85,22 @@ def _held(module) -> Tuple[int, int, Dict[str, object], Dict[str, Tuple[int, int
 def _tables_of(module) -> List[dict]:
     tables = module.embedding_bag_configs() if isinstance(module, EmbeddingBagCollection) else module._tables
     return [{"name": t.name, "num_embeddings": t.num_embeddings, "embedding_dim": t.embedding_dim,
-             "pooling": t.pooling} for t in tables]
+             "pooling": t.pooling, "format": t.format} for t in tables]
+
+
+def _shapes(tables: List[dict]) -> List[dict]:
+    """What a checkpoint's tables must share with a module's: all but the format, which
+    a load converts."""
+    return [{k: v for k, v in t.items() if k != "format"} for t in tables]
+
+
+def _converted(rows, saved: str, wanted: str, dim: int):
+    """Rows read from a checkpoint of format ``saved`` in format ``wanted``: packed rows
+    packed or read back as needed; float rows as they are (``copy_`` casts them)."""
+    if saved == wanted or (saved not in PACKED and wanted not in PACKED):
+        return rows
+    values = unpack(rows, saved, dim) if saved in PACKED else rows
+    return pack(values, wanted) if wanted in PACKED else values
 
 
 def save(module, directory: str, process_group=None) -> None:
@@ -111,8 +135,11 @@ def load(module, directory: str) -> None:
         raise ArgumentError(f"{directory} holds no whole checkpoint (no {MANIFEST})")
     with open(path) as f:
         manifest = json.load(f)
-    if manifest["tables"] != _tables_of(module):
+    ours = _tables_of(module)
+    if _shapes(manifest["tables"]) != _shapes(ours):
         raise ArgumentError(f"the checkpoint's tables differ from the module's: {manifest['tables']}")
+    formats = {t["name"]: (t.get("format", "f32"), o["format"], t["embedding_dim"])
+               for t, o in zip(manifest["tables"], ours)}
     world = manifest["world"]
     files = [os.path.join(directory, f"shard-{r}-of-{world}.safetensors") for r in range(world)]
     missing = [f for f in files if not os.path.exists(f)]
@@ -145,6 +172,8 @@ def load(module, directory: str) -> None:
                         key = f"{table}.{kind}"
                         if key in tensors and key in source.keys():
                             rows = source.get_slice(key)[lo - start:hi - start]
+                            if kind == "weight":
+                                rows = _converted(rows, *formats[table])
                             tensors[key][lo - first:hi - first].copy_(rows)
                     key = f"{table}.state_step"
                     if key in tensors and key in source.keys():

@@ -23,8 +23,10 @@ from torch import Tensor, nn
 from .. import EmbeddingBag
 from .._errors import ArgumentError
 from .._ops import _direct, _operator
+from ._packed import PACKED, PackedEmbeddingBag, pack
 
-# A table's format: its dtype. The halves serve inference.
+# A table's format: its dtype, or packed rows (`PackedEmbeddingBag`). Only float32
+# tables train; the others serve inference.
 _FORMATS = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -68,7 +70,9 @@ class EmbeddingBagConfig:
     ``feature_names`` are the input keys that read the table (each gives one pooled
     row per example); none means the table's own ``name``. ``pooling`` is ``"sum"``
     (TorchRec's default), ``"mean"`` or ``"max"``, or TorchRec's ``PoolingType``.
-    ``format`` is ``"f32"``, or ``"f16"`` / ``"bf16"`` for a table that serves inference."""
+    ``format`` is ``"f32"``, or for a table that serves inference ``"f16"`` / ``"bf16"``
+    (half rows) or ``"int8"`` / ``"int4"`` / ``"int2"`` (packed rows, a scale and bias a row:
+    `PackedEmbeddingBag`)."""
 
     num_embeddings: int
     embedding_dim: int
@@ -86,9 +90,10 @@ class EmbeddingBagConfig:
                 f"{self.num_embeddings} and {self.embedding_dim}"
             )
         self.pooling = _pooling_name(self.pooling)
-        if self.format not in _FORMATS:
+        if self.format not in _FORMATS and self.format not in PACKED:
             raise ArgumentError(
-                f"table {self.name!r}: format must be one of {', '.join(_FORMATS)}, got {self.format!r}"
+                f"table {self.name!r}: format must be one of {', '.join([*_FORMATS, *PACKED])}, "
+                f"got {self.format!r}"
             )
         self.feature_names = list(self.feature_names) or [self.name]
 
@@ -269,7 +274,9 @@ class EmbeddingBagCollection(nn.Module):
         self._is_weighted = is_weighted
         self.embedding_bags = nn.ModuleDict(
             {
-                t.name: EmbeddingBag(
+                t.name: PackedEmbeddingBag(
+                    t.num_embeddings, t.embedding_dim, t.pooling, t.format, device=device
+                ) if t.format in PACKED else EmbeddingBag(
                     t.num_embeddings, t.embedding_dim, mode=t.pooling, include_last_offset=True,
                     device=device, dtype=_FORMATS[t.format],
                 )
@@ -285,9 +292,12 @@ class EmbeddingBagCollection(nn.Module):
         collection made on the meta device and sharded with the same seed holds."""
         with torch.no_grad():
             for t in self._tables:
-                weight = self.embedding_bags[t.name].weight
-                weight.copy_(draw_rows(t.name, seed, t.num_embeddings, 0, t.num_embeddings,
-                                       t.embedding_dim))
+                rows = draw_rows(t.name, seed, t.num_embeddings, 0, t.num_embeddings, t.embedding_dim)
+                bag = self.embedding_bags[t.name]
+                if t.format in PACKED:
+                    bag.packed = pack(rows, t.format)
+                else:
+                    bag.weight.copy_(rows)
 
     def is_weighted(self) -> bool:
         return self._is_weighted

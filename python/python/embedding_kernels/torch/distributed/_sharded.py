@@ -38,6 +38,7 @@ from .._arrays import _array
 from .._errors import ArgumentError, NotSupportedError
 from .._ops import _bag
 from ._collection import EmbeddingBagCollection, _keyed_tensor, draw_rows
+from ._packed import PACKED, PackedEmbeddingBag, pack
 
 # A table's place in a plan: a rank (table-wise), "row_wise" or "replicated".
 Placement = Union[int, str]
@@ -108,6 +109,13 @@ def _raise_first_bad(tables, records: Tensor) -> None:
             )
 
 
+def _pool_shard(shard, ids: Tensor, offsets: Tensor, weights) -> Tensor:
+    """A shard's bags, in float32 (a half table's widened exactly)."""
+    if isinstance(shard, PackedEmbeddingBag):
+        return shard(ids, offsets, weights)
+    return _bag(shard.weight, ids, offsets, weights, shard.mode, True, None)[0].float()
+
+
 class ShardedEmbeddingBagCollection(nn.Module):
     """An `EmbeddingBagCollection` placed on the ranks of ``process_group`` by ``plan``
     (see the module notes); made by `shard`. It trains through a fused step
@@ -143,7 +151,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self._anchor = torch.zeros((), requires_grad=True)
         self.shards = nn.ModuleDict()
         for table in self._tables:
-            place, full = self.plan[table.name], collection.embedding_bags[table.name].weight
+            place, module = self.plan[table.name], collection.embedding_bags[table.name]
             if place == "row_wise":
                 first, end = _rows_of(self.rank, table.num_embeddings, self.world)
                 mode = "max" if table.pooling == "max" else "sum"
@@ -151,6 +159,18 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 first, end, mode = 0, table.num_embeddings, table.pooling
             else:
                 continue
+            if table.format in PACKED:
+                if module.packed.is_meta:
+                    rows = pack(draw_rows(table.name, seed, table.num_embeddings, first, end,
+                                          table.embedding_dim), table.format)
+                else:
+                    rows = module.packed[first:end].clone()
+                if rows.shape[0] == 0:  # a block past the table's end: no id comes here
+                    rows = pack(torch.zeros(1, table.embedding_dim), table.format)
+                self.shards[table.name] = PackedEmbeddingBag.from_packed(
+                    rows, table.embedding_dim, mode, table.format)
+                continue
+            full = module.weight
             if full.is_meta:
                 # Only this rank's rows are ever allocated.
                 weight = draw_rows(table.name, seed, table.num_embeddings, first, end,
@@ -168,9 +188,19 @@ class ShardedEmbeddingBagCollection(nn.Module):
         rows = [(t, f) for t in self._tables if self.plan[t.name] == "row_wise" for f in t.feature_names]
         return whole + rows
 
+    def _check_trainable(self) -> None:
+        """Only float32 tables train: half and packed tables serve inference."""
+        frozen = [t.name for t in self._tables if t.format != "f32"]
+        if frozen:
+            raise NotSupportedError(
+                f"tables {frozen} are not float32: train in float32, then load the checkpoint "
+                "into a collection of half or packed tables"
+            )
+
     def sgd_in_backward(self, lr: float, weight_decay: float = 0.0):
         """Trains the shards by SGD fused into the backward (`EmbeddingBag.sgd_in_backward`'s
         rule): each owner steps its rows once a backward, with every rank's gradients."""
+        self._check_trainable()
         _check_rates(lr=lr, weight_decay=weight_decay)
         self._step = ("sgd", float(lr), 0.0, float(weight_decay), 0.0)
         return self
@@ -180,6 +210,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
                             eps: float = 1e-10):
         """Trains the shards by Adagrad fused into the backward (`torch.optim.Adagrad`'s
         rule on the touched rows); each shard keeps its own accumulators."""
+        self._check_trainable()
         _check_rates(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
                      initial_accumulator_value=initial_accumulator_value, eps=eps)
         self._step = ("adagrad", float(lr), float(lr_decay), float(weight_decay), float(eps))
@@ -193,6 +224,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
                                     eps: float = 1e-8, initial_accumulator_value: float = 0.0):
         """Trains the shards by row-wise Adagrad fused into the backward (TorchRec's
         ``EXACT_ROWWISE_ADAGRAD``): one accumulator a row, kept with the row's shard."""
+        self._check_trainable()
         _check_rates(lr=lr, weight_decay=weight_decay, eps=eps,
                      initial_accumulator_value=initial_accumulator_value)
         self._step = ("rowwise_adagrad", float(lr), 0.0, float(weight_decay), float(eps))
@@ -329,8 +361,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 w = None if weights_in is None else weights_in[at:at + n]
                 at += n
                 shard = self.shards[table.name]
-                out, _ = _bag(shard.weight, ids, _offsets(lengths), w, shard.mode, True, None)
-                pooled_out.append(out.float().reshape(-1))
+                pooled_out.append(_pool_shard(shard, ids, _offsets(lengths), w).reshape(-1))
                 received.setdefault(table.name, []).append((ids, lengths, w))
 
         # 3. The pooled rows back to where their ids came from.
@@ -352,8 +383,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 if place == "replicated":
                     ids, lengths, w = segments[feature]
                     shard = self.shards[table.name]
-                    out = _bag(shard.weight, ids, _offsets(lengths), w, shard.mode, True, None)[0]
-                    out = out.float()
+                    out = _pool_shard(shard, ids, _offsets(lengths), w)
                     received.setdefault(table.name, []).append((ids, lengths, w))
                 elif place == "row_wise":
                     out = self._combine(table, feature, partial, counts)
