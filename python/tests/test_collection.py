@@ -312,3 +312,25 @@ def test_the_packed_bag_operator_passes_opcheck():
     op = torch.ops.embedding_kernels.packed_embedding_bag.default
     for weights in (None, torch.rand(5)):
         torch.library.opcheck(op, (bag.packed, ids, offsets, weights, "sum", "int4", 8))
+
+
+def test_torchrecs_own_jagged_tensor_goes_in_and_its_keyed_tensor_comes_out():
+    """Where TorchRec is installed (the benchmark's virtualenv; CI has none): its
+    ``KeyedJaggedTensor`` pools as ours does, the result is its ``KeyedTensor``, and the
+    state dict has its ``EmbeddingBagCollection``'s keys and shapes."""
+    torchrec = pytest.importorskip("torchrec")
+    ours = features(3)
+    theirs = torchrec.KeyedJaggedTensor(keys=ours.keys(), values=ours.values(), lengths=ours.lengths())
+    torch.manual_seed(2)
+    collection = EmbeddingBagCollection(TABLES)
+    got, want = collection(theirs), collection(ours)
+    assert isinstance(got, torchrec.KeyedTensor)
+    assert got.keys() == want.keys() and got.length_per_key() == want.length_per_key()
+    assert_bitwise(got.values(), want.values())
+    reference = torchrec.EmbeddingBagCollection(tables=[
+        torchrec.EmbeddingBagConfig(num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
+                                    name=t.name, feature_names=t.feature_names)
+        for t in TABLES
+    ], device=torch.device("meta"))
+    shapes = {k: tuple(v.shape) for k, v in collection.state_dict().items()}
+    assert shapes == {k: tuple(v.shape) for k, v in reference.state_dict().items()}

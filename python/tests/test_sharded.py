@@ -69,6 +69,8 @@ def worker(rank, world, port, plan_names, out_dir):
                 # Ranks feed batches of their own, some bags empty.
                 for step in range(3):
                     results[(plan_name, step)] = sharded(features(100 * rank + step)).values()
+                # The same batch again: the same bits (no order depends on the schedule).
+                results[(plan_name, "again")] = sharded(features(100 * rank)).values()
                 if plan_name == "mixed":
                     # A compiled model around it: the exchanges run between its graphs.
                     model = torch.compile(lambda kjt: torch.relu(sharded(kjt).values()) * 2)
@@ -126,6 +128,7 @@ def test_sharded_forward_matches_one_process(tmp_path, world):
                             off = cols.start - start[table.name]
                             scale = bounds[(rank, step)][table.name][:, off:off + table.embedding_dim]
                             assert_within_sum_bound(ours, theirs, scale, 4 + world)
+            assert_bitwise(results[rank][(plan_name, "again")], results[rank][(plan_name, 0)])
             if plan_name == "mixed":
                 want = torch.relu(results[rank][(plan_name, 0)]) * 2
                 assert_bitwise(results[rank]["compiled"], want)
