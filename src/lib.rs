@@ -186,8 +186,8 @@ pub use kernels::{
     embed_positions_backward, embed_positions_backward_with, embed_positions_with, gather,
     gather_half, gather_half_with, gather_scaled, gather_scaled_with, gather_with, scatter_add,
     scatter_add_scaled, scatter_add_scaled_with, scatter_add_with, sparse_backward,
-    sparse_backward_with, sparse_step, sparse_step_with, table_bag_forward, table_bag_forward_with,
-    table_gather, table_gather_with,
+    sparse_backward_with, sparse_step, sparse_step_with, table_bag_forward,
+    table_bag_forward_strided_with, table_bag_forward_with, table_gather, table_gather_with,
 };
 pub use optim::{Adagrad, AdagradOn, RowWiseAdagrad, RowWiseAdagradOn, Sgd, SparseOptimizer};
 pub use parallel::Parallelism;

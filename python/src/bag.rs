@@ -13,7 +13,7 @@ use crate::openmp;
 use embedding_kernels::formats::TableRef;
 use embedding_kernels::{
     Bags, Mode, Pooling, bag_backward_with, bag_max_backward_with, bag_sparse_backward_with,
-    table_bag_forward_with,
+    table_bag_forward_strided_with, table_bag_forward_with,
 };
 use numpy::{PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -182,6 +182,67 @@ pub(crate) fn forward_on<'py>(
         })?;
     }
     Ok((out, max_indices))
+}
+
+/// [`forward_on`] into columns `column..column + dim` of the caller's
+/// float32 `out` `[num_bags, width]` (C-contiguous), the other columns left
+/// as they are: how a collection writes each table's bags into its
+/// `[batch, Σ dims]` output without a copy. Returns `max_indices` in max
+/// mode (`[num_bags, dim]`), else `None`.
+pub(crate) fn forward_columns<'py>(
+    py: Python<'py>,
+    table: TableRef<'_>,
+    rows: usize,
+    args: BagArgs<'_, 'py>,
+    out: &Bound<'py, PyAny>,
+    column: usize,
+) -> PyResult<Option<Bound<'py, PyArrayDyn<i64>>>> {
+    let ids = Ids::extract(args.ids, "ids")?;
+    let bags = bags(&ids, args.offsets, args.include_last_offset)?;
+    let mode = self::mode(args.mode)?;
+    let weights = sample_weights(args.per_sample_weights, &ids)?;
+    let padding_idx = padding(args.padding_idx, rows)?;
+    let dim = table.dim();
+    let (out, num_bags, width) = crate::convert::output_columns(out)?;
+    if num_bags != bags.len() || column.checked_add(dim).is_none_or(|end| end > width) {
+        return Err(invalid(format!(
+            "out has shape [{num_bags}, {width}]: it must have {} rows and room for {dim} \
+             columns from column {column}",
+            bags.len()
+        )));
+    }
+    let shape = [bags.len(), dim];
+    let max_indices = (mode == Mode::Max).then(|| PyArrayDyn::<i64>::zeros(py, &shape[..], false));
+    {
+        let mut guard = writable(&out, "out")?;
+        let all = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
+        // From the first bag's first column to the last bag's last: the
+        // rows `width` apart.
+        let dst = match bags.len() {
+            0 => &mut all[..0],
+            n => &mut all[column..column + (n - 1) * width + dim],
+        };
+        let mut max_guard = max_indices.as_ref().map(|m| m.readwrite());
+        let max_dst: &mut [i64] = match max_guard.as_mut() {
+            Some(m) => m.as_slice_mut().map_err(|e| invalid(e.to_string()))?,
+            None => &mut [],
+        };
+        let sample_weights = weights.as_ref().map(slice);
+        let pooling = Pooling {
+            mode,
+            per_sample_weights: sample_weights,
+            padding_idx,
+            scale_grad_by_freq: false,
+        };
+        let ids = ids.slice();
+        let bytes = rows_bytes(bags.len(), dim).max(rows_bytes(ids.len(), dim));
+        openmp::run(py, bytes, |par| {
+            with_ids!(ids, |i| table_bag_forward_strided_with(
+                par, table, i, &bags, &pooling, dst, width, max_dst
+            ))
+        })?;
+    }
+    Ok(max_indices)
 }
 
 /// The dense gradient of [`embedding_bag`]: float32 `[num_embeddings,

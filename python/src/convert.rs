@@ -280,6 +280,21 @@ pub(crate) fn output<'py>(
     Ok(typed)
 }
 
+/// `obj` as a caller's 2-D output to write columns of: a C-contiguous
+/// float32 array, and its shape.
+pub(crate) fn output_columns<'py>(
+    obj: &Bound<'py, PyAny>,
+) -> PyResult<(Bound<'py, PyArrayDyn<f32>>, usize, usize)> {
+    let typed = typed::<f32>(obj, "out", "float32")?;
+    contiguous(typed.as_untyped(), "out")?;
+    match *typed.shape() {
+        [rows, width] => Ok((typed, rows, width)),
+        ref shape => Err(invalid(format!(
+            "out must be 2-D [bags, width], got shape {shape:?}"
+        ))),
+    }
+}
+
 /// `obj` as a table to update in place: a C-contiguous float32 array of
 /// shape `[num_embeddings, embedding_dim]` with `embedding_dim` not 0.
 /// Returns it and its two sizes; [`writable`] borrows it.

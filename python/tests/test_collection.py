@@ -121,6 +121,8 @@ def test_bad_input_is_refused_with_the_table_named():
     bad = KeyedJaggedTensor(kjt.keys(), values, offsets=kjt.offsets())
     with pytest.raises(IndexError, match="table 'tag'"):
         collection(bad)
+    with torch.no_grad(), pytest.raises(IndexError, match="table 'tag'"):  # inference's path
+        collection(bad)
     with pytest.raises(ekt.ArgumentError, match="feature 'tag' of table 'tag' is not among"):
         collection(features(1, keys=["seen", "user_id", "item_id"]))
     with pytest.raises(ekt.ArgumentError, match="sum pooling"):
@@ -334,3 +336,69 @@ def test_torchrecs_own_jagged_tensor_goes_in_and_its_keyed_tensor_comes_out():
     ], device=torch.device("meta"))
     shapes = {k: tuple(v.shape) for k, v in collection.state_dict().items()}
     assert shapes == {k: tuple(v.shape) for k, v in reference.state_dict().items()}
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_inference_writes_each_feature_into_its_columns(packed, weighted):
+    """Inference (no gradient wanted) writes each feature's bags straight into its
+    columns of the output: the bits of the training path, which pools a table's
+    features in one call and concatenates; empty batches too."""
+    if weighted:
+        tables = [EmbeddingBagConfig(t.num_embeddings, t.embedding_dim, t.name, t.feature_names,
+                                     format=t.format) for t in (PACKED_TABLES if packed else TABLES)]
+    else:
+        tables = PACKED_TABLES if packed else TABLES
+    torch.manual_seed(4)
+    collection = EmbeddingBagCollection(tables, is_weighted=weighted)
+    for seed, batch in [(0, 5), (1, 7), (2, 0)]:
+        kjt = features(seed, batch=batch, weighted=weighted)
+        with torch.no_grad():
+            got = collection(kjt)
+        # The training path for float32 tables (they require grad); packed ones, which
+        # nothing trains, pooled feature by feature and concatenated.
+        want = collection(kjt).values() if not packed else _pooled_apart(collection, kjt)
+        assert got.keys() == [f for t in tables for f in t.feature_names]
+        assert_bitwise(got.values(), want.detach())
+
+
+def _pooled_apart(collection, kjt):
+    """Each feature pooled by its table's module, the pooled rows concatenated."""
+    outs, batch = [], kjt.stride()
+    weights = kjt.weights_or_none() if collection.is_weighted() else None
+    for table in collection.embedding_bag_configs():
+        for feature in table.feature_names:
+            k = kjt.keys().index(feature)
+            bounds = kjt.offsets()[k * batch:(k + 1) * batch + 1]
+            first, last = int(bounds[0]), int(bounds[-1])
+            w = None if weights is None else weights[first:last]
+            outs.append(collection.embedding_bags[table.name](kjt.values()[first:last], bounds - first, w))
+    return torch.cat(outs, dim=1)
+
+
+def test_the_columns_kernel_checks_its_output_first():
+    """``_native.table_embedding_bag_columns``: an output of the wrong shape, dtype or
+    layout, or without room for the columns, is refused with nothing written."""
+    import numpy as np
+
+    from embedding_kernels import _native
+
+    table = np.arange(24, dtype=np.float32).reshape(6, 4)
+    ids, offsets = np.array([1, 5, 0]), np.array([0, 2, 3])
+    good = np.full((2, 10), -7.0, dtype=np.float32)
+    _native.table_embedding_bag_columns(table, ids, offsets, good, 6, "sum", None, True)
+    assert np.array_equal(good[:, 6:], np.stack([table[1] + table[5], table[0]]))
+    assert (good[:, :6] == -7.0).all()
+    for out, column in [
+        (np.full((3, 10), -7.0, dtype=np.float32), 0),  # a row too many
+        (np.full((2, 10), -7.0, dtype=np.float32), 7),  # no room for 4 columns
+        (np.full((2, 10), -7.0, dtype=np.float64), 0),
+        (np.full((10, 2), -7.0, dtype=np.float32).T, 0),
+        (np.full((20,), -7.0, dtype=np.float32), 0),
+    ]:
+        with pytest.raises(ValueError):
+            _native.table_embedding_bag_columns(table, ids, offsets, out, column, "sum", None, True)
+        assert (out == -7.0).all()
+    with pytest.raises(IndexError):
+        _native.table_embedding_bag_columns(table, np.array([1, 6, 0]), offsets, good, 0, "sum", None, True)
+    assert (good[:, :6] == -7.0).all()

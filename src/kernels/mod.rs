@@ -27,7 +27,8 @@ mod written;
 pub use bag::{
     bag_backward, bag_backward_with, bag_forward, bag_forward_with, bag_max_backward,
     bag_max_backward_with, bag_sparse_backward, bag_sparse_backward_with, bag_sparse_step,
-    bag_sparse_step_with, table_bag_forward, table_bag_forward_with,
+    bag_sparse_step_with, table_bag_forward, table_bag_forward_strided_with,
+    table_bag_forward_with,
 };
 pub use gather::{gather, gather_scaled, gather_scaled_with, gather_with};
 pub use grouped::{

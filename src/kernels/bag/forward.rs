@@ -42,11 +42,15 @@ pub(crate) fn forward_valid(
     let table = F32Rows { table, dim };
     each_row_type!(ids, |ids| {
         let ids = CallIds::Checked(ids);
-        forward_into(isa, par, table, ids, bags, pooling, out, max_indices);
+        forward_into(isa, par, table, ids, bags, pooling, out, dim, max_indices);
     })
 }
 
-/// [`forward_valid`] on a table of any format.
+/// [`forward_valid`] on a table of any format, bag `b`'s row at
+/// `out[b * stride..][..dim]` (`stride >= dim`; the values between rows are
+/// left as they are).
+// `forward_valid`'s arguments, and the rows' stride.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn forward_table(
     par: Parallelism,
     table: &TableRef<'_>,
@@ -54,6 +58,7 @@ pub(crate) fn forward_table(
     bags: &Bags,
     pooling: &Pooling<'_>,
     out: &mut [f32],
+    stride: usize,
     max_indices: &mut [i64],
 ) {
     let isa = Isa::detect();
@@ -65,6 +70,7 @@ pub(crate) fn forward_table(
             bags,
             pooling,
             out,
+            stride,
             max_indices,
         };
         dispatch(table, op)
@@ -176,7 +182,17 @@ pub(crate) fn forward_fresh<I: RowId, T: RowFormat>(
         CallIds::Checked(_) => fresh?,
     };
     let len = fresh.len();
-    if forward_on(isa, par, table, ids, bags, pooling, fresh, max_indices) {
+    if forward_on(
+        isa,
+        par,
+        table,
+        ids,
+        bags,
+        pooling,
+        fresh,
+        table.dim(),
+        max_indices,
+    ) {
         // SAFETY: `forward_on` returned `true`, so it wrote all of
         // `spare_capacity_mut()[..len]`: with `dim == 0` or no bags `len` is
         // 0; otherwise its tasks split `fresh` into runs of whole bags and,
@@ -219,6 +235,8 @@ pub(super) struct Forward<'a, 'i, I: RowId> {
     pub(super) bags: &'a Bags,
     pub(super) pooling: &'a Pooling<'a>,
     pub(super) out: &'a mut [f32],
+    /// How far apart the bags' rows are in `out`, in values.
+    pub(super) stride: usize,
     pub(super) max_indices: &'a mut [i64],
 }
 
@@ -261,10 +279,21 @@ impl<I: RowId> OnRows for Forward<'_, '_, I> {
             bags,
             pooling,
             out,
+            stride,
             max_indices,
         } = self;
         let ids = CallIds::Checked(ids);
-        forward_into(isa, par, table, ids, bags, pooling, out, max_indices);
+        forward_into(
+            isa,
+            par,
+            table,
+            ids,
+            bags,
+            pooling,
+            out,
+            stride,
+            max_indices,
+        );
     }
 }
 
@@ -283,6 +312,7 @@ pub(super) fn forward_into<I: RowId, T: RowFormat>(
     bags: &Bags,
     pooling: &Pooling<'_>,
     out: &mut [f32],
+    stride: usize,
     max_indices: &mut [i64],
 ) -> bool {
     let len = out.len();
@@ -300,7 +330,17 @@ pub(super) fn forward_into<I: RowId, T: RowFormat>(
     let slots = unsafe {
         core::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<MaybeUninit<f32>>(), len)
     };
-    forward_on(isa, par, table, ids, bags, pooling, slots, max_indices)
+    forward_on(
+        isa,
+        par,
+        table,
+        ids,
+        bags,
+        pooling,
+        slots,
+        stride,
+        max_indices,
+    )
 }
 
 /// [`forward_valid`] on a chosen instruction set and table format; the
@@ -308,7 +348,9 @@ pub(super) fn forward_into<I: RowId, T: RowFormat>(
 /// ids were [`CallIds::InTasks`] and a task found one that is not a row
 /// (that task, and those that started after, wrote nothing; others may have
 /// written theirs). With [`CallIds::InTasks`] the ids outside every bag are
-/// not checked here.
+/// not checked here. Bag `b`'s row is `out[b * stride..][..dim]`: `out`
+/// holds `(bags - 1) * stride + dim` values (`bags * dim` for rows side by
+/// side); `max_indices`, in max mode, `bags * dim` whatever the stride.
 #[allow(clippy::too_many_arguments)]
 fn forward_on<I: RowId, T: RowFormat, S: Slot>(
     isa: Isa,
@@ -318,6 +360,7 @@ fn forward_on<I: RowId, T: RowFormat, S: Slot>(
     bags: &Bags,
     pooling: &Pooling<'_>,
     out: &mut [S],
+    stride: usize,
     max_indices: &mut [i64],
 ) -> bool {
     let is_max = pooling.mode == Mode::Max;
@@ -346,7 +389,7 @@ fn forward_on<I: RowId, T: RowFormat, S: Slot>(
                 // The positions the task reads: its bags' and the rows
                 // hinted `ahead` after them (up to the call's last).
                 let first = bags.starts()[first_bag];
-                let end = bags.starts()[first_bag + out.len() / dim];
+                let end = bags.starts()[first_bag + (out.len() + stride - dim) / stride];
                 let window = first..limit.min(end.saturating_add(ahead));
                 match IdsWindow::check(ids, window, num_embeddings) {
                     Some(valid) => valid,
@@ -369,6 +412,7 @@ fn forward_on<I: RowId, T: RowFormat, S: Slot>(
             hints,
         };
         let (first, args) = (first_bag, max_indices);
+        let out = (out, stride);
         match rows.ids.by_row() {
             ByRow::U32(ids) => run_task(isa, rows.with(ids), bags, pooling, first, out, args),
             ByRow::U64(ids) => run_task(isa, rows.with(ids), bags, pooling, first, out, args),
@@ -386,12 +430,17 @@ fn forward_on<I: RowId, T: RowFormat, S: Slot>(
     };
     let work = count.saturating_mul(dim).saturating_mul(4);
     let plan = par.plan_sized(table.bytes().min(work), work, PARALLEL_MIN_BYTES);
-    let bags_per_task = bags_per_task(plan, out.len() / dim, dim, work);
-    let chunk = bags_per_task * dim;
+    let bags_per_task = bags_per_task(plan, bags.len(), dim, work);
+    // Runs of whole bags: a run's last row ends at its `dim`-th value, the
+    // next run starts at its first bag's row.
+    let (chunk, indices_chunk) = (bags_per_task * stride, bags_per_task * dim);
     if is_max {
-        for_each_chunk_pair(plan, (out, chunk), (max_indices, chunk), |k, o, m| {
-            task(k * bags_per_task, o, m)
-        });
+        for_each_chunk_pair(
+            plan,
+            (out, chunk),
+            (max_indices, indices_chunk),
+            |k, o, m| task(k * bags_per_task, o, m),
+        );
     } else {
         for_each_chunk(plan, out, chunk, |k, o| task(k * bags_per_task, o, &mut []));
     }
@@ -408,7 +457,7 @@ fn run_task<I: RowId, T: RowFormat, S: Slot>(
     bags: &Bags,
     pooling: &Pooling<'_>,
     first_bag: usize,
-    out: &mut [S],
+    (out, stride): (&mut [S], usize),
     max_indices: &mut [i64],
 ) {
     let task = BagTask {
@@ -417,6 +466,7 @@ fn run_task<I: RowId, T: RowFormat, S: Slot>(
         pooling,
         first_bag,
         out,
+        stride,
         max_indices,
     };
     run_rows::<I, _>(isa, task);
@@ -601,13 +651,14 @@ enum Hints {
 }
 
 /// One task of the forward: the bags from `first_bag` whose rows `out` (and
-/// `max_indices`, for max) hold.
+/// `max_indices`, for max) hold, `stride` values apart in `out`.
 struct BagTask<'a, 'i, I: RowId, T, S> {
     rows: Rows<'i, I, T>,
     bags: &'a Bags,
     pooling: &'a Pooling<'a>,
     first_bag: usize,
     out: &'a mut [S],
+    stride: usize,
     max_indices: &'a mut [i64],
 }
 
@@ -622,6 +673,7 @@ impl<I: RowId, T: RowFormat, S: Slot> Body for BagTask<'_, '_, I, T, S> {
             pooling,
             first_bag,
             out,
+            stride,
             max_indices,
         } = self;
         let dim = rows.dim;
@@ -644,11 +696,11 @@ impl<I: RowId, T: RowFormat, S: Slot> Body for BagTask<'_, '_, I, T, S> {
             limit,
         };
         if matches!(pooling.mode, Mode::Sum | Mode::Mean) && sum::one_block::<V, T>(dim) {
-            sum::pool_each::<V, I, T, S>(terms, bags, first_bag, out);
+            sum::pool_each::<V, I, T, S>(terms, bags, first_bag, out, stride);
             return;
         }
-        for (k, dst) in out.chunks_exact_mut(dim).enumerate() {
-            let bag = bags.range(first_bag + k);
+        for (k, row) in out.chunks_mut(stride).enumerate() {
+            let (dst, bag) = (&mut row[..dim], bags.range(first_bag + k));
             match pooling.mode {
                 Mode::Sum | Mode::Mean => sum::pool::<V, I, T, S>(terms, bag, dst),
                 Mode::Max => {

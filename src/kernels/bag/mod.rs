@@ -479,7 +479,83 @@ pub fn table_bag_forward_with<I: Index>(
     in_pool(check_splits(par, ids), || {
         let (rows, dim) = (table.rows(), table.dim());
         let ids = check_forward_rows(par, rows, dim, ids, bags, pooling, out, max_indices)?;
-        forward::forward_table(par, &table, ids.by_row(), bags, pooling, out, max_indices);
+        forward::forward_table(
+            par,
+            &table,
+            ids.by_row(),
+            bags,
+            pooling,
+            out,
+            dim,
+            max_indices,
+        );
+        Ok(())
+    })
+}
+
+/// [`table_bag_forward_with`] into rows `out_stride` values apart: bag `b`'s
+/// row is `out[b * out_stride..][..dim]`, and the values between rows keep
+/// theirs. So a bag call writes its columns of a wider output in place (a
+/// collection's `[batch, Σ dims]`, each table a block of columns), without
+/// a copy afterwards. `out` holds `(bags - 1) * out_stride + dim` values
+/// (none without bags); `max_indices`, in max mode, `bags × dim`, side by side.
+///
+/// # Errors
+/// As [`table_bag_forward_with`], with `out`'s length as above;
+/// [`EmbeddingError::InvalidArgument`] for `out_stride < dim`. Then nothing is
+/// written.
+// `table_bag_forward_with`'s arguments, and the stride.
+#[allow(clippy::too_many_arguments)]
+pub fn table_bag_forward_strided_with<I: Index>(
+    par: Parallelism,
+    table: TableRef<'_>,
+    ids: &[I],
+    bags: &Bags,
+    pooling: &Pooling<'_>,
+    out: &mut [f32],
+    out_stride: usize,
+    max_indices: &mut [i64],
+) -> Result<(), EmbeddingError> {
+    in_pool(check_splits(par, ids), || {
+        let (rows, dim) = (table.rows(), table.dim());
+        if out_stride < dim {
+            return Err(EmbeddingError::InvalidArgument {
+                name: "out_stride",
+                value: out_stride.to_string(),
+                requirement: "at least embedding_dim",
+            });
+        }
+        check_pooling(rows, ids, bags, pooling)?;
+        let out_len = match bags.len() {
+            0 => 0,
+            n => rows_len(n - 1, out_stride)?.checked_add(dim).ok_or(
+                EmbeddingError::SizeOverflow {
+                    count: n,
+                    dim: out_stride,
+                },
+            )?,
+        };
+        check_len(Operand::Output, out_len, out.len())?;
+        if pooling.mode == Mode::Max {
+            check_len(
+                Operand::MaxIndices,
+                rows_len(bags.len(), dim)?,
+                max_indices.len(),
+            )?;
+            check_max_bag_lengths(bags)?;
+        }
+        let ids = ValidIds::new_with(par, ids, rows)?;
+        let ids = ids.by_row();
+        forward::forward_table(
+            par,
+            &table,
+            ids,
+            bags,
+            pooling,
+            out,
+            out_stride,
+            max_indices,
+        );
         Ok(())
     })
 }

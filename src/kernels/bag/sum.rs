@@ -82,12 +82,14 @@ pub(super) fn pool_each<V: Lanes, I: RowId, T: RowFormat, S: Slot>(
     bags: &Bags,
     first_bag: usize,
     out: &mut [S],
+    stride: usize,
 ) {
     let mut each = EachBag {
         terms,
         bags,
         first_bag,
         out,
+        stride,
     };
     each_block::<V, _>(terms.rows.dim, widest::<V, T>(terms.rows.dim), &mut each);
 }
@@ -98,6 +100,8 @@ struct EachBag<'r, 'i, I: RowId, T, S> {
     bags: &'r Bags,
     first_bag: usize,
     out: &'r mut [S],
+    /// How far apart the bags' rows are in `out`.
+    stride: usize,
 }
 
 impl<I: RowId, T: RowFormat, S: Slot> BlockBody for EachBag<'_, '_, I, T, S> {
@@ -108,11 +112,12 @@ impl<I: RowId, T: RowFormat, S: Slot> BlockBody for EachBag<'_, '_, I, T, S> {
     // Inlined into its block wrapper, as `Sum::block`.
     #[inline(always)]
     fn block<V: Lanes, const N: usize>(&mut self, cols: Cols<N>) -> usize {
-        for (k, dst) in self.out.chunks_exact_mut(self.terms.rows.dim).enumerate() {
+        let dim = self.terms.rows.dim;
+        for (k, row) in self.out.chunks_mut(self.stride).enumerate() {
             let mut sum = Sum::<_, _, _, true> {
                 terms: self.terms,
                 bag: self.bags.range(self.first_bag + k),
-                dst,
+                dst: &mut row[..dim],
             };
             if sum.block::<V, N>(cols) == 0 {
                 S::zero(sum.dst);

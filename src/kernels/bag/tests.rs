@@ -43,7 +43,8 @@ fn forward_both<T: RowFormat>(
 ) {
     out.fill(f32::from_bits(UNWRITTEN));
     let checked = CallIds::Checked(ids);
-    let all = forward_into(isa, par, table, checked, bags, pooling, out, at);
+    let dim = table.dim();
+    let all = forward_into(isa, par, table, checked, bags, pooling, out, dim, at);
     assert!(all, "a task stopped on checked ids ({isa:?} {par:?})");
     let bits: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
     assert!(
@@ -64,6 +65,7 @@ fn forward_both<T: RowFormat>(
         bags,
         pooling,
         &mut fresh,
+        dim,
         &mut fresh_at,
     );
     assert!(all, "a task stopped on good ids (in tasks {isa:?} {par:?})");
@@ -75,6 +77,51 @@ fn forward_both<T: RowFormat>(
     assert_eq!(
         fresh_at, at,
         "the winners differ with the ids checked in tasks ({isa:?} {par:?})"
+    );
+    // Rows `dim + 3` values apart (a column block of a wider output): the
+    // same rows, and the values between them left as they were.
+    let stride = dim + 3;
+    let rows = bags.len();
+    let mut apart = unwritten(if rows == 0 {
+        0
+    } else {
+        (rows - 1) * stride + dim
+    });
+    let mut apart_at = vec![-9; at.len()];
+    let in_tasks = CallIds::InTasks {
+        ids: UncheckedIds::of(ids.as_slice()),
+        num_embeddings: ids.num_embeddings(),
+    };
+    let all = forward_into(
+        isa,
+        par,
+        table,
+        in_tasks,
+        bags,
+        pooling,
+        &mut apart,
+        stride,
+        &mut apart_at,
+    );
+    assert!(
+        all,
+        "a task stopped on good ids (rows apart {isa:?} {par:?})"
+    );
+    for (k, row) in apart.chunks(stride).enumerate() {
+        let got: Vec<u32> = row[..dim].iter().map(|v| v.to_bits()).collect();
+        assert_eq!(
+            got,
+            bits[k * dim..(k + 1) * dim],
+            "bag {k}, rows apart ({isa:?} {par:?})"
+        );
+        assert!(
+            row[dim..].iter().all(|v| v.to_bits() == UNWRITTEN),
+            "a value between rows written ({isa:?} {par:?})"
+        );
+    }
+    assert_eq!(
+        apart_at, at,
+        "the winners differ with rows apart ({isa:?} {par:?})"
     );
 }
 
@@ -585,6 +632,7 @@ impl InTasksCase {
                             bags,
                             &pooling,
                             &mut want,
+                            dim,
                             &mut want_at,
                         )
                     });
@@ -651,8 +699,12 @@ impl InTasksCase {
             .num_threads(2)
             .build()
             .unwrap();
-        let all = pool
-            .install(|| forward_into(isa, par, table, call_ids, bags, pooling, &mut out, &mut at));
+        let all = pool.install(|| {
+            let dim = table.dim();
+            forward_into(
+                isa, par, table, call_ids, bags, pooling, &mut out, dim, &mut at,
+            )
+        });
         assert!(!all, "bad id at {position}");
         // The bag of the position (the last whose start is at or before
         // it), and the run of bags its task wrote.
@@ -668,5 +720,93 @@ impl InTasksCase {
             run.iter().all(|v| v.to_bits() == UNWRITTEN),
             "bags {first}..{end} written around a bad id at {position} (bag {bag})"
         );
+    }
+}
+
+/// The strided entry point's checks come before anything is written: a
+/// stride below the rows' width, an output of the wrong length and a bad id
+/// each leave `out` as it was; a good call writes each bag's row where
+/// `table_bag_forward_with` puts it, `stride` apart.
+#[test]
+fn rows_apart_are_checked_first_and_land_apart() {
+    let (rows, dim, stride) = (6, 4, 7);
+    let values: Vec<f32> = (0..rows * dim).map(|i| i as f32 * 0.5 - 3.0).collect();
+    let table = TableRef::f32(&values, dim).unwrap();
+    let bags = Bags::from_offsets(&[0usize, 2, 2, 5], 5, true).unwrap();
+    let ids = [1usize, 5, 0, 3, 3];
+    for mode in [Mode::Sum, Mode::Mean, Mode::Max] {
+        let pooling = Pooling {
+            mode,
+            ..Pooling::default()
+        };
+        let indices_len = if mode == Mode::Max { 3 * dim } else { 0 };
+        let (mut want, mut want_at) = (vec![0.0; 3 * dim], vec![0; indices_len]);
+        let par = Parallelism::Serial;
+        table_bag_forward_with(par, table, &ids, &bags, &pooling, &mut want, &mut want_at).unwrap();
+        let fresh = || vec![f32::from_bits(UNWRITTEN); 2 * stride + dim];
+        let untouched = |out: &[f32]| out.iter().all(|v| v.to_bits() == UNWRITTEN);
+        let mut at = vec![-9; indices_len];
+
+        let mut out = fresh();
+        let narrow = table_bag_forward_strided_with(
+            par,
+            table,
+            &ids,
+            &bags,
+            &pooling,
+            &mut out,
+            dim - 1,
+            &mut at,
+        );
+        assert!(matches!(
+            narrow,
+            Err(EmbeddingError::InvalidArgument {
+                name: "out_stride",
+                ..
+            })
+        ));
+        assert!(untouched(&out));
+        let mut short = vec![f32::from_bits(UNWRITTEN); 2 * stride + dim - 1];
+        let wrong = table_bag_forward_strided_with(
+            par, table, &ids, &bags, &pooling, &mut short, stride, &mut at,
+        );
+        assert!(
+            matches!(wrong, Err(EmbeddingError::LengthMismatch { .. })),
+            "{wrong:?}"
+        );
+        assert!(untouched(&short));
+        let bad = [1usize, 5, 0, 3, 6];
+        let bad = table_bag_forward_strided_with(
+            par, table, &bad, &bags, &pooling, &mut out, stride, &mut at,
+        );
+        assert!(
+            matches!(
+                bad,
+                Err(EmbeddingError::IndexOutOfRange { position: 4, .. })
+            ),
+            "{bad:?}"
+        );
+        assert!(untouched(&out));
+
+        table_bag_forward_strided_with(
+            par, table, &ids, &bags, &pooling, &mut out, stride, &mut at,
+        )
+        .unwrap();
+        for b in 0..3 {
+            let row = &out[b * stride..];
+            let got: Vec<u32> = row[..dim].iter().map(|v| v.to_bits()).collect();
+            let expected: Vec<u32> = want[b * dim..(b + 1) * dim]
+                .iter()
+                .map(|v| v.to_bits())
+                .collect();
+            assert_eq!(got, expected, "{mode:?} bag {b}");
+            if b < 2 {
+                assert!(
+                    untouched(&row[dim..stride]),
+                    "{mode:?}: a value between rows written"
+                );
+            }
+        }
+        assert_eq!(at, want_at);
     }
 }

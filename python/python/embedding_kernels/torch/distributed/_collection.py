@@ -20,7 +20,9 @@ from typing import Dict, List, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
+from ... import _native
 from .. import EmbeddingBag
+from .._arrays import _array
 from .._errors import ArgumentError
 from .._ops import _direct, _operator
 from ._packed import PACKED, PackedEmbeddingBag, pack
@@ -272,6 +274,10 @@ class EmbeddingBagCollection(nn.Module):
             raise ArgumentError("weighted features need sum pooling in every table")
         self._tables = list(tables)
         self._is_weighted = is_weighted
+        # Whether inference may write each table's bags into its columns of the output
+        # (`_pool_into_columns`): float32 and packed tables pool into float32; a half
+        # table's bags are rounded to its dtype first.
+        self._columns_ok = all(t.format == "f32" or t.format in PACKED for t in tables)
         self.embedding_bags = nn.ModuleDict(
             {
                 t.name: PackedEmbeddingBag(
@@ -302,6 +308,43 @@ class EmbeddingBagCollection(nn.Module):
     def is_weighted(self) -> bool:
         return self._is_weighted
 
+    def _trains(self) -> bool:
+        return any(p.requires_grad for p in self.parameters())
+
+    def _pool_into_columns(self, keys, index, batch, offsets, values, weights, starts):
+        """Inference in eager mode: each feature's bags written by the crate straight
+        into its columns of the ``[batch, Σ dims]`` output, instead of pooled apart
+        and concatenated (a copy of the whole output). The same bits."""
+        out_keys, dims = [], []
+        for table in self._tables:
+            for feature in table.feature_names:
+                if feature not in index:
+                    raise ArgumentError(f"feature {feature!r} of table {table.name!r} is not among the keys {keys}")
+                out_keys.append(feature)
+                dims.append(table.embedding_dim)
+        result = torch.empty((batch, sum(dims)), dtype=torch.float32)
+        out, column = result.numpy(), 0
+        for table in self._tables:
+            bag = self.embedding_bags[table.name]
+            if isinstance(bag, PackedEmbeddingBag):
+                rows, format = _array(bag.packed), table.format
+            else:
+                rows, format = _array(bag.weight), None
+            for feature in table.feature_names:
+                k = index[feature]
+                first, last = starts[k], starts[k + 1]
+                bounds = offsets[k * batch:(k + 1) * batch + 1] - first
+                w = None if weights is None else _array(weights[first:last])
+                try:
+                    _native.table_embedding_bag_columns(
+                        rows, _array(values[first:last]), _array(bounds), out, column, table.pooling,
+                        w, True, None, format, table.embedding_dim,
+                    )
+                except IndexError as e:
+                    raise IndexError(f"table {table.name!r} (features {table.feature_names}): {e}") from None
+                column += table.embedding_dim
+        return _keyed_tensor(out_keys, dims, result)
+
     def forward(self, features) -> "KeyedTensor":
         keys = list(features.keys())
         index = {key: k for k, key in enumerate(keys)}
@@ -316,6 +359,8 @@ class EmbeddingBagCollection(nn.Module):
         direct = _direct()
         if direct:
             starts = offsets[::batch].tolist() if batch > 0 else [0] * (len(keys) + 1)
+            if self._columns_ok and not (torch.is_grad_enabled() and self._trains()):
+                return self._pool_into_columns(keys, index, batch, offsets, values, weights, starts)
         pooled, out_keys, dims = [], [], []
         for table in self._tables:
             # A table's features pooled in one call (their bags one after the other), so
@@ -337,5 +382,6 @@ class EmbeddingBagCollection(nn.Module):
                 out = self.embedding_bags[table.name](ids, bag_offsets, sample_weights)
             except IndexError as e:
                 raise IndexError(f"table {table.name!r} (features {table.feature_names}): {e}") from None
-            pooled.extend(out.split(batch))
+            # One block of rows a feature (an empty batch too, where `split` would give one).
+            pooled.extend(out.reshape(len(ks), batch, table.embedding_dim).unbind(0))
         return _keyed_tensor(out_keys, dims, torch.cat(pooled, dim=1))
