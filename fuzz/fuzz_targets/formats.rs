@@ -30,7 +30,9 @@
 //!   mode `reference::packed_bag_sum` (over the ids that are not
 //!   `padding_idx`), in mean mode that sum divided by the kept count, in max
 //!   mode the first largest decoded value of each column and its id (0.0
-//!   and -1 for an empty bag);
+//!   and -1 for an empty bag); and `table_bag_forward_strided_with`, rows
+//!   1 to 4 values wider than a row apart: the same result, the same rows,
+//!   the values between them untouched;
 //! * `RowWise::dequantize(_with)`: the predicted result and the table
 //!   decoded by hand;
 //! * `RowWise::prepack(_with)` and `OwnedTable::from_f32` on arbitrary `f32`

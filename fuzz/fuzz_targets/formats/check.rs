@@ -9,8 +9,8 @@ use case::{Case, Cut, Table, faulty};
 use embedding_kernels::formats::{Format, OwnedTable, PackedTable, RowWise, TableRef};
 use embedding_kernels::{
     Bags, EmbeddingError, Half, Mode, Operand, Parallelism, Pooling, bag_forward_with, gather_half,
-    gather_half_with, reference, table_bag_forward, table_bag_forward_with, table_gather,
-    table_gather_with,
+    gather_half_with, reference, table_bag_forward, table_bag_forward_strided_with,
+    table_bag_forward_with, table_gather, table_gather_with,
 };
 use embedding_kernels_fuzz::{Id, assert_bits_as, one_nan, pool};
 use half::{bf16, f16};
@@ -372,6 +372,64 @@ impl Case {
                 );
             }
         }
+        let apart = (expected, &want[..], nans);
+        self.check_bags_apart(table, ids, &bags, &pooling, out_len, indices_len, apart);
+    }
+
+    /// `table_bag_forward_strided_with`, rows 1 to 4 values wider than a
+    /// row apart, where the case's output length is right: the same result,
+    /// each row where the oracle has it, the values between rows untouched.
+    // `check_bags`' call and what it found.
+    #[allow(clippy::too_many_arguments)]
+    fn check_bags_apart<I: Id>(
+        &self,
+        table: TableRef<'_>,
+        ids: &[I],
+        bags: &Bags,
+        pooling: &Pooling<'_>,
+        out_len: usize,
+        indices_len: usize,
+        (expected, want, nans): (Result<(), EmbeddingError>, &[f32], Nans),
+    ) {
+        let dim = self.dim;
+        if dim == 0 || Some(out_len) != bags.len().checked_mul(dim) {
+            return;
+        }
+        let stride = dim + 1 + (self.faults[3].unsigned_abs() % 4);
+        let len = match bags.len() {
+            0 => 0,
+            n => (n - 1) * stride + dim,
+        };
+        let mut out = vec![f32::from_bits(CANARY); len];
+        let mut indices = vec![INDEX_CANARY; indices_len];
+        let (o, m) = (&mut out[..], &mut indices[..]);
+        let par = Parallelism::Auto;
+        let result = table_bag_forward_strided_with(par, table, ids, bags, pooling, o, stride, m);
+        let what = "table_bag_forward_strided_with";
+        assert_eq!(result, expected, "{what}\n{}", self.summary());
+        if result.is_err() {
+            assert!(
+                out.iter().all(|v| v.to_bits() == CANARY),
+                "{what} wrote on an error\n{}",
+                self.summary()
+            );
+            return;
+        }
+        let mut rows = Vec::with_capacity(out_len);
+        for (b, row) in out.chunks(stride).enumerate() {
+            rows.extend_from_slice(&row[..dim]);
+            let between = if b + 1 < bags.len() {
+                &row[dim..]
+            } else {
+                &[][..]
+            };
+            assert!(
+                between.iter().all(|v| v.to_bits() == CANARY),
+                "{what} wrote between rows\n{}",
+                self.summary()
+            );
+        }
+        self.assert_bits(what, &rows, "the oracle", want, nans);
     }
 
     /// The bags of a packed table by hand: sum by
