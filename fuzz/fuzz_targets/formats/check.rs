@@ -395,7 +395,11 @@ impl Case {
         if dim == 0 || Some(out_len) != bags.len().checked_mul(dim) {
             return;
         }
-        let stride = dim + 1 + (self.faults[3].unsigned_abs() % 4);
+        // The case's output fits in memory, so rows a few values wider do
+        // unless `dim` is near `usize::MAX` (a case of no bags).
+        let Some(stride) = dim.checked_add(1 + self.faults[3].unsigned_abs() % 4) else {
+            return;
+        };
         let len = match bags.len() {
             0 => 0,
             n => (n - 1) * stride + dim,
