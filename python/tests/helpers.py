@@ -75,18 +75,25 @@ class NanOutputs:
 HUGE_PAGE = 2 << 20
 
 
-def process_huge_bytes():
-    """The bytes of this process's memory in transparent huge pages (``AnonHugePages``
-    of ``/proc/self/smaps_rollup``); 0 off Linux. Counted before and after a call, the
-    difference is what the call moved into huge pages (or allocated there)."""
+def huge_bytes_in(address, nbytes):
+    """The bytes in transparent huge pages (``AnonHugePages`` of ``/proc/self/smaps``)
+    of the mappings that hold ``[address, address + nbytes)``, each counted up to its
+    overlap with the range: what that memory has in huge pages, whatever the rest of the
+    process gains or frees meanwhile (a garbage collection during the call); 0 off
+    Linux."""
     try:
-        lines = open("/proc/self/smaps_rollup").read().splitlines()
+        lines = open("/proc/self/smaps").read().splitlines()
     except OSError:
         return 0
+    total, overlap, end = 0, 0, address + nbytes
     for line in lines:
-        if line.startswith("AnonHugePages:"):
-            return int(line.split()[1]) * 1024
-    return 0
+        head = line.split(maxsplit=1)[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            overlap = max(0, min(hi, end) - max(lo, address))
+        elif head == "AnonHugePages:" and overlap:
+            total += min(int(line.split()[1]) * 1024, overlap)
+    return total
 
 
 def kernel_collapses():

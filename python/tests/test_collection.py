@@ -402,3 +402,15 @@ def test_the_columns_kernel_checks_its_output_first():
     with pytest.raises(IndexError):
         _native.table_embedding_bag_columns(table, np.array([1, 6, 0]), offsets, good, 0, "sum", None, True)
     assert (good[:, :6] == -7.0).all()
+
+
+def test_a_collection_made_half_afterwards_pools_as_its_half_tables():
+    """``.to(torch.bfloat16)`` after construction: inference rounds each table's bags to
+    bfloat16 as the half tables' own path does, not the float32 columns' sums."""
+    torch.manual_seed(9)
+    collection = EmbeddingBagCollection(TABLES[:2]).to(torch.bfloat16)
+    kjt = features(5, keys=["seen", "user_id", "item_id"])
+    with torch.no_grad():
+        got = collection(kjt).values()
+    assert got.dtype == torch.bfloat16
+    assert_bitwise(got, _pooled_apart(collection, kjt))

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import embedding_kernels.torch as ekt
-from helpers import huge_pages_on_advice, kernel_collapses, process_huge_bytes, whole_huge_pages
+from helpers import huge_bytes_in, huge_pages_on_advice, kernel_collapses, whole_huge_pages
 
 VOCAB, DIM, CLASSES, BATCH, SEQ, STEPS = 60, 16, 5, 32, 8, 300
 
@@ -117,16 +117,16 @@ def test_module_tables_are_in_huge_pages():
     if not (kernel_collapses() and huge_pages_on_advice()):
         pytest.skip("needs huge pages where advised and only there (THP madvise), Linux 6.1 on")
     rows, dim = 10_000, 1024  # 40 MB: fresh memory from the allocator, whatever came before
-    before = process_huge_bytes()
     fresh = ekt.EmbeddingBag(rows, dim, padding_idx=3)
-    assert process_huge_bytes() - before >= whole_huge_pages(fresh.weight.data_ptr(), rows * dim * 4)
+    address, nbytes = fresh.weight.data_ptr(), rows * dim * 4
+    assert huge_bytes_in(address, nbytes) >= whole_huge_pages(address, nbytes)
     assert torch.all(fresh.weight[3] == 0) and fresh.weight.std() > 0.9
 
     table = torch.randn(rows, dim)
     values = table.clone()
-    before = process_huge_bytes()
     pretrained = ekt.Embedding.from_pretrained(table)
-    assert process_huge_bytes() - before >= whole_huge_pages(table.data_ptr(), rows * dim * 4) > 0
+    address = table.data_ptr()
+    assert huge_bytes_in(address, nbytes) >= whole_huge_pages(address, nbytes) > 0
     assert pretrained.weight.data_ptr() == table.data_ptr()
     assert torch.equal(pretrained.weight, values)
 

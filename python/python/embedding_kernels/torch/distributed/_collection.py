@@ -274,10 +274,6 @@ class EmbeddingBagCollection(nn.Module):
             raise ArgumentError("weighted features need sum pooling in every table")
         self._tables = list(tables)
         self._is_weighted = is_weighted
-        # Whether inference may write each table's bags into its columns of the output
-        # (`_pool_into_columns`): float32 and packed tables pool into float32; a half
-        # table's bags are rounded to its dtype first.
-        self._columns_ok = all(t.format == "f32" or t.format in PACKED for t in tables)
         self.embedding_bags = nn.ModuleDict(
             {
                 t.name: PackedEmbeddingBag(
@@ -310,6 +306,13 @@ class EmbeddingBagCollection(nn.Module):
 
     def _trains(self) -> bool:
         return any(p.requires_grad for p in self.parameters())
+
+    def _into_columns(self) -> bool:
+        """Whether inference may write each table's bags into its columns of the output
+        (`_pool_into_columns`): float32 and packed tables pool into float32, while a half
+        table's bags are rounded to its dtype first (also one made half after the fact)."""
+        return all(isinstance(bag, PackedEmbeddingBag) or bag.weight.dtype is torch.float32
+                   for bag in self.embedding_bags.values())
 
     def _pool_into_columns(self, keys, index, batch, offsets, values, weights, starts):
         """Inference in eager mode: each feature's bags written by the crate straight
@@ -359,7 +362,7 @@ class EmbeddingBagCollection(nn.Module):
         direct = _direct()
         if direct:
             starts = offsets[::batch].tolist() if batch > 0 else [0] * (len(keys) + 1)
-            if self._columns_ok and not (torch.is_grad_enabled() and self._trains()):
+            if self._into_columns() and not (torch.is_grad_enabled() and self._trains()):
                 return self._pool_into_columns(keys, index, batch, offsets, values, weights, starts)
         pooled, out_keys, dims = [], [], []
         for table in self._tables:
