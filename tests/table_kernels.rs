@@ -11,9 +11,14 @@ use crate::common;
 use crate::common::{SplitMix, pools};
 use embedding_kernels::formats::{self, PackedTable, RowWise, TableRef};
 use embedding_kernels::{
-    Bags, Mode, Parallelism, Pooling, bag_forward, gather, gather_half_with, reference,
-    table_bag_forward, table_bag_forward_with, table_gather, table_gather_with,
+    Bags, EmbeddingError, Mode, Parallelism, Pooling, bag_forward, gather, gather_half_with,
+    reference, table_bag_forward, table_bag_forward_strided_with, table_bag_forward_with,
+    table_gather, table_gather_with,
 };
+
+/// A value no bag here computes (a signalling NaN): what an output holds
+/// where nothing wrote it.
+const UNWRITTEN: u32 = 0x7fa5_5a5a;
 
 const PACKED: [RowWise; 3] = [RowWise::Int8, RowWise::Int4, RowWise::Int2];
 // 392 and 648: with sixteen lanes, a sum's block of 24 vectors and a tail
@@ -386,5 +391,93 @@ fn every_format_refuses_what_f32_refuses() {
         assert_eq!(TableRef::f16(&f16s[..len], dim).unwrap_err(), want);
         assert_eq!(TableRef::bf16(&bf16s[..len], dim).unwrap_err(), want);
         assert_eq!(TableRef::f32(&table[..len], dim).unwrap_err(), want);
+    }
+}
+
+/// The strided entry point's checks come before anything is written: a
+/// stride below the rows' width, an output of the wrong length and a bad id
+/// each leave `out` as it was; a good call writes each bag's row where
+/// `table_bag_forward_with` puts it, `stride` apart.
+#[test]
+fn rows_apart_are_checked_first_and_land_apart() {
+    let (rows, dim, stride) = (6, 4, 7);
+    let values: Vec<f32> = (0..rows * dim).map(|i| i as f32 * 0.5 - 3.0).collect();
+    let table = TableRef::f32(&values, dim).unwrap();
+    let bags = Bags::from_offsets(&[0usize, 2, 2, 5], 5, true).unwrap();
+    let ids = [1usize, 5, 0, 3, 3];
+    for mode in [Mode::Sum, Mode::Mean, Mode::Max] {
+        let pooling = Pooling {
+            mode,
+            ..Pooling::default()
+        };
+        let indices_len = if mode == Mode::Max { 3 * dim } else { 0 };
+        let (mut want, mut want_at) = (vec![0.0; 3 * dim], vec![0; indices_len]);
+        let par = Parallelism::Serial;
+        table_bag_forward_with(par, table, &ids, &bags, &pooling, &mut want, &mut want_at).unwrap();
+        let fresh = || vec![f32::from_bits(UNWRITTEN); 2 * stride + dim];
+        let untouched = |out: &[f32]| out.iter().all(|v| v.to_bits() == UNWRITTEN);
+        let mut at = vec![-9; indices_len];
+
+        let mut out = fresh();
+        let narrow = table_bag_forward_strided_with(
+            par,
+            table,
+            &ids,
+            &bags,
+            &pooling,
+            &mut out,
+            dim - 1,
+            &mut at,
+        );
+        assert!(matches!(
+            narrow,
+            Err(EmbeddingError::InvalidArgument {
+                name: "out_stride",
+                ..
+            })
+        ));
+        assert!(untouched(&out));
+        let mut short = vec![f32::from_bits(UNWRITTEN); 2 * stride + dim - 1];
+        let wrong = table_bag_forward_strided_with(
+            par, table, &ids, &bags, &pooling, &mut short, stride, &mut at,
+        );
+        assert!(
+            matches!(wrong, Err(EmbeddingError::LengthMismatch { .. })),
+            "{wrong:?}"
+        );
+        assert!(untouched(&short));
+        let bad = [1usize, 5, 0, 3, 6];
+        let bad = table_bag_forward_strided_with(
+            par, table, &bad, &bags, &pooling, &mut out, stride, &mut at,
+        );
+        assert!(
+            matches!(
+                bad,
+                Err(EmbeddingError::IndexOutOfRange { position: 4, .. })
+            ),
+            "{bad:?}"
+        );
+        assert!(untouched(&out));
+
+        table_bag_forward_strided_with(
+            par, table, &ids, &bags, &pooling, &mut out, stride, &mut at,
+        )
+        .unwrap();
+        for b in 0..3 {
+            let row = &out[b * stride..];
+            let got: Vec<u32> = row[..dim].iter().map(|v| v.to_bits()).collect();
+            let expected: Vec<u32> = want[b * dim..(b + 1) * dim]
+                .iter()
+                .map(|v| v.to_bits())
+                .collect();
+            assert_eq!(got, expected, "{mode:?} bag {b}");
+            if b < 2 {
+                assert!(
+                    untouched(&row[dim..stride]),
+                    "{mode:?}: a value between rows written"
+                );
+            }
+        }
+        assert_eq!(at, want_at);
     }
 }
