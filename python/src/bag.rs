@@ -13,7 +13,7 @@ use crate::openmp;
 use embedding_kernels::formats::TableRef;
 use embedding_kernels::{
     Bags, Mode, Pooling, bag_backward_with, bag_max_backward_with, bag_sparse_backward_with,
-    table_bag_forward_strided_with, table_bag_forward_with,
+    table_bag_forward_strided_with,
 };
 use numpy::{PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -122,7 +122,7 @@ pub(crate) fn embedding_bag<'py>(
         include_last_offset,
         padding_idx,
     };
-    forward_on(py, view, table.rows, args, out)
+    forward_on(py, view, table.rows, args, out, None)
 }
 
 /// The arguments of a bag forward that PyTorch names, as the NumPy
@@ -139,13 +139,18 @@ pub(crate) struct BagArgs<'a, 'py> {
 /// The bag forward of [`embedding_bag`] and of the any-format
 /// `table_embedding_bag`: the arguments checked, the outputs made (or `out`
 /// checked), then the kernel on `table` without the GIL. `rows` is what
-/// `padding_idx` is checked against (the array's rows).
+/// `padding_idx` is checked against (the array's rows). With `column`, the
+/// bags go into columns `column..column + dim` of the caller's float32
+/// `out` `[num_bags, width]` (C-contiguous), its other columns left as they
+/// are: how a collection writes each table's bags into its `[batch, Σ dims]`
+/// output without a copy.
 pub(crate) fn forward_on<'py>(
     py: Python<'py>,
     table: TableRef<'_>,
     rows: usize,
     args: BagArgs<'_, 'py>,
     out: Option<&Bound<'py, PyAny>>,
+    column: Option<usize>,
 ) -> PyResult<BagPair<'py>> {
     let ids = Ids::extract(args.ids, "ids")?;
     let bags = bags(&ids, args.offsets, args.include_last_offset)?;
@@ -153,11 +158,32 @@ pub(crate) fn forward_on<'py>(
     let weights = sample_weights(args.per_sample_weights, &ids)?;
     let padding_idx = padding(args.padding_idx, rows)?;
     let shape = [bags.len(), table.dim()];
-    let out = output(py, out, &shape)?;
+    // The output and how far apart its rows are.
+    let (out, width) = match (column, out) {
+        (None, out) => (output(py, out, &shape)?, shape[1]),
+        (Some(column), Some(out)) => {
+            let (out, num_bags, width) = crate::convert::output_columns(out)?;
+            if num_bags != shape[0] || column.checked_add(shape[1]).is_none_or(|end| end > width) {
+                return Err(invalid(format!(
+                    "out has shape [{num_bags}, {width}]: it must have {} rows and room for {} \
+                     columns from column {column}",
+                    shape[0], shape[1]
+                )));
+            }
+            (out, width)
+        }
+        (Some(_), None) => return Err(invalid("column needs an out array".to_string())),
+    };
     let max_indices = (mode == Mode::Max).then(|| PyArrayDyn::<i64>::zeros(py, &shape[..], false));
     {
         let mut guard = writable(&out, "out")?;
-        let dst = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
+        let all = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
+        // From the first bag's first value to the last bag's last.
+        let first = column.unwrap_or(0);
+        let dst = match shape[0] {
+            0 => &mut all[..0],
+            n => &mut all[first..first + (n - 1) * width + shape[1]],
+        };
         let mut max_guard = max_indices.as_ref().map(|m| m.readwrite());
         let max_dst: &mut [i64] = match max_guard.as_mut() {
             Some(m) => m.as_slice_mut().map_err(|e| invalid(e.to_string()))?,
@@ -174,75 +200,14 @@ pub(crate) fn forward_on<'py>(
         // The rows pooled, one a position, are the work (as the crate counts
         // it, in `f32`s whatever the format): a few long bags pool far more
         // than their output holds.
-        let bytes = core::mem::size_of_val(dst).max(rows_bytes(ids.len(), table.dim()));
-        openmp::run(py, bytes, |par| {
-            with_ids!(ids, |i| table_bag_forward_with(
-                par, table, i, &bags, &pooling, dst, max_dst
-            ))
-        })?;
-    }
-    Ok((out, max_indices))
-}
-
-/// [`forward_on`] into columns `column..column + dim` of the caller's
-/// float32 `out` `[num_bags, width]` (C-contiguous), the other columns left
-/// as they are: how a collection writes each table's bags into its
-/// `[batch, Σ dims]` output without a copy. Returns `max_indices` in max
-/// mode (`[num_bags, dim]`), else `None`.
-pub(crate) fn forward_columns<'py>(
-    py: Python<'py>,
-    table: TableRef<'_>,
-    rows: usize,
-    args: BagArgs<'_, 'py>,
-    out: &Bound<'py, PyAny>,
-    column: usize,
-) -> PyResult<Option<Bound<'py, PyArrayDyn<i64>>>> {
-    let ids = Ids::extract(args.ids, "ids")?;
-    let bags = bags(&ids, args.offsets, args.include_last_offset)?;
-    let mode = self::mode(args.mode)?;
-    let weights = sample_weights(args.per_sample_weights, &ids)?;
-    let padding_idx = padding(args.padding_idx, rows)?;
-    let dim = table.dim();
-    let (out, num_bags, width) = crate::convert::output_columns(out)?;
-    if num_bags != bags.len() || column.checked_add(dim).is_none_or(|end| end > width) {
-        return Err(invalid(format!(
-            "out has shape [{num_bags}, {width}]: it must have {} rows and room for {dim} \
-             columns from column {column}",
-            bags.len()
-        )));
-    }
-    let shape = [bags.len(), dim];
-    let max_indices = (mode == Mode::Max).then(|| PyArrayDyn::<i64>::zeros(py, &shape[..], false));
-    {
-        let mut guard = writable(&out, "out")?;
-        let all = guard.as_slice_mut().map_err(|e| invalid(e.to_string()))?;
-        // From the first bag's first column to the last bag's last: the
-        // rows `width` apart.
-        let dst = match bags.len() {
-            0 => &mut all[..0],
-            n => &mut all[column..column + (n - 1) * width + dim],
-        };
-        let mut max_guard = max_indices.as_ref().map(|m| m.readwrite());
-        let max_dst: &mut [i64] = match max_guard.as_mut() {
-            Some(m) => m.as_slice_mut().map_err(|e| invalid(e.to_string()))?,
-            None => &mut [],
-        };
-        let sample_weights = weights.as_ref().map(slice);
-        let pooling = Pooling {
-            mode,
-            per_sample_weights: sample_weights,
-            padding_idx,
-            scale_grad_by_freq: false,
-        };
-        let ids = ids.slice();
-        let bytes = rows_bytes(bags.len(), dim).max(rows_bytes(ids.len(), dim));
+        let bytes = rows_bytes(shape[0], shape[1]).max(rows_bytes(ids.len(), shape[1]));
         openmp::run(py, bytes, |par| {
             with_ids!(ids, |i| table_bag_forward_strided_with(
                 par, table, i, &bags, &pooling, dst, width, max_dst
             ))
         })?;
     }
-    Ok(max_indices)
+    Ok((out, max_indices))
 }
 
 /// The dense gradient of [`embedding_bag`]: float32 `[num_embeddings,

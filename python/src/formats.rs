@@ -278,9 +278,11 @@ pub(crate) fn table_embedding<'py>(
 /// (`acc = fma(w * scale, code, acc + w * bias)`, PyTorch's
 /// `embedding_bag_byte_rowwise_offsets` / `_4bit_rowwise_offsets` bit for
 /// bit), mean divides that sum by the count, and max compares the read-back
-/// values.
+/// values. With `column`, `out` is the caller's float32 `[num_bags, width]`
+/// array and the bags fill its columns `column..column + embedding_dim`,
+/// the others left as they are.
 #[pyfunction]
-#[pyo3(signature = (table, ids, offsets=None, mode="mean", per_sample_weights=None, include_last_offset=false, padding_idx=None, format=None, embedding_dim=None, out=None))]
+#[pyo3(signature = (table, ids, offsets=None, mode="mean", per_sample_weights=None, include_last_offset=false, padding_idx=None, format=None, embedding_dim=None, out=None, column=None))]
 // PyTorch's arguments, and the table's format.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn table_embedding_bag<'py>(
@@ -295,6 +297,7 @@ pub(crate) fn table_embedding_bag<'py>(
     format: Option<&str>,
     embedding_dim: Option<usize>,
     out: Option<&Bound<'py, PyAny>>,
+    column: Option<usize>,
 ) -> PyResult<crate::bag::BagPair<'py>> {
     let table = AnyTable::extract(table, format, embedding_dim)?;
     let view = table.table_ref()?;
@@ -306,40 +309,5 @@ pub(crate) fn table_embedding_bag<'py>(
         include_last_offset,
         padding_idx,
     };
-    crate::bag::forward_on(py, view, view.rows(), args, out)
-}
-
-/// [`table_embedding_bag`] into columns `column..column + embedding_dim` of
-/// `out`, a caller's C-contiguous float32 `[num_bags, width]` array; its
-/// other columns are left as they are. Returns `max_indices` in max mode,
-/// else `None`. Checked before anything is written, as the other kernels.
-#[pyfunction]
-#[pyo3(signature = (table, ids, offsets, out, column, mode="mean", per_sample_weights=None, include_last_offset=false, padding_idx=None, format=None, embedding_dim=None))]
-// PyTorch's arguments, the output and its column, and the table's format.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn table_embedding_bag_columns<'py>(
-    py: Python<'py>,
-    table: &Bound<'py, PyAny>,
-    ids: &Bound<'py, PyAny>,
-    offsets: Option<&Bound<'py, PyAny>>,
-    out: &Bound<'py, PyAny>,
-    column: usize,
-    mode: &str,
-    per_sample_weights: Option<&Bound<'py, PyAny>>,
-    include_last_offset: bool,
-    padding_idx: Option<i64>,
-    format: Option<&str>,
-    embedding_dim: Option<usize>,
-) -> PyResult<Option<Bound<'py, PyArrayDyn<i64>>>> {
-    let table = AnyTable::extract(table, format, embedding_dim)?;
-    let view = table.table_ref()?;
-    let args = BagArgs {
-        ids,
-        offsets,
-        mode,
-        per_sample_weights,
-        include_last_offset,
-        padding_idx,
-    };
-    crate::bag::forward_columns(py, view, view.rows(), args, out, column)
+    crate::bag::forward_on(py, view, view.rows(), args, out, column)
 }

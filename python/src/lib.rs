@@ -17,8 +17,7 @@
 //! | `embedding_bag_sparse_sgd_step`, `embedding_bag_sparse_adagrad_step` | `bag_sparse_step` with `Sgd`, `AdagradOn` |
 //! | `embedding_sparse_rowwise_adagrad_step`, `embedding_bag_sparse_rowwise_adagrad_step` | `sparse_step`, `bag_sparse_step` with `RowWiseAdagradOn` |
 //! | `prepack`, `dequantize` | `RowWise::prepack`, `RowWise::dequantize` |
-//! | `table_embedding`, `table_embedding_bag` | `table_gather`, `table_bag_forward` (f32, f16, bf16, int8, int4, int2 tables) |
-//! | `table_embedding_bag_columns` | `table_bag_forward_strided_with`: a bag call into columns of a wider output |
+//! | `table_embedding`, `table_embedding_bag` | `table_gather`, `table_bag_forward_strided_with` (f32, f16, bf16, int8, int4, int2 tables; rows side by side, or columns of `out`) |
 //! | `collapse_huge_pages` | `memory::collapse_huge_pages` (a table's memory into 2 MiB pages) |
 //! | `bucket_rows` | (here) a batch's ids bucketed by the rank that holds their rows, for the sharded collection |
 //!
@@ -79,7 +78,6 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(formats::dequantize, m)?)?;
     m.add_function(wrap_pyfunction!(formats::table_embedding, m)?)?;
     m.add_function(wrap_pyfunction!(formats::table_embedding_bag, m)?)?;
-    m.add_function(wrap_pyfunction!(formats::table_embedding_bag_columns, m)?)?;
     m.add_function(wrap_pyfunction!(memory::collapse_huge_pages, m)?)?;
     m.add_function(wrap_pyfunction!(shard::bucket_rows, m)?)?;
     m.add("OPT_LEVEL", env!("EMBEDDING_KERNELS_OPT_LEVEL"))?;

@@ -377,8 +377,9 @@ def _pooled_apart(collection, kjt):
 
 
 def test_the_columns_kernel_checks_its_output_first():
-    """``_native.table_embedding_bag_columns``: an output of the wrong shape, dtype or
-    layout, or without room for the columns, is refused with nothing written."""
+    """``_native.table_embedding_bag`` into columns: an output of the wrong shape, dtype
+    or layout, or without room for the columns, or none, is refused with nothing
+    written."""
     import numpy as np
 
     from embedding_kernels import _native
@@ -386,7 +387,7 @@ def test_the_columns_kernel_checks_its_output_first():
     table = np.arange(24, dtype=np.float32).reshape(6, 4)
     ids, offsets = np.array([1, 5, 0]), np.array([0, 2, 3])
     good = np.full((2, 10), -7.0, dtype=np.float32)
-    _native.table_embedding_bag_columns(table, ids, offsets, good, 6, "sum", None, True)
+    _native.table_embedding_bag(table, ids, offsets, "sum", None, True, out=good, column=6)
     assert np.array_equal(good[:, 6:], np.stack([table[1] + table[5], table[0]]))
     assert (good[:, :6] == -7.0).all()
     for out, column in [
@@ -397,10 +398,12 @@ def test_the_columns_kernel_checks_its_output_first():
         (np.full((20,), -7.0, dtype=np.float32), 0),
     ]:
         with pytest.raises(ValueError):
-            _native.table_embedding_bag_columns(table, ids, offsets, out, column, "sum", None, True)
+            _native.table_embedding_bag(table, ids, offsets, "sum", None, True, out=out, column=column)
         assert (out == -7.0).all()
+    with pytest.raises(ValueError, match="column needs"):
+        _native.table_embedding_bag(table, ids, offsets, "sum", None, True, column=0)
     with pytest.raises(IndexError):
-        _native.table_embedding_bag_columns(table, np.array([1, 6, 0]), offsets, good, 0, "sum", None, True)
+        _native.table_embedding_bag(table, np.array([1, 6, 0]), offsets, "sum", None, True, out=good, column=0)
     assert (good[:, :6] == -7.0).all()
 
 

@@ -166,11 +166,12 @@ pub(crate) fn check_forward_rows<'a, I: Index>(
     max_indices: &[i64],
 ) -> Result<ValidIds<'a, I::Row>, EmbeddingError> {
     check_pooling(rows, ids, bags, pooling)?;
-    check_outputs(par, rows, dim, ids, bags, pooling, out, max_indices)
+    check_outputs(par, rows, dim, ids, bags, pooling, (out, dim), max_indices)
 }
 
 /// The rest of the forward's checks, after the table's and the pooling's:
-/// the output buffers, max's bag lengths, then every id.
+/// the output buffers (`out`'s rows `stride` values apart), max's bag
+/// lengths, then every id.
 #[allow(clippy::too_many_arguments)]
 fn check_outputs<'a, I: Index>(
     par: Parallelism,
@@ -179,13 +180,28 @@ fn check_outputs<'a, I: Index>(
     ids: &'a [I],
     bags: &Bags,
     pooling: &Pooling<'_>,
-    out: &[f32],
+    (out, stride): (&[f32], usize),
     max_indices: &[i64],
 ) -> Result<ValidIds<'a, I::Row>, EmbeddingError> {
-    let out_len = rows_len(bags.len(), dim)?;
+    // `(bags - 1) * stride + dim`: `bags × dim` for rows side by side, with
+    // the same error where that overflows.
+    let out_len = match bags.len() {
+        0 => 0,
+        n => (n - 1)
+            .checked_mul(stride)
+            .and_then(|len| len.checked_add(dim))
+            .ok_or(EmbeddingError::SizeOverflow {
+                count: n,
+                dim: stride,
+            })?,
+    };
     check_len(Operand::Output, out_len, out.len())?;
     if pooling.mode == Mode::Max {
-        check_len(Operand::MaxIndices, out_len, max_indices.len())?;
+        check_len(
+            Operand::MaxIndices,
+            rows_len(bags.len(), dim)?,
+            max_indices.len(),
+        )?;
         check_max_bag_lengths(bags)?;
     }
     ValidIds::new_with(par, ids, rows)
@@ -476,21 +492,8 @@ pub fn table_bag_forward_with<I: Index>(
     out: &mut [f32],
     max_indices: &mut [i64],
 ) -> Result<(), EmbeddingError> {
-    in_pool(check_splits(par, ids), || {
-        let (rows, dim) = (table.rows(), table.dim());
-        let ids = check_forward_rows(par, rows, dim, ids, bags, pooling, out, max_indices)?;
-        forward::forward_table(
-            par,
-            &table,
-            ids.by_row(),
-            bags,
-            pooling,
-            out,
-            dim,
-            max_indices,
-        );
-        Ok(())
-    })
+    let dim = table.dim();
+    table_bag_forward_strided_with(par, table, ids, bags, pooling, out, dim, max_indices)
 }
 
 /// [`table_bag_forward_with`] into rows `out_stride` values apart: bag `b`'s
@@ -526,25 +529,8 @@ pub fn table_bag_forward_strided_with<I: Index>(
             });
         }
         check_pooling(rows, ids, bags, pooling)?;
-        let out_len = match bags.len() {
-            0 => 0,
-            n => rows_len(n - 1, out_stride)?.checked_add(dim).ok_or(
-                EmbeddingError::SizeOverflow {
-                    count: n,
-                    dim: out_stride,
-                },
-            )?,
-        };
-        check_len(Operand::Output, out_len, out.len())?;
-        if pooling.mode == Mode::Max {
-            check_len(
-                Operand::MaxIndices,
-                rows_len(bags.len(), dim)?,
-                max_indices.len(),
-            )?;
-            check_max_bag_lengths(bags)?;
-        }
-        let ids = ValidIds::new_with(par, ids, rows)?;
+        let checked = (&*out, out_stride);
+        let ids = check_outputs(par, rows, dim, ids, bags, pooling, checked, max_indices)?;
         let ids = ids.by_row();
         forward::forward_table(
             par,

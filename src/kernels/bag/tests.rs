@@ -88,10 +88,6 @@ fn forward_both<T: RowFormat>(
         (rows - 1) * stride + dim
     });
     let mut apart_at = vec![-9; at.len()];
-    let in_tasks = CallIds::InTasks {
-        ids: UncheckedIds::of(ids.as_slice()),
-        num_embeddings: ids.num_embeddings(),
-    };
     let all = forward_into(
         isa,
         par,

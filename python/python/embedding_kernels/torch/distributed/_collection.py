@@ -314,34 +314,44 @@ class EmbeddingBagCollection(nn.Module):
         return all(isinstance(bag, PackedEmbeddingBag) or bag.weight.dtype is torch.float32
                    for bag in self.embedding_bags.values())
 
-    def _pool_into_columns(self, keys, index, batch, offsets, values, weights, starts):
+    def _layout(self, keys):
+        """Each table's features' positions among ``keys``, and the output's keys and
+        widths (the features in table order)."""
+        index = {key: k for k, key in enumerate(keys)}
+        positions, out_keys, dims = [], [], []
+        for table in self._tables:
+            ks = []
+            for feature in table.feature_names:
+                k = index.get(feature)
+                if k is None:
+                    raise ArgumentError(f"feature {feature!r} of table {table.name!r} is not among the keys {keys}")
+                ks.append(k)
+                out_keys.append(feature)
+                dims.append(table.embedding_dim)
+            positions.append(ks)
+        return positions, out_keys, dims
+
+    def _pool_into_columns(self, layout, batch, offsets, values, weights, starts):
         """Inference in eager mode: each feature's bags written by the crate straight
         into its columns of the ``[batch, Σ dims]`` output, instead of pooled apart
         and concatenated (a copy of the whole output). The same bits."""
-        out_keys, dims = [], []
-        for table in self._tables:
-            for feature in table.feature_names:
-                if feature not in index:
-                    raise ArgumentError(f"feature {feature!r} of table {table.name!r} is not among the keys {keys}")
-                out_keys.append(feature)
-                dims.append(table.embedding_dim)
+        positions, out_keys, dims = layout
         result = torch.empty((batch, sum(dims)), dtype=torch.float32)
         out, column = result.numpy(), 0
-        for table in self._tables:
+        for table, ks in zip(self._tables, positions):
             bag = self.embedding_bags[table.name]
             if isinstance(bag, PackedEmbeddingBag):
                 rows, format = _array(bag.packed), table.format
             else:
                 rows, format = _array(bag.weight), None
-            for feature in table.feature_names:
-                k = index[feature]
+            for k in ks:
                 first, last = starts[k], starts[k + 1]
                 bounds = offsets[k * batch:(k + 1) * batch + 1] - first
                 w = None if weights is None else _array(weights[first:last])
                 try:
-                    _native.table_embedding_bag_columns(
-                        rows, _array(values[first:last]), _array(bounds), out, column, table.pooling,
-                        w, True, None, format, table.embedding_dim,
+                    _native.table_embedding_bag(
+                        rows, _array(values[first:last]), _array(bounds), table.pooling, w, True, None,
+                        format, table.embedding_dim, out, column,
                     )
                 except IndexError as e:
                     raise IndexError(f"table {table.name!r} (features {table.feature_names}): {e}") from None
@@ -350,7 +360,7 @@ class EmbeddingBagCollection(nn.Module):
 
     def forward(self, features) -> "KeyedTensor":
         keys = list(features.keys())
-        index = {key: k for k, key in enumerate(keys)}
+        layout = self._layout(keys)
         batch = features.stride()
         offsets = features.offsets()
         values = features.values()
@@ -363,19 +373,12 @@ class EmbeddingBagCollection(nn.Module):
         if direct:
             starts = offsets[::batch].tolist() if batch > 0 else [0] * (len(keys) + 1)
             if self._into_columns() and not (torch.is_grad_enabled() and self._trains()):
-                return self._pool_into_columns(keys, index, batch, offsets, values, weights, starts)
-        pooled, out_keys, dims = [], [], []
-        for table in self._tables:
+                return self._pool_into_columns(layout, batch, offsets, values, weights, starts)
+        positions, out_keys, dims = layout
+        pooled = []
+        for table, ks in zip(self._tables, positions):
             # A table's features pooled in one call (their bags one after the other), so
             # that a fused optimiser step takes one step a backward, as TorchRec's does.
-            ks = []
-            for feature in table.feature_names:
-                k = index.get(feature)
-                if k is None:
-                    raise ArgumentError(f"feature {feature!r} of table {table.name!r} is not among the keys {keys}")
-                ks.append(k)
-                out_keys.append(feature)
-                dims.append(table.embedding_dim)
             if direct:
                 ids, bag_offsets, sample_weights = _segments(values, offsets, weights, ks, batch, starts)
             else:

@@ -64,8 +64,9 @@ class PackedEmbeddingBag(nn.Module):
     """A bag table of packed rows (``format`` ``"int8"``, ``"int4"`` or ``"int2"``), for
     inference: ``forward(indices, offsets, per_sample_weights=None)`` as
     `EmbeddingBag`'s with ``include_last_offset=True``, in float32. The rows are the
-    ``packed`` buffer (uint8 ``[num_embeddings, row bytes]``); made from float32 rows
-    drawn as PyTorch draws a bag table's (N(0, 1)), or `from_float`."""
+    ``packed`` buffer (uint8 ``[num_embeddings, row bytes]``), made from float32 rows
+    drawn as PyTorch draws a bag table's (N(0, 1)); a float32 checkpoint `load`ed into
+    a collection packs its rows."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int, mode: str = "sum",
                  format: str = "int8", device=None) -> None:
@@ -80,14 +81,6 @@ class PackedEmbeddingBag(nn.Module):
         else:
             packed = pack(torch.randn(num_embeddings, embedding_dim), format)
         self.register_buffer("packed", packed)
-
-    @classmethod
-    def from_float(cls, weight: Tensor, mode: str = "sum", format: str = "int8") -> "PackedEmbeddingBag":
-        """The table of float32 rows ``weight``, packed."""
-        module = cls(1, weight.shape[1], mode, format, device="meta")
-        module.num_embeddings = weight.shape[0]
-        module.packed = pack(weight.detach(), format)
-        return module
 
     @classmethod
     def from_packed(cls, packed: Tensor, embedding_dim: int, mode: str, format: str) -> "PackedEmbeddingBag":
